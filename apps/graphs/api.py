@@ -1,0 +1,32 @@
+"""/v1/models: the node descriptors (with model pickers) and the registry version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
+
+from apps.graphs.selectors import descriptor_for_clients, registry_for_clients
+from inline_farm.api import ApiError, api
+
+router = Router(tags=["models"])
+
+
+@router.get("", summary="All node descriptors; ETag = registryVersion")
+def list_descriptors(request: HttpRequest) -> HttpResponse:
+    body = registry_for_clients()
+    etag = f'"{body["registryVersion"]}"'
+    if request.headers.get("If-None-Match") == etag:
+        return HttpResponse(status=304, headers={"ETag": etag})
+    response = api.create_response(request, body, status=200)
+    response["ETag"] = etag
+    return response
+
+
+@router.get("/{path:node_type}", summary="One node descriptor")
+def get_descriptor(request: HttpRequest, node_type: str) -> dict[str, Any]:
+    body = descriptor_for_clients(node_type)
+    if body is None:
+        raise ApiError(404, "unknown_node_type", f"unknown node type {node_type!r}")
+    return body

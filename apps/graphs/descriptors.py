@@ -1,0 +1,109 @@
+"""Node descriptors: what a node type looks like from outside (ports, params). Pure data, no torch.
+
+Runners (the code that executes a type) live in `workers/runners/`; a test proves that every
+runnable descriptor has exactly one runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ParamType = Literal["string", "int", "float", "bool", "enum", "asset", "model"]
+
+# Port kinds. An output feeds an input only when the kinds are equal.
+PORT_KINDS = frozenset(
+    {"image", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int", "float"}
+)
+
+
+@dataclass(frozen=True)
+class Port:
+    """One input or output of a node type."""
+
+    name: str
+    kind: str
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in PORT_KINDS:
+            raise ValueError(f"unknown port kind {self.kind!r} on port {self.name!r}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One named parameter of a node type, with its type, default and limits.
+
+    `options_from` names a models-dir folder (e.g. "diffusion_models") whose files are the
+    choices of a `model` param; `multiple_of` constrains ints (image sides for latent models).
+    `input` names an optional input port that, when wired, supplies this value instead.
+    """
+
+    name: str
+    type: ParamType
+    default: Any = None
+    required: bool = False
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    options_from: str | None = None
+    multiple_of: int | None = None
+    input: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class NodeDescriptor:
+    """A node type: identity, ports and params. `runnable` means a runner exists for it."""
+
+    type: str
+    title: str
+    category: str
+    inputs: tuple[Port, ...] = ()
+    outputs: tuple[Port, ...] = ()
+    params: tuple[Param, ...] = ()
+    hidden: bool = False
+    runnable: bool = True
+    produces_takes: bool = False
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def input(self, name: str) -> Port | None:
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def output(self, name: str) -> Port | None:
+        return next((p for p in self.outputs if p.name == name), None)
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The descriptor as `/v1/models` serves it (camelCase keys, wire shape in DESIGN.md)."""
+        return {
+            "type": self.type,
+            "title": self.title,
+            "category": self.category,
+            "description": self.description,
+            "hidden": self.hidden,
+            "runnable": self.runnable,
+            "producesTakes": self.produces_takes,
+            "inputs": [{"name": p.name, "kind": p.kind, "required": p.required} for p in self.inputs],
+            "outputs": [{"name": p.name, "kind": p.kind} for p in self.outputs],
+            "params": [_param_to_wire(p) for p in self.params],
+        }
+
+
+def _param_to_wire(p: Param) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "type": p.type,
+        "default": p.default,
+        "required": p.required,
+        "min": p.min,
+        "max": p.max,
+        "choices": list(p.choices) if p.choices else None,
+        "optionsFrom": p.options_from,
+        "multipleOf": p.multiple_of,
+        "input": p.input,
+        "description": p.description,
+    }

@@ -1,0 +1,166 @@
+"""The farm's node vocabulary: every node type a graph may use, declared once."""
+
+from __future__ import annotations
+
+from apps.graphs.descriptors import NodeDescriptor, Param, Port
+
+MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
+MAX_SIDE = 4096
+RESAMPLE_METHODS = ("lanczos", "bicubic", "bilinear", "nearest")
+
+_width = Param("width", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
+               description="Image width in pixels (a multiple of 16).")
+_height = Param("height", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
+                description="Image height in pixels (a multiple of 16).")
+_seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
+              description="Noise seed; the same seed gives the same image.")
+_steps = Param("steps", "int", 8, min=1, max=100, description="Denoising steps.")
+_guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
+                  description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
+
+SOURCES = (
+    NodeDescriptor(
+        "input/text", "Text", "input",
+        outputs=(Port("text", "text"),),
+        params=(Param("value", "string", "", description="The text."),),
+    ),
+    NodeDescriptor(
+        "input/int", "Integer", "input",
+        outputs=(Port("value", "int"),),
+        params=(Param("value", "int", 0, min=-MAX_SEED, max=MAX_SEED),),
+    ),
+    NodeDescriptor(
+        "input/float", "Number", "input",
+        outputs=(Port("value", "float"),),
+        params=(Param("value", "float", 0.0),),
+    ),
+    NodeDescriptor(
+        "input/image", "Input image", "input",
+        outputs=(Port("image", "image"),),
+        params=(Param("asset", "asset", required=True, description="An uploaded asset id."),),
+    ),
+)
+
+IMAGE = (
+    NodeDescriptor(
+        "image/load", "Load image", "image",
+        outputs=(Port("image", "image"),),
+        params=(Param("asset", "asset", required=True, description="An uploaded asset id."),),
+    ),
+    NodeDescriptor(
+        "image/resize", "Resize image", "image",
+        inputs=(Port("image", "image"),),
+        outputs=(Port("image", "image"),),
+        params=(
+            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2),
+            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2),
+            Param("method", "enum", "lanczos", choices=RESAMPLE_METHODS),
+        ),
+    ),
+    NodeDescriptor(
+        "image/crop", "Crop image", "image",
+        inputs=(Port("image", "image"),),
+        outputs=(Port("image", "image"),),
+        params=(
+            Param("x", "int", 0, min=0, max=MAX_SIDE * 2),
+            Param("y", "int", 0, min=0, max=MAX_SIDE * 2),
+            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2),
+            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2),
+        ),
+    ),
+    NodeDescriptor(
+        "image/save", "Save take", "output",
+        inputs=(Port("image", "image"),),
+        params=(Param("label", "string", "", description="A free label kept with the take."),),
+        produces_takes=True,
+        description="Keeps its input as an immutable take (PNG).",
+    ),
+    NodeDescriptor(
+        "util/delay", "Delay (diagnostic)", "util",
+        inputs=(Port("image", "image"),),
+        outputs=(Port("image", "image"),),
+        params=(Param("seconds", "float", 1.0, min=0.0, max=600.0),),
+        hidden=True,
+        description="Passes its image through after a pause, checking cancellation; for "
+        "exercising leases, cancellation and failover on a live farm.",
+    ),
+)
+
+MODELS = (
+    NodeDescriptor(
+        "load/diffusion-model", "Load diffusion model", "loaders",
+        outputs=(Port("model", "model"),),
+        params=(Param("file", "model", required=True, options_from="diffusion_models"),),
+    ),
+    NodeDescriptor(
+        "load/vae", "Load VAE", "loaders",
+        outputs=(Port("vae", "vae"),),
+        params=(Param("file", "model", required=True, options_from="vae"),),
+    ),
+    NodeDescriptor(
+        "load/text-encoder", "Load text encoder", "loaders",
+        outputs=(Port("encoder", "text-encoder"),),
+        params=(Param("file", "model", required=True, options_from="text_encoders"),),
+    ),
+    NodeDescriptor(
+        "encode/text", "Encode text", "conditioning",
+        inputs=(Port("encoder", "text-encoder"), Port("text", "text", required=False)),
+        outputs=(Port("conditioning", "conditioning"),),
+        params=(Param("text", "string", "", input="text"),),
+    ),
+    NodeDescriptor(
+        "latent/empty", "Empty latent", "latent",
+        outputs=(Port("latent", "latent"),),
+        params=(_width, _height),
+    ),
+    NodeDescriptor(
+        "sample", "Sample", "sampling",
+        inputs=(
+            Port("model", "model"),
+            Port("positive", "conditioning"),
+            Port("negative", "conditioning", required=False),
+            Port("latent", "latent"),
+            Port("seed", "int", required=False),
+        ),
+        outputs=(Port("latent", "latent"),),
+        params=(
+            _seed, _steps, _guidance,
+            Param("denoise", "float", 1.0, min=0.0, max=1.0,
+                  description="1.0 starts from noise; less keeps part of the input latent."),
+        ),
+    ),
+    NodeDescriptor(
+        "vae/decode", "VAE decode", "latent",
+        inputs=(Port("vae", "vae"), Port("latent", "latent")),
+        outputs=(Port("image", "image"),),
+    ),
+    NodeDescriptor(
+        "vae/encode", "VAE encode", "latent",
+        inputs=(Port("vae", "vae"), Port("image", "image")),
+        outputs=(Port("latent", "latent"),),
+    ),
+    NodeDescriptor(
+        "zimage/turbo", "Z-Image Turbo", "generate",
+        inputs=(
+            Port("image", "image", required=False),
+            Port("prompt", "text", required=False),
+            Port("seed", "int", required=False),
+        ),
+        outputs=(Port("image", "image"),),
+        params=(
+            Param("prompt", "string", "", input="prompt"),
+            Param("negative_prompt", "string", ""),
+            _width, _height,
+            Param("steps", "int", 8, min=1, max=100),
+            _guidance, _seed,
+            Param("strength", "float", 0.6, min=0.0, max=1.0,
+                  description="img2img only: how much of the init image is re-noised."),
+            Param("model", "model", required=True, options_from="diffusion_models"),
+            Param("vae", "model", required=True, options_from="vae"),
+            Param("text_encoder", "model", required=True, options_from="text_encoders"),
+        ),
+        description="Text-to-image (or img2img with an input image) with Z-Image Turbo.",
+    ),
+)
+
+ALL_NODES: tuple[NodeDescriptor, ...] = SOURCES + IMAGE + MODELS

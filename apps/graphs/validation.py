@@ -1,0 +1,229 @@
+"""Graph validation: everything that can be known about a graph without a database or a GPU.
+
+`graph_validate` either returns the normalised graph (every param present, defaults filled in)
+or raises `GraphInvalid` naming the node. Checks that need the database (assets, model files)
+live in the runs service, which calls `asset_params` / `model_params` to find what to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from apps.graphs.descriptors import NodeDescriptor, Param
+from apps.graphs.registry import descriptor_get
+from apps.graphs.schema import GraphDoc, InputRef, NodeSpec
+
+
+class GraphInvalid(Exception):
+    """A graph cannot run; `code` is stable for clients, `node_id` names the culprit."""
+
+    def __init__(self, code: str, message: str, node_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.node_id = node_id
+
+
+def graph_validate(doc: GraphDoc, *, target: str, max_nodes: int = 500) -> GraphDoc:
+    """Check `doc` and its `target`; return the graph with defaults filled in."""
+    if not doc.nodes:
+        raise GraphInvalid("empty_graph", "the graph has no nodes")
+    if len(doc.nodes) > max_nodes:
+        raise GraphInvalid("too_many_nodes", f"the graph has {len(doc.nodes)} nodes (max {max_nodes})")
+    normalised = {node_id: _node_validate(doc, node_id, spec) for node_id, spec in doc.nodes.items()}
+    graph = GraphDoc(nodes=normalised)
+    if target not in graph.nodes:
+        raise GraphInvalid("unknown_target", f"target {target!r} is not a node of the graph", target)
+    _reject_cycles(graph)
+    for node_id in closure_order(graph, target):
+        descriptor = _descriptor(graph.nodes[node_id].type, node_id)
+        if not descriptor.runnable:
+            raise GraphInvalid(
+                "not_runnable",
+                f"node type {descriptor.type!r} has no runner on this farm yet",
+                node_id,
+            )
+    return graph
+
+
+def closure_order(doc: GraphDoc, target: str) -> list[str]:
+    """The target's upstream closure in topological order (inputs first, ties by node id).
+
+    Call only on a graph that passed `graph_validate` (acyclic, every reference resolves).
+    """
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(node_id: str) -> None:
+        if node_id in seen:
+            return
+        seen.add(node_id)
+        for ref in sorted(doc.nodes[node_id].inputs.values(), key=lambda r: (r.node, r.port)):
+            visit(ref.node)
+        order.append(node_id)
+
+    visit(target)
+    return order
+
+
+def param_refs(doc: GraphDoc, node_ids: list[str], param_type: str) -> Iterator[tuple[str, Param, Any]]:
+    """(node id, param, value) for every param of `param_type` set in the given nodes."""
+    for node_id in node_ids:
+        spec = doc.nodes[node_id]
+        descriptor = _descriptor(spec.type, node_id)
+        for param in descriptor.params:
+            value = spec.params.get(param.name)
+            if param.type == param_type and value not in (None, ""):
+                yield node_id, param, value
+
+
+def _descriptor(node_type: str, node_id: str) -> NodeDescriptor:
+    descriptor = descriptor_get(node_type)
+    if descriptor is None:
+        raise GraphInvalid("unknown_node_type", f"unknown node type {node_type!r}", node_id)
+    return descriptor
+
+
+def _node_validate(doc: GraphDoc, node_id: str, spec: NodeSpec) -> NodeSpec:
+    descriptor = _descriptor(spec.type, node_id)
+    _inputs_validate(doc, node_id, descriptor, spec.inputs)
+    params = _params_validate(node_id, descriptor, spec)
+    return NodeSpec(type=spec.type, params=params, inputs=spec.inputs)
+
+
+def _inputs_validate(
+    doc: GraphDoc, node_id: str, descriptor: NodeDescriptor, inputs: dict[str, InputRef]
+) -> None:
+    for name, ref in inputs.items():
+        port = descriptor.input(name)
+        if port is None:
+            known = ", ".join(p.name for p in descriptor.inputs) or "none"
+            raise GraphInvalid(
+                "unknown_input", f"{descriptor.type} has no input {name!r} (inputs: {known})", node_id
+            )
+        upstream = doc.nodes.get(ref.node)
+        if upstream is None:
+            raise GraphInvalid(
+                "unknown_node", f"input {name!r} refers to missing node {ref.node!r}", node_id
+            )
+        source = _descriptor(upstream.type, ref.node).output(ref.port)
+        if source is None:
+            raise GraphInvalid(
+                "unknown_output",
+                f"input {name!r} refers to {ref.node}.{ref.port}, but {upstream.type} has no "
+                f"output {ref.port!r}",
+                node_id,
+            )
+        if source.kind != port.kind:
+            raise GraphInvalid(
+                "kind_mismatch",
+                f"input {name!r} takes {port.kind}, but {ref.node}.{ref.port} gives {source.kind}",
+                node_id,
+            )
+    for port in descriptor.inputs:
+        if port.required and port.name not in inputs:
+            raise GraphInvalid(
+                "missing_input", f"required input {port.name!r} is not connected", node_id
+            )
+
+
+def _params_validate(node_id: str, descriptor: NodeDescriptor, spec: NodeSpec) -> dict[str, Any]:
+    for name in spec.params:
+        if descriptor.param(name) is None:
+            known = ", ".join(p.name for p in descriptor.params) or "none"
+            raise GraphInvalid(
+                "unknown_param", f"{descriptor.type} has no param {name!r} (params: {known})", node_id
+            )
+    values: dict[str, Any] = {}
+    for param in descriptor.params:
+        wired = param.input is not None and param.input in spec.inputs
+        if param.name in spec.params and spec.params[param.name] is not None:
+            values[param.name] = _param_check(node_id, param, spec.params[param.name])
+        elif param.required and not wired:
+            raise GraphInvalid("missing_param", f"param {param.name!r} is required", node_id)
+        else:
+            values[param.name] = param.default
+    return values
+
+
+def _param_check(node_id: str, param: Param, value: Any) -> Any:
+    checked = _param_type_check(node_id, param, value)
+    if param.type in ("int", "float"):
+        _param_range_check(node_id, param, checked)
+    if param.type == "enum" and param.choices and checked not in param.choices:
+        raise GraphInvalid(
+            "param_choice",
+            f"param {param.name!r} is {checked!r}; choose one of {', '.join(param.choices)}",
+            node_id,
+        )
+    return checked
+
+
+_PYTHON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "enum": (str,),
+    "asset": (str,),
+    "model": (str,),
+    "bool": (bool,),
+    "int": (int,),
+    "float": (int, float),
+}
+
+
+def _param_type_check(node_id: str, param: Param, value: Any) -> Any:
+    ok = isinstance(value, _PYTHON_TYPES[param.type])
+    if param.type in ("int", "float") and isinstance(value, bool):
+        ok = False  # JSON true is not a number
+    if param.type == "int" and isinstance(value, float) and value.is_integer():
+        ok, value = True, int(value)
+    if not ok:
+        raise GraphInvalid(
+            "param_type",
+            f"param {param.name!r} must be {param.type}, got {type(value).__name__} {value!r}",
+            node_id,
+        )
+    return float(value) if param.type == "float" else value
+
+
+def _param_range_check(node_id: str, param: Param, value: float) -> None:
+    if (param.min is not None and value < param.min) or (
+        param.max is not None and value > param.max
+    ):
+        raise GraphInvalid(
+            "param_range",
+            f"param {param.name!r} is {value}; allowed range is {_fmt(param.min)}..{_fmt(param.max)}",
+            node_id,
+        )
+    if param.multiple_of and int(value) % param.multiple_of:
+        raise GraphInvalid(
+            "param_range",
+            f"param {param.name!r} is {value}; it must be a multiple of {param.multiple_of}",
+            node_id,
+        )
+
+
+def _fmt(bound: float | None) -> str:
+    if bound is None:
+        return ""
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+def _reject_cycles(doc: GraphDoc) -> None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node_id: str) -> None:
+        state[node_id] = 1
+        for ref in doc.nodes[node_id].inputs.values():
+            mark = state.get(ref.node)
+            if mark == 1:
+                raise GraphInvalid(
+                    "cycle", f"node {node_id!r} is part of a cycle (through {ref.node!r})", node_id
+                )
+            if mark is None:
+                visit(ref.node)
+        state[node_id] = 2
+
+    for node_id in sorted(doc.nodes):
+        if node_id not in state:
+            visit(node_id)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ImporterConfig(AppConfig):
+    name = "apps.importer"
+    label = "importer"

@@ -1,0 +1,75 @@
+"""/v1/runs: submit, read, list, cancel. Front door only: parse, call one service, shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from apps.runs.models import RunStatus
+from apps.runs.schemas import RunIn
+from apps.runs.selectors import run_get_for_user, run_list_for_user
+from apps.runs.services import RunConflict, RunLimitReached, RunNotCancellable, run_cancel, run_submit
+from apps.runs.wire import run_to_wire
+from inline_farm.api import ApiError, api
+from inline_farm.ids import is_uuid
+
+router = Router(tags=["runs"])
+
+
+class RunListQuery(Schema):
+    status: RunStatus | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0)
+
+
+@router.post("", summary="Submit a graph run", response={200: dict, 201: dict})
+def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
+    try:
+        run, created = run_submit(
+            owner=request.user, graph=payload.graph, target=payload.target,
+            client_run_id=payload.client_run_id, priority=payload.priority,
+        )
+    except RunConflict as exc:
+        raise ApiError(409, "client_run_id_conflict", str(exc)) from None
+    except RunLimitReached as exc:
+        raise ApiError(429, "too_many_runs", str(exc)) from None
+    body = {"runId": str(run.id), "status": run.status, "created": created}
+    return api.create_response(request, body, status=201 if created else 200)
+
+
+@router.get("", summary="List my runs")
+def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any]:
+    qs = run_list_for_user(user=request.user, status=query.status)
+    page = list(qs[query.offset : query.offset + query.limit + 1])
+    more = len(page) > query.limit
+    return {
+        "items": [run_to_wire(r) for r in page[: query.limit]],
+        "limit": query.limit,
+        "offset": query.offset,
+        "nextOffset": query.offset + query.limit if more else None,
+    }
+
+
+@router.get("/{run_id}", summary="Get a run's durable state")
+def get_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    return run_to_wire(_run_or_404(request, run_id))
+
+
+@router.delete("/{run_id}", summary="Cancel a queued or running run")
+def cancel_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    run = _run_or_404(request, run_id)
+    try:
+        run = run_cancel(run=run)
+    except RunNotCancellable as exc:
+        raise ApiError(409, "run_finished", str(exc)) from None
+    return run_to_wire(run_get_for_user(user=request.user, run_id=run.pk) or run)
+
+
+def _run_or_404(request: HttpRequest, run_id: str) -> Any:
+    run = run_get_for_user(user=request.user, run_id=run_id) if is_uuid(run_id) else None
+    if run is None:
+        raise ApiError(404, "not_found", f"no run {run_id}")
+    return run

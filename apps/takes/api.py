@@ -1,0 +1,74 @@
+"""/v1/takes and /v1/assets. Front door only: parse, call one service or selector, shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from ninja import File, Router
+from ninja.files import UploadedFile
+
+from apps.takes.selectors import asset_get_for_user, take_get_for_user
+from apps.takes.services import UploadRejected, asset_create
+from apps.takes.storage import BlobMissing, blob_read
+from apps.takes.wire import asset_to_wire, take_to_wire
+from inline_farm.api import ApiError, api
+from inline_farm.ids import is_uuid
+
+takes_router = Router(tags=["takes"])
+assets_router = Router(tags=["assets"])
+
+
+@takes_router.get("/{take_id}", summary="A take's metadata and lineage")
+def get_take(request: HttpRequest, take_id: str) -> dict[str, Any]:
+    return take_to_wire(_take_or_404(request, take_id))
+
+
+@takes_router.get("/{take_id}/bytes", summary="A take's bytes (ETag = sha256)")
+def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponse:
+    take = _take_or_404(request, take_id)
+    etag = f'"{take.sha256}"'
+    if request.headers.get("If-None-Match") == etag:
+        return HttpResponse(status=304, headers={"ETag": etag})
+    try:
+        data = blob_read(take.sha256)
+    except BlobMissing as exc:
+        raise ApiError(500, "blob_missing", str(exc)) from None
+    return HttpResponse(data, content_type=take.media_type, headers={
+        "ETag": etag, "Cache-Control": "private, max-age=31536000, immutable",
+        "Content-Disposition": f'inline; filename="{take.id}.png"',
+    })
+
+
+@assets_router.post("", summary="Upload an image asset (multipart field 'file')",
+                    response={200: dict, 201: dict})
+def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse:
+    limit = _max_bytes()
+    if file.size is not None and file.size > limit:
+        raise ApiError(413, "too_large", f"upload is {file.size} bytes; the limit is {limit}")
+    try:
+        asset, created = asset_create(owner=request.user, data=file.read(), filename=file.name or "")
+    except UploadRejected as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    return api.create_response(request, asset_to_wire(asset), status=201 if created else 200)
+
+
+@assets_router.get("/{asset_id}", summary="An asset's metadata")
+def get_asset(request: HttpRequest, asset_id: str) -> dict[str, Any]:
+    asset = asset_get_for_user(user=request.user, asset_id=asset_id) if is_uuid(asset_id) else None
+    if asset is None:
+        raise ApiError(404, "not_found", f"no asset {asset_id}")
+    return asset_to_wire(asset)
+
+
+def _take_or_404(request: HttpRequest, take_id: str) -> Any:
+    take = take_get_for_user(user=request.user, take_id=take_id) if is_uuid(take_id) else None
+    if take is None:
+        raise ApiError(404, "not_found", f"no take {take_id}")
+    return take
+
+
+def _max_bytes() -> int:
+    from django.conf import settings
+
+    return int(settings.INLINE_ASSET_MAX_BYTES)

@@ -1,0 +1,107 @@
+"""Writes on takes and assets. Takes are only ever created, never updated."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from PIL import Image, UnidentifiedImageError
+
+from apps.takes.models import Asset, Take
+from apps.takes.storage import blob_put
+
+ACCEPTED_UPLOADS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+
+
+class UploadRejected(Exception):
+    """An upload is not something the farm keeps; `code` and `status` shape the HTTP answer."""
+
+    def __init__(self, code: str, message: str, status: int) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    media_type: str
+    width: int
+    height: int
+
+
+def take_create(
+    *,
+    run_id: Any,
+    owner_id: int,
+    node_id: str,
+    index: int,
+    data: bytes,
+    media_type: str,
+    width: int | None,
+    height: int | None,
+    seed: int | None,
+    lineage: dict[str, Any],
+) -> Take:
+    """Keep `data` as the take of (run, node, index); a repeat returns the take already kept.
+
+    Exactly-once per slot: a retried run (after a lost worker) finds its earlier take here.
+    """
+    digest = blob_put(data)
+    try:
+        with transaction.atomic():
+            return Take.objects.create(
+                run_id=run_id, owner_id=owner_id, node_id=node_id, index=index, sha256=digest,
+                media_type=media_type, size=len(data), width=width, height=height, seed=seed,
+                lineage=lineage,
+            )
+    except IntegrityError:
+        return Take.objects.get(run_id=run_id, node_id=node_id, index=index)
+
+
+def asset_create(*, owner: AbstractBaseUser, data: bytes, filename: str = "") -> tuple[Asset, bool]:
+    """Keep an uploaded image (content-addressed per owner); returns (asset, created)."""
+    if len(data) > settings.INLINE_ASSET_MAX_BYTES:
+        raise UploadRejected(
+            "too_large", f"upload is {len(data)} bytes; the limit is "
+            f"{settings.INLINE_ASSET_MAX_BYTES}", 413,
+        )
+    if not data:
+        raise UploadRejected("empty_upload", "the uploaded file is empty", 400)
+    info = image_inspect(data)
+    digest = blob_put(data)
+    try:
+        with transaction.atomic():
+            asset = Asset.objects.create(
+                owner=owner, sha256=digest, media_type=info.media_type, size=len(data),
+                width=info.width, height=info.height, original_name=filename[:255],
+            )
+            return asset, True
+    except IntegrityError:
+        return Asset.objects.get(owner=owner, sha256=digest), False
+
+
+def image_inspect(data: bytes) -> ImageInfo:
+    """The media type and size of an image upload; `UploadRejected` (415) for anything else."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = image.format or ""
+            width, height = image.size
+            if width * height > settings.INLINE_MAX_IMAGE_PIXELS:
+                raise UploadRejected(
+                    "too_large", f"image is {width}x{height}; at most "
+                    f"{settings.INLINE_MAX_IMAGE_PIXELS} pixels are accepted", 413,
+                )
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        raise UploadRejected(
+            "unsupported_media_type", "the upload is not a readable PNG, JPEG or WebP image", 415
+        ) from None
+    if fmt not in ACCEPTED_UPLOADS:
+        raise UploadRejected(
+            "unsupported_media_type", f"{fmt or 'this'} images are not accepted; "
+            "upload PNG, JPEG or WebP", 415,
+        )
+    return ImageInfo(ACCEPTED_UPLOADS[fmt], width, height)

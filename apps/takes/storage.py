@@ -1,0 +1,46 @@
+"""Content-addressed blob storage under INLINE_DATA_DIR/blobs: bytes are named by their sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+
+
+class BlobMissing(Exception):
+    """A blob named by the database is not on disk (storage was moved or pruned)."""
+
+
+def blob_path(sha256: str) -> Path:
+    return Path(settings.INLINE_BLOB_DIR) / sha256[:2] / sha256
+
+
+def blob_put(data: bytes) -> str:
+    """Store `data` (idempotent: same bytes, same name, written once); return its sha256."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = blob_path(digest)
+    if path.exists():
+        return digest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write to a temp file and rename: a reader never sees a half-written blob.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return digest
+
+
+def blob_read(sha256: str) -> bytes:
+    try:
+        return blob_path(sha256).read_bytes()
+    except FileNotFoundError:
+        raise BlobMissing(f"blob {sha256} is missing from {settings.INLINE_BLOB_DIR}") from None

@@ -1,0 +1,19 @@
+"""The ASGI app: Django over HTTP, Channels for the websocket routes (/v1/runs/{id}/events)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
+django_asgi = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 — after Django setup
+
+from inline_farm.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_asgi,
+    "websocket": URLRouter(websocket_urlpatterns),
+})

@@ -1,0 +1,171 @@
+"""Settings: one module, read from the environment only (see deploy/env.example for every variable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inline_farm.env import (
+    ImproperlyConfiguredEnv,
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_path,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("INLINE_REQUIRE_SECRET_KEY", False):
+        raise ImproperlyConfiguredEnv("SECRET_KEY is not set")
+    # A per-checkout development key; production sets SECRET_KEY (INLINE_REQUIRE_SECRET_KEY=1
+    # makes its absence fatal).
+    SECRET_KEY = "inline-farm-insecure-development-key-set-SECRET_KEY-in-production"
+ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "*").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "apps.accounts",
+    "apps.graphs",
+    "apps.runs",
+    "apps.takes",
+    "apps.fleet",
+    "apps.importer",
+]
+
+MIGRATION_MODULES = {
+    "accounts": "migrations.accounts",
+    "graphs": "migrations.graphs",
+    "runs": "migrations.runs",
+    "takes": "migrations.takes",
+    "fleet": "migrations.fleet",
+}
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "inline_farm.urls"
+ASGI_APPLICATION = "inline_farm.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": database_from_url(
+        env_str("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/inline_farm")
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Farm paths -------------------------------------------------------------------------------
+INLINE_DATA_DIR = env_path("INLINE_DATA_DIR", BASE_DIR / "data")
+INLINE_MODELS_DIR = env_path("INLINE_MODELS_DIR", BASE_DIR / "models")
+INLINE_BLOB_DIR = INLINE_DATA_DIR / "blobs"
+
+# --- Broker, channel layer --------------------------------------------------------------------
+BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_REDIS_URL = env_str("CHANNEL_REDIS_URL", "redis://127.0.0.1:6379/1")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [CHANNEL_REDIS_URL],
+            "prefix": env_str("INLINE_CHANNEL_PREFIX", "inline"),
+            "capacity": 1000,
+            "expiry": 30,
+        },
+    }
+}
+
+# --- Run scheduling ---------------------------------------------------------------------------
+INLINE_LEASE_SECONDS = env_float("INLINE_LEASE_SECONDS", 60.0, minimum=1.0)
+INLINE_MAX_ATTEMPTS = env_int("INLINE_MAX_ATTEMPTS", 3, minimum=1)
+INLINE_REAPER_INTERVAL = env_float("INLINE_REAPER_INTERVAL", 10.0, minimum=0.2)
+INLINE_REDISPATCH_SECONDS = env_float("INLINE_REDISPATCH_SECONDS", 60.0, minimum=1.0)
+INLINE_DISPATCH_WINDOW = env_int("INLINE_DISPATCH_WINDOW", 4, minimum=1)
+INLINE_WORKER_HEARTBEAT = env_float("INLINE_WORKER_HEARTBEAT", 10.0, minimum=0.2)
+INLINE_WORKER_QUEUES = env_str("INLINE_WORKER_QUEUES", "")
+INLINE_WORKER_NAME = env_str("INLINE_WORKER_NAME", "")
+INLINE_POOL = env_str("INLINE_POOL", "")
+INLINE_NODE_CACHE_SIZE = env_int("INLINE_NODE_CACHE_SIZE", 64, minimum=0)
+
+# --- Limits -----------------------------------------------------------------------------------
+INLINE_ASSET_MAX_BYTES = env_int("INLINE_ASSET_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
+INLINE_MAX_IMAGE_PIXELS = env_int("INLINE_MAX_IMAGE_PIXELS", 8192 * 8192, minimum=1)
+INLINE_MAX_GRAPH_NODES = env_int("INLINE_MAX_GRAPH_NODES", 500, minimum=1)
+INLINE_MAX_INFLIGHT_RUNS_PER_USER = env_int("INLINE_MAX_INFLIGHT_RUNS_PER_USER", 100, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = INLINE_ASSET_MAX_BYTES + 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
+# --- Device policy (read by the worker; listed here so every variable lives in one place) ------
+INLINE_PROFILE = env_choice("INLINE_PROFILE", "auto", ("auto", "gpu-max", "lowvram", "cpu"))
+INLINE_VRAM_BUDGET_GB = env_float("INLINE_VRAM_BUDGET_GB", 0.0, minimum=0.0)
+INLINE_PARALLEL = env_str("INLINE_PARALLEL", "")
+
+# --- Celery -----------------------------------------------------------------------------------
+CELERY_BROKER_URL = BROKER_URL
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# Postgres is the source of truth: a message is acked on receipt and a lost one is re-published
+# by the dispatcher (queued runs) or the reaper (expired leases). acks_late would only add
+# broker-specific redelivery delays (Redis visibility timeout, RabbitMQ consumer_timeout).
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "cpu"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "reap-expired-leases": {
+        "task": "apps.runs.tasks.reap_and_dispatch",
+        "schedule": INLINE_REAPER_INTERVAL,
+        "options": {"queue": "control", "expires": INLINE_REAPER_INTERVAL * 2},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,140 @@
+"""Shared fixtures: personas with API tokens, and a live farm (web + worker + beat processes)."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from PIL import Image
+
+from tests.livefarm import Client, LiveFarm, database_url
+
+# Short lease and reaper intervals so failover is observable in seconds.
+FARM_ENV = {
+    "INLINE_LEASE_SECONDS": "3",
+    "INLINE_REAPER_INTERVAL": "1",
+    "INLINE_WORKER_HEARTBEAT": "1",
+    "INLINE_REDISPATCH_SECONDS": "5",
+    "INLINE_MAX_ATTEMPTS": "3",
+}
+
+
+@pytest.fixture(scope="session")
+def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("farm")
+    dirs = {"data": root / "data", "models": root / "models", "logs": root / "logs"}
+    for path in dirs.values():
+        path.mkdir()
+    # The test process reads blobs too: point it at the same data dir as the farm's processes.
+    settings.INLINE_DATA_DIR = dirs["data"]
+    settings.INLINE_BLOB_DIR = dirs["data"] / "blobs"
+    settings.INLINE_MODELS_DIR = dirs["models"]
+    settings.INLINE_WORKER_HEARTBEAT = 1.0
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def farm(
+    django_db_setup: Any, django_db_blocker: Any, data_dirs: dict[str, Path]
+) -> Iterator[LiveFarm]:
+    from inline_farm.celery import app
+
+    env = {
+        **os.environ,
+        **FARM_ENV,
+        "DATABASE_URL": database_url(settings.DATABASES["default"]),
+        "INLINE_DATA_DIR": str(data_dirs["data"]),
+        "INLINE_MODELS_DIR": str(data_dirs["models"]),
+        "INLINE_PROFILE": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
+    app.control.purge()  # stale messages from an earlier run would name runs that don't exist
+    live = LiveFarm(env=env, logs=data_dirs["logs"])
+    with django_db_blocker.unblock():
+        try:
+            live.start_web()
+            live.start_worker()
+            live.start_beat()
+            yield live
+        finally:
+            live.stop_all()
+
+
+@pytest.fixture(scope="session")
+def personas(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+    """Tokens of the named personas: owner, teammate (same team), outsider, staff."""
+    from apps.accounts.models import Team
+    from apps.accounts.services import token_create, user_get_or_create
+
+    with django_db_blocker.unblock():
+        tokens = {}
+        for name in ("owner", "teammate", "outsider", "staff"):
+            user = user_get_or_create(username=name, is_staff=name == "staff")
+            tokens[name] = token_create(user=user, name="test")[1]
+        team, _ = Team.objects.get_or_create(name="lighting")
+        team.members.add(*type(user).objects.filter(username__in=["owner", "teammate"]))
+    return tokens
+
+
+def _client(farm: LiveFarm, token: str | None) -> Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Client(base_url=farm.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def owner(farm: LiveFarm, personas: dict[str, str]) -> Iterator[Client]:
+    with _client(farm, personas["owner"]) as client:
+        yield client
+
+
+@pytest.fixture
+def teammate(farm: LiveFarm, personas: dict[str, str]) -> Iterator[Client]:
+    with _client(farm, personas["teammate"]) as client:
+        yield client
+
+
+@pytest.fixture
+def outsider(farm: LiveFarm, personas: dict[str, str]) -> Iterator[Client]:
+    with _client(farm, personas["outsider"]) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(farm: LiveFarm) -> Iterator[Client]:
+    with _client(farm, None) as client:
+        yield client
+
+
+@pytest.fixture
+def db_access(django_db_blocker: Any) -> Iterator[None]:
+    """Direct ORM reads of what the live farm committed (no per-test transaction)."""
+    with django_db_blocker.unblock():
+        yield
+
+
+def png(width: int = 64, height: int = 48, color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(out, format="PNG")
+    return out.getvalue()
+
+
+def upload(client: Client, data: bytes, name: str = "in.png", content_type: str = "image/png") -> Any:
+    return client.post("/v1/assets", files={"file": (name, data, content_type)})
+
+
+def resize_graph(asset_id: str, width: int = 32, height: int = 16, **extra: Any) -> dict[str, Any]:
+    return {
+        "graph": {"nodes": {
+            "src": {"type": "image/load", "params": {"asset": asset_id}},
+            "big": {"type": "image/resize", "params": {"width": width, "height": height},
+                    "inputs": {"image": {"node": "src", "port": "image"}}},
+            "out": {"type": "image/save", "inputs": {"image": {"node": "big", "port": "image"}}},
+        }},
+        "target": "out",
+        **extra,
+    }

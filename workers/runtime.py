@@ -1,0 +1,23 @@
+"""Process-wide state of one worker: its device policy and its node-output cache."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+
+from workers.executor import NodeCache
+
+
+@cache
+def policy() -> Any:
+    """The device policy of this worker process, decided once (env: INLINE_PROFILE, …)."""
+    from workers.device.detect import policy_from_env
+
+    return policy_from_env()
+
+
+@cache
+def node_cache() -> NodeCache:
+    return NodeCache(settings.INLINE_NODE_CACHE_SIZE)

@@ -1,0 +1,59 @@
+"""Celery tasks of the GPU side. Thin: claim, execute, record — the logic lives elsewhere."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+from django.db import close_old_connections
+
+log = logging.getLogger(__name__)
+
+_heartbeat: list[Any] = []
+
+
+@shared_task(name="workers.tasks.execute_run", ignore_result=True)
+def execute_run(run_id: str) -> str:
+    """Execute run `run_id` once. A duplicate delivery (already claimed or ended) is a no-op."""
+    from apps.runs.services import run_claim, run_finish
+    from workers import runtime
+    from workers.executor import CancelCheck, execute
+    from workers.heartbeat import current_run_set
+    from workers.lease import LeaseKeeper
+
+    close_old_connections()
+    claim = run_claim(run_id=run_id, worker=execute_run.request.hostname or "worker")
+    if claim is None:
+        return "not-claimed"
+    cancel = CancelCheck(claim)
+    current_run_set(claim.run_id)
+    try:
+        with LeaseKeeper(claim, cancel.lost):
+            outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
+                              cancel=cancel)
+        if outcome.status != "cancelled":
+            run_finish(run_id=claim.run_id, attempt=claim.attempt, status=outcome.status,
+                       error=outcome.error)
+    finally:
+        current_run_set(None)
+        close_old_connections()
+    return outcome.status
+
+
+@worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    from workers.heartbeat import Heartbeat
+
+    queues = sorted(q.name for q in sender.task_consumer.queues)
+    heartbeat = Heartbeat(sender.hostname, queues)
+    heartbeat.start()
+    _heartbeat.append(heartbeat)
+    log.info("worker %s serving %s", sender.hostname, ", ".join(queues))
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    for heartbeat in _heartbeat:
+        heartbeat.stop()
