@@ -1,4 +1,7 @@
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 
 from inline_farm.api import api
@@ -7,3 +10,22 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
 ]
+
+
+def handler404(request: HttpRequest, exception: Any = None) -> HttpResponse:
+    """Unknown URLs answer in the API's error shape (the admin keeps Django's own page)."""
+    if request.path.startswith("/admin/"):
+        from django.views.defaults import page_not_found
+
+        return page_not_found(request, exception)
+    return JsonResponse(
+        {"error": {"code": "not_found", "message": f"no route {request.method} {request.path}"}},
+        status=404,
+    )
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(
+        {"error": {"code": "internal", "message": "the farm hit an internal error; it was logged"}},
+        status=500,
+    )

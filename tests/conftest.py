@@ -138,3 +138,29 @@ def resize_graph(asset_id: str, width: int = 32, height: int = 16, **extra: Any)
         "target": "out",
         **extra,
     }
+
+
+def delay_graph(asset_id: str, seconds: float, **extra: Any) -> dict[str, Any]:
+    """load → util/delay(seconds) → save: a run that stays in flight for a while."""
+    return {
+        "graph": {"nodes": {
+            "src": {"type": "image/load", "params": {"asset": asset_id}},
+            "wait": {"type": "util/delay", "params": {"seconds": seconds},
+                     "inputs": {"image": {"node": "src", "port": "image"}}},
+            "out": {"type": "image/save", "inputs": {"image": {"node": "wait", "port": "image"}}},
+        }},
+        "target": "out",
+        **extra,
+    }
+
+
+def wait_status(client: Client, run_id: str, status: str, timeout: float = 30) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.get(f"/v1/runs/{run_id}").json()
+        if run["status"] == status:
+            return run
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} never reached {status}: {run}")

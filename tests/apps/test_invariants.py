@@ -1,0 +1,56 @@
+"""Invariants that Postgres itself enforces."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.graphs.models import Graph
+from apps.runs.models import Run
+from apps.takes.models import Take
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run():
+    owner = get_user_model().objects.create(username="inv-owner")
+    graph = Graph.objects.create(sha256="a" * 64, document={"nodes": {}})
+    return Run.objects.create(owner=owner, graph=graph, target="out")
+
+
+def _take(run, **kw):
+    return Take.objects.create(run=run, owner=run.owner, node_id="out", sha256="b" * 64,
+                               media_type="image/png", size=3, **kw)
+
+
+def test_a_take_can_never_be_updated(run):
+    take = _take(run)
+    with pytest.raises(IntegrityError, match="immutable"), transaction.atomic():
+        Take.objects.filter(pk=take.pk).update(sha256="c" * 64)
+
+
+def test_a_slot_holds_one_take(run):
+    _take(run)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        _take(run)
+
+
+def test_one_client_run_id_per_owner(run):
+    Run.objects.filter(pk=run.pk).update(client_run_id="k")
+    other = Graph.objects.create(sha256="d" * 64, document={"nodes": {}})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Run.objects.create(owner=run.owner, graph=other, target="out", client_run_id="k")
+
+
+def test_a_running_run_must_hold_a_lease(run):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(status="running")
+
+
+def test_a_finished_run_must_have_a_finish_time(run):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(status="succeeded")
+    Run.objects.filter(pk=run.pk).update(status="succeeded", finished_at=timezone.now())
