@@ -11,7 +11,13 @@ from pydantic import Field
 from apps.runs.models import RunStatus
 from apps.runs.schemas import RunIn
 from apps.runs.selectors import run_get_for_user, run_list_for_user
-from apps.runs.services import RunConflict, RunLimitReached, RunNotCancellable, run_cancel, run_submit
+from apps.runs.services import (
+    RunConflict,
+    RunLimitReached,
+    RunNotCancellable,
+    run_cancel,
+    run_submit,
+)
 from apps.runs.wire import run_to_wire
 from inline_farm.api import ApiError, api
 from inline_farm.ids import is_uuid

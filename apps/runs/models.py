@@ -40,7 +40,8 @@ class Run(models.Model):
     target = models.CharField(max_length=200)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     priority = models.IntegerField(default=0, help_text="Higher runs first (-100..100).")
-    client_run_id = models.CharField(max_length=200, null=True, blank=True)
+    # NULL (not ""): "no key", so the partial unique constraint below ignores it.
+    client_run_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     requirement = models.JSONField(default=dict, help_text="What the run needs of a worker.")
     queue = models.CharField(max_length=64, default="cpu")
     attempts = models.PositiveIntegerField(default=0)
