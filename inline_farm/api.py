@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -24,6 +25,13 @@ class BearerToken(HttpBearer):
         if user is not None:
             request.user = user
         return user
+
+
+def caller(request: HttpRequest) -> User:
+    """The authenticated user of an endpoint behind BearerToken (never anonymous there)."""
+    user = request.user
+    assert isinstance(user, User), "endpoint reached without authentication"
+    return user
 
 
 class ApiError(Exception):

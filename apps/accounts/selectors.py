@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.accounts.models import ApiToken
@@ -14,7 +14,7 @@ from apps.accounts.services import token_hash
 _TOUCH_EVERY = timedelta(minutes=1)
 
 
-def user_for_token(secret: str) -> AbstractBaseUser | None:
+def user_for_token(secret: str) -> User | None:
     """The active user holding the unrevoked token `secret`, or None."""
     token = (
         ApiToken.objects.select_related("user")
@@ -29,7 +29,7 @@ def user_for_token(secret: str) -> AbstractBaseUser | None:
     return token.user
 
 
-def visible_owner_ids(user: AbstractBaseUser) -> list[int] | None:
+def visible_owner_ids(user: User) -> list[int] | None:
     """Ids of the owners whose work `user` may read: self and teammates; None means all (staff)."""
     if user.is_staff:
         return None

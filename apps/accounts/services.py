@@ -6,7 +6,7 @@ import hashlib
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -19,7 +19,7 @@ def token_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def user_get_or_create(*, username: str, is_staff: bool = False) -> AbstractBaseUser:
+def user_get_or_create(*, username: str, is_staff: bool = False) -> User:
     """The user named `username`, created (without a usable password) if absent."""
     User = get_user_model()
     user, created = User.objects.get_or_create(username=username, defaults={"is_staff": is_staff})
@@ -30,7 +30,7 @@ def user_get_or_create(*, username: str, is_staff: bool = False) -> AbstractBase
 
 
 @transaction.atomic
-def token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+def token_create(*, user: User, name: str = "") -> tuple[ApiToken, str]:
     """A new token for `user`; returns the row and the secret (shown once, never stored)."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(

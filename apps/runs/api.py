@@ -19,7 +19,7 @@ from apps.runs.services import (
     run_submit,
 )
 from apps.runs.wire import run_to_wire
-from inline_farm.api import ApiError, api
+from inline_farm.api import ApiError, api, caller
 from inline_farm.ids import is_uuid
 
 router = Router(tags=["runs"])
@@ -35,7 +35,7 @@ class RunListQuery(Schema):
 def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
     try:
         run, created = run_submit(
-            owner=request.user, graph=payload.graph, target=payload.target,
+            owner=caller(request), graph=payload.graph, target=payload.target,
             client_run_id=payload.client_run_id, priority=payload.priority,
         )
     except RunConflict as exc:
@@ -48,7 +48,7 @@ def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
 
 @router.get("", summary="List my runs")
 def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any]:
-    qs = run_list_for_user(user=request.user, status=query.status)
+    qs = run_list_for_user(user=caller(request), status=query.status)
     page = list(qs[query.offset : query.offset + query.limit + 1])
     more = len(page) > query.limit
     return {
@@ -71,11 +71,11 @@ def cancel_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
         run = run_cancel(run=run)
     except RunNotCancellable as exc:
         raise ApiError(409, "run_finished", str(exc)) from None
-    return run_to_wire(run_get_for_user(user=request.user, run_id=run.pk) or run)
+    return run_to_wire(run_get_for_user(user=caller(request), run_id=run.pk) or run)
 
 
 def _run_or_404(request: HttpRequest, run_id: str) -> Any:
-    run = run_get_for_user(user=request.user, run_id=run_id) if is_uuid(run_id) else None
+    run = run_get_for_user(user=caller(request), run_id=run_id) if is_uuid(run_id) else None
     if run is None:
         raise ApiError(404, "not_found", f"no run {run_id}")
     return run

@@ -9,7 +9,8 @@ by a dead worker's prefetch) is published again after INLINE_REDISPATCH_SECONDS.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -71,7 +72,7 @@ def runs_reap() -> int:
 
 
 @transaction.atomic
-def _reap_one(run_id: object, now: object) -> int:
+def _reap_one(run_id: Any, now: datetime) -> int:
     run = (
         Run.objects.select_for_update(skip_locked=True)
         .filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__lt=now).first()

@@ -4,27 +4,58 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
+from apps.runs.events import event_to_wire
 from apps.runs.models import Run, RunEvent
+from apps.runs.wire import run_to_wire
 
 
-def _runs_for(user: AbstractBaseUser) -> QuerySet[Run]:
+def _runs_for(user: User) -> QuerySet[Run]:
     owners = visible_owner_ids(user)
     qs = Run.objects.select_related("graph").prefetch_related("takes")
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-def run_get_for_user(*, user: AbstractBaseUser, run_id: Any) -> Run | None:
+def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     return _runs_for(user).filter(pk=run_id).first()
 
 
-def run_list_for_user(*, user: AbstractBaseUser, status: str | None = None) -> QuerySet[Run]:
+def run_list_for_user(*, user: User, status: str | None = None) -> QuerySet[Run]:
     qs = _runs_for(user).order_by("-created_at", "-pk")
     return qs.filter(status=status) if status else qs
 
 
-def run_events_after(*, run_id: Any, after: int) -> list[RunEvent]:
-    return list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq"))
+def run_events_after(
+    *, run_id: Any, after: int, before: int | None = None, limit: int | None = None
+) -> list[RunEvent]:
+    """The run's logged events with `after` < seq (< `before`), oldest first, at most `limit`."""
+    qs = RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    return list(qs[:limit] if limit is not None else qs)
+
+
+def run_events_wire_after(
+    *, run_id: Any, after: int, before: int | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """`run_events_after` in the wire shape websocket clients receive."""
+    events = run_events_after(run_id=run_id, after=after, before=before, limit=limit)
+    return [event_to_wire(e) for e in events]
+
+
+def run_snapshot(*, run_id: Any) -> dict[str, Any]:
+    """A run's state for a websocket `snapshot`: the run's wire state, and where its log stands.
+
+    `lastSeq` is the newest logged seq when the row was read; `doneSeq` is the seq of its
+    `run_done` event (None while it runs). Takes are read after the row, so they may already
+    include takes whose `node_done` comes after `lastSeq` (take ids are stable; dedupe by id).
+    """
+    run = Run.objects.select_related("graph").prefetch_related("takes").get(pk=run_id)
+    done_seq = (
+        RunEvent.objects.filter(run_id=run_id, type="run_done")
+        .order_by("seq").values_list("seq", flat=True).first()
+    )
+    return {"run": run_to_wire(run), "lastSeq": run.last_seq, "doneSeq": done_seq}

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce
@@ -56,7 +56,7 @@ class Claim:
 
 def run_submit(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     graph: GraphDoc,
     target: str,
     client_run_id: str | None = None,
@@ -87,7 +87,7 @@ def run_submit(
         return existing, False
 
 
-def _existing_run(owner: AbstractBaseUser, sha: str, target: str, client_run_id: str | None) -> Run | None:
+def _existing_run(owner: User, sha: str, target: str, client_run_id: str | None) -> Run | None:
     if client_run_id:
         run = Run.objects.select_related("graph").filter(
             owner=owner, client_run_id=client_run_id
@@ -103,7 +103,7 @@ def _existing_run(owner: AbstractBaseUser, sha: str, target: str, client_run_id:
     ).first()
 
 
-def _limit_check(owner: AbstractBaseUser) -> None:
+def _limit_check(owner: User) -> None:
     limits = getattr(owner, "limits", None)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     if Run.objects.filter(owner=owner, status__in=IN_FLIGHT).count() >= limit:
@@ -112,7 +112,7 @@ def _limit_check(owner: AbstractBaseUser) -> None:
 
 @transaction.atomic
 def _run_create(
-    owner: AbstractBaseUser, graph: GraphDoc, sha: str, target: str,
+    owner: User, graph: GraphDoc, sha: str, target: str,
     client_run_id: str | None, priority: int, requirement: dict[str, Any],
 ) -> Run:
     stored, _ = Graph.objects.get_or_create(sha256=sha, defaults={"document": graph.model_dump()})
@@ -124,7 +124,7 @@ def _run_create(
     return run
 
 
-def _assets_check(owner: AbstractBaseUser, graph: GraphDoc, order: list[str]) -> None:
+def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
     refs = list(param_refs(graph, order, "asset"))
     wanted = [str(value) for _, _, value in refs if is_uuid(value)]
     visible = assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted) if wanted else set()

@@ -12,7 +12,7 @@ from apps.takes.selectors import asset_get_for_user, take_get_for_user
 from apps.takes.services import UploadRejected, asset_create
 from apps.takes.storage import BlobMissing, blob_read
 from apps.takes.wire import asset_to_wire, take_to_wire
-from inline_farm.api import ApiError, api
+from inline_farm.api import ApiError, api, caller
 from inline_farm.ids import is_uuid
 
 takes_router = Router(tags=["takes"])
@@ -47,7 +47,7 @@ def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse
     if file.size is not None and file.size > limit:
         raise ApiError(413, "too_large", f"upload is {file.size} bytes; the limit is {limit}")
     try:
-        asset, created = asset_create(owner=request.user, data=file.read(), filename=file.name or "")
+        asset, created = asset_create(owner=caller(request), data=file.read(), filename=file.name or "")
     except UploadRejected as exc:
         raise ApiError(exc.status, exc.code, exc.message) from None
     return api.create_response(request, asset_to_wire(asset), status=201 if created else 200)
@@ -55,14 +55,14 @@ def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse
 
 @assets_router.get("/{asset_id}", summary="An asset's metadata")
 def get_asset(request: HttpRequest, asset_id: str) -> dict[str, Any]:
-    asset = asset_get_for_user(user=request.user, asset_id=asset_id) if is_uuid(asset_id) else None
+    asset = asset_get_for_user(user=caller(request), asset_id=asset_id) if is_uuid(asset_id) else None
     if asset is None:
         raise ApiError(404, "not_found", f"no asset {asset_id}")
     return asset_to_wire(asset)
 
 
 def _take_or_404(request: HttpRequest, take_id: str) -> Any:
-    take = take_get_for_user(user=request.user, take_id=take_id) if is_uuid(take_id) else None
+    take = take_get_for_user(user=caller(request), take_id=take_id) if is_uuid(take_id) else None
     if take is None:
         raise ApiError(404, "not_found", f"no take {take_id}")
     return take

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.takes.models import Asset, Take
 
 
-def _scoped(qs: QuerySet[Any], user: AbstractBaseUser) -> QuerySet[Any]:
+def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
     owners = visible_owner_ids(user)
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-def take_get_for_user(*, user: AbstractBaseUser, take_id: Any) -> Take | None:
+def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
     return _scoped(Take.objects.all(), user).filter(pk=take_id).first()
 
 
-def asset_get_for_user(*, user: AbstractBaseUser, asset_id: Any) -> Asset | None:
+def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
     return _scoped(Asset.objects.all(), user).filter(pk=asset_id).first()
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from PIL import Image, UnidentifiedImageError
 
@@ -61,7 +61,7 @@ def take_create(
         return Take.objects.get(run_id=run_id, node_id=node_id, index=index)
 
 
-def asset_create(*, owner: AbstractBaseUser, data: bytes, filename: str = "") -> tuple[Asset, bool]:
+def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
     """Keep an uploaded image (content-addressed per owner); returns (asset, created)."""
     if len(data) > settings.INLINE_ASSET_MAX_BYTES:
         raise UploadRejected(
