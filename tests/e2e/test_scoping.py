@@ -82,6 +82,8 @@ def test_a_malformed_id_is_a_404(owner):
 
 
 def test_my_run_list_paginates_and_filters_by_status(owner, finished):
+    owner.wait_run(owner.post("/v1/runs", json=resize_graph(finished["asset"]["id"], 7, 7))
+                   .json()["runId"])
     page = owner.get("/v1/runs?limit=1").json()
     assert len(page["items"]) == 1 and page["nextOffset"] == 1
     succeeded = owner.get("/v1/runs?status=succeeded&limit=200").json()["items"]
