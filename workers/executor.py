@@ -133,7 +133,7 @@ class _RunState:
         self.outputs[node_id] = outputs
         self.lineage[node_id] = {**upstream, **own}
         self.takes.extend(takes)
-        run_event_append(run_id=self.claim.run_id, type="node_done", payload={
+        self._append("node_done", {
             "nodeId": node_id, "nodeType": spec.type, "cached": hit is not None, "takes": takes,
         })
 
@@ -182,7 +182,14 @@ class _RunState:
             import base64
 
             payload["preview"] = "data:image/png;base64," + base64.b64encode(preview).decode()
-        run_event_append(run_id=self.claim.run_id, type="progress", payload=payload)
+        self._append("progress", payload)
+
+    def _append(self, type: str, payload: dict[str, Any]) -> None:
+        """Log an event for our attempt; once the run is no longer ours, stop (RunCancelled)."""
+        if run_event_append(run_id=self.claim.run_id, type=type, payload=payload,
+                            fence_attempt=self.claim.attempt) is None:
+            self.cancel.lost.set()
+            raise RunCancelled(f"run {self.claim.run_id} is no longer ours")
 
 
 def node_key(spec: NodeSpec, keys: dict[str, str]) -> str:

@@ -64,9 +64,9 @@ class NodeContext:
     takes: list[TakeRequest] = field(default_factory=list)
 
     def progress(self, step: int, total: int, preview_png: bytes | None = None) -> None:
-        """Report `step` of `total` for this node; checks cancellation too."""
-        self.report_progress(step, total, preview_png)
+        """Report `step` of `total` for this node; raises RunCancelled once the run is not ours."""
         self.check_cancelled()
+        self.report_progress(step, total, preview_png)
 
     def note_lineage(self, **facts: Any) -> None:
         """Record facts (seed, model file hashes, …) that end up in every downstream take."""
