@@ -21,7 +21,7 @@ def _publish(task_name: str, args: list[Any], queue: str) -> None:
 
     try:
         app.send_task(task_name, args=args, queue=queue)
-    except Exception:  # noqa: BLE001 — a lost publish is re-done by the dispatcher's safety net
+    except Exception:  # a lost publish is re-done by the dispatcher's safety net
         log.exception("publishing %s%s to %s failed; the dispatcher will retry", task_name, args, queue)
 
 
@@ -41,5 +41,5 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
         return
     try:
         async_to_sync(layer.group_send)(group, message)
-    except Exception:  # noqa: BLE001 — see the docstring: clients catch up from the log
+    except Exception:  # see the docstring: clients catch up from the log
         log.warning("channel-layer send to %s failed", group, exc_info=True)

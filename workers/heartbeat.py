@@ -55,7 +55,7 @@ class Heartbeat:
         while not self._stop.wait(settings.INLINE_WORKER_HEARTBEAT):
             try:
                 self.beat()
-            except Exception:  # noqa: BLE001 — keep beating; a missed beat is not fatal
+            except Exception:  # keep beating; a missed beat is not fatal
                 log.exception("heartbeat failed")
                 connection.close()
         connection.close()

@@ -39,7 +39,7 @@ class LeaseKeeper:
                 if not run_lease_renew(run_id=self.claim.run_id, attempt=self.claim.attempt):
                     self.lost.set()
                     return
-        except Exception:  # noqa: BLE001 — a DB hiccup: stop renewing, the reaper decides
+        except Exception:  # a DB hiccup: stop renewing, the reaper decides
             log.exception("lease renewal for run %s failed", self.claim.run_id)
         finally:
             connection.close()
