@@ -1,0 +1,92 @@
+"""Build the worker's `DevicePolicy` from the hardware and the environment.
+
+Environment (read by `policy_from_env`, fail loud on bad values):
+- `INLINE_PROFILE`: auto | gpu-max | lowvram | cpu (default auto: no CUDA -> cpu; a usable
+  VRAM of at least `GPU_MAX_MIN_GB` -> gpu-max; less -> lowvram).
+- `INLINE_VRAM_BUDGET_GB`: cap on the VRAM this worker may use (0 or unset = the whole card).
+- `INLINE_CPU_OFFLOAD`: 1 to keep weights in CPU memory between uses (off unless asked).
+- `INLINE_ATTENTION`: a diffusers attention backend name (default "native", torch SDPA).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from workers.device.policy import PROFILES, DevicePolicy
+
+# Z-Image Turbo in bf16: transformer 11.5 GiB + Qwen3-4B 7.5 GiB + VAE + activations.
+GPU_MAX_MIN_GB = 24.0
+
+
+def policy_from_env(env: Mapping[str, str] | None = None) -> DevicePolicy:
+    """The policy for this worker process, from `env` (default `os.environ`). Call once."""
+    source: Mapping[str, str] = os.environ if env is None else env
+    return detect_policy(
+        profile=source.get("INLINE_PROFILE", "auto") or "auto",
+        vram_budget_gb=_float_env(source, "INLINE_VRAM_BUDGET_GB"),
+        cpu_offload=_bool_env(source, "INLINE_CPU_OFFLOAD"),
+        attention=source.get("INLINE_ATTENTION", "native") or "native",
+    )
+
+
+def detect_policy(
+    profile: str = "auto",
+    vram_budget_gb: float = 0.0,
+    *,
+    cpu_offload: bool = False,
+    attention: str = "native",
+) -> DevicePolicy:
+    """A policy for `profile` ("auto" picks from the hardware) on this machine's first GPU."""
+    if profile != "auto" and profile not in PROFILES:
+        raise ValueError(f"INLINE_PROFILE must be auto or one of {PROFILES}, got {profile!r}")
+    if vram_budget_gb < 0:
+        raise ValueError(f"INLINE_VRAM_BUDGET_GB must be >= 0, got {vram_budget_gb}")
+    gpu = _first_gpu()
+    if profile == "cpu" or (profile == "auto" and gpu is None):
+        return DevicePolicy(profile="cpu", attention=attention, cpu_offload=False)
+    if gpu is None:
+        raise RuntimeError(f"INLINE_PROFILE={profile} needs a CUDA GPU, and torch sees none")
+    name, total_gb, bf16 = gpu
+    usable_gb = min(total_gb, vram_budget_gb) if vram_budget_gb > 0 else total_gb
+    if profile == "auto":
+        profile = "gpu-max" if usable_gb >= GPU_MAX_MIN_GB else "lowvram"
+    low = profile == "lowvram"
+    return DevicePolicy(
+        profile=profile,  # type: ignore[arg-type]
+        device="cuda:0",
+        dtype="bfloat16" if bf16 else "float16",
+        attention=attention,
+        vae_tiling=low,
+        vae_slicing=low,
+        cpu_offload=cpu_offload,
+        device_name=name,
+        vram_gb=round(usable_gb, 1),
+    )
+
+
+def _first_gpu() -> tuple[str, float, bool] | None:
+    """(name, total GiB, bf16 capable) of CUDA device 0, or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.name, props.total_memory / 2**30, torch.cuda.is_bf16_supported()
+
+
+def _float_env(env: Mapping[str, str], key: str) -> float:
+    raw = env.get(key, "").strip()
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{key} must be a number of GB, got {raw!r}") from None
+
+
+def _bool_env(env: Mapping[str, str], key: str) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{key} must be 0 or 1, got {raw!r}")

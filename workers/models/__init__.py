@@ -1,0 +1,1 @@
+"""Model files: the models-dir catalog (torch-free) and model families (zimage/)."""

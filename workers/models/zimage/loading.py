@@ -1,0 +1,229 @@
+"""Load Z-Image components from the models dir, offline, cached per worker process.
+
+Where the config comes from (nothing is ever downloaded; every load is local_files_only):
+- a single weight file `<folder>/<stem>.safetensors` takes its diffusers/transformers config from
+  the sidecar `<folder>/<stem>.config.json` when present, else from the config the farm ships
+  for the full-size Z-Image Turbo family (`configs/<role>/`);
+- a single-file text encoder also needs its tokenizer files in the sidecar folder
+  `<folder>/<stem>.tokenizer/` (a single file holds no tokenizer);
+- a folder model (diffusers / transformers layout, with config.json) carries its own config.
+Transformer files may use the diffusers key layout or the original / ComfyUI one
+(`model.diffusion_model.` prefix, fused qkv); VAE files the diffusers or the original Flux
+`ae.safetensors` layout; text-encoder files Qwen3Model or Qwen3ForCausalLM keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.device.policy import DevicePolicy, Placement
+from workers.models.cache import MODEL_CACHE
+from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
+from workers.models.zimage.engine import CONFIGS, predict_velocity
+from workers.models.zimage.values import DiffusionModel, TextEncoder, Vae
+from workers.sampling.batcher import StepBatcher
+
+
+class ModelLoadError(Exception):
+    """A model file exists but cannot be loaded (corrupt, incomplete, or not this family)."""
+
+
+def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
+    """The Z-Image transformer `diffusion_models/<name>` with its step batcher (cached)."""
+    path = resolve(models_dir, "diffusion_models", name)
+    sha, placement = file_sha256(path), policy.placement("denoiser")
+    _refuse_int8(policy)
+
+    def load() -> DiffusionModel:
+        transformer = _load_transformer(path, placement)
+        if policy.attention != "native":
+            transformer.set_attention_backend(policy.attention)
+        batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs))
+        return DiffusionModel(name, sha, transformer, batcher, placement)
+
+    return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
+
+
+def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
+    """The AutoencoderKL `vae/<name>` (cached), tiled / sliced when the policy says so."""
+    path = resolve(models_dir, "vae", name)
+    sha, placement = file_sha256(path), policy.placement("vae")
+
+    def load() -> Vae:
+        module = _load_vae(path, placement)
+        if policy.vae_tiling:
+            module.enable_tiling()
+        if policy.vae_slicing:
+            module.enable_slicing()
+        return Vae(name, sha, module, placement)
+
+    key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
+    return MODEL_CACHE.get_or_load(key, load)
+
+
+def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> TextEncoder:
+    """The Qwen3 text encoder `text_encoders/<name>` and its tokenizer (cached)."""
+    path = resolve(models_dir, "text_encoders", name)
+    sha, placement = file_sha256(path), policy.placement("text-encoder")
+    _refuse_int8(policy)
+
+    def load() -> TextEncoder:
+        model, tokenizer = _load_text_encoder(path, placement)
+        return TextEncoder(name, sha, model, tokenizer, placement)
+
+    return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
+
+
+def sidecar(path: Path, suffix: str) -> Path:
+    """`<folder>/<stem><suffix>` beside a weight file (stem = name without its weight suffix)."""
+    stem = path.name
+    for weight_suffix in WEIGHT_SUFFIXES:
+        if stem.lower().endswith(weight_suffix):
+            stem = stem[: -len(weight_suffix)]
+            break
+    return path.with_name(stem + suffix)
+
+
+def config_for(path: Path, role: str) -> Path:
+    """The config.json to build `path` with: its sidecar, else the shipped full-size one."""
+    own = sidecar(path, ".config.json")
+    return own if own.is_file() else CONFIGS / role / "config.json"
+
+
+def _load_transformer(path: Path, placement: Placement) -> Any:
+    from diffusers import ZImageTransformer2DModel
+
+    dtype = placement.torch_dtype
+    with _load_errors(path, "a Z-Image transformer", "diffusion_models"):
+        if path.is_dir():
+            model = ZImageTransformer2DModel.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+        else:
+            model = ZImageTransformer2DModel.from_single_file(
+                str(path),
+                config=str(config_for(path, "transformer")),
+                local_files_only=True,
+                torch_dtype=dtype,
+            )
+        _check_complete(model, path)
+    if placement.device == "cpu":
+        _own_storage(model)
+    return model.to(placement.device).eval()
+
+
+def _load_vae(path: Path, placement: Placement) -> Any:
+    from diffusers import AutoencoderKL
+
+    dtype = placement.torch_dtype
+    with _load_errors(path, "a Flux-geometry VAE", "vae"):
+        if path.is_dir():
+            model = AutoencoderKL.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+        else:
+            model = AutoencoderKL.from_single_file(
+                str(path),
+                config=str(config_for(path, "vae")),
+                local_files_only=True,
+                torch_dtype=dtype,
+            )
+        _check_complete(model, path)
+    return _rest(model, placement)
+
+
+def _load_text_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer, Qwen3Model
+
+    dtype = placement.torch_dtype
+    tok_dir = path if path.is_dir() else sidecar(path, ".tokenizer")
+    if not (tok_dir / "tokenizer_config.json").is_file():
+        raise ModelLoadError(
+            f"no tokenizer for text encoder {path.name}: put its tokenizer files "
+            f"(tokenizer.json, tokenizer_config.json, …) in {tok_dir}/"
+        )
+    with _load_errors(path, "a Qwen3 text encoder", "text_encoders"):
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        if path.is_dir():
+            model = Qwen3Model.from_pretrained(path, local_files_only=True, dtype=dtype)
+        else:
+            model = _qwen3_from_file(path, dtype)
+        _check_complete(model, path)
+    if tokenizer.pad_token is None or not tokenizer.chat_template:
+        raise ModelLoadError(f"the tokenizer in {tok_dir} needs a pad_token and a chat_template")
+    return _rest(model, placement), tokenizer
+
+
+def _qwen3_from_file(path: Path, dtype: torch.dtype) -> Any:
+    """A Qwen3Model from one weight file (Qwen3Model or Qwen3ForCausalLM keys)."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config, Qwen3Model
+
+    config = Qwen3Config.from_json_file(str(config_for(path, "text_encoder")))
+    config._attn_implementation = "sdpa"  # what from_pretrained picks for a folder
+    state = load_file(str(path)) if path.suffix in (".safetensors", ".sft") else _torch_load(path)
+    state = {k.removeprefix("model."): v for k, v in state.items() if not k.startswith("lm_head.")}
+    with torch.device("meta"):
+        model: Any = Qwen3Model(config)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys:
+        raise ModelLoadError(f"{path.name} lacks weights such as {result.missing_keys[:3]}")
+    # The rotary tables are computed, not stored: rebuild them off the meta device.
+    model.rotary_emb = type(model.rotary_emb)(config=config)
+    return model.to(dtype)
+
+
+def _torch_load(path: Path) -> dict[str, Any]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state.get("state_dict", state)
+
+
+def _check_complete(model: Any, path: Path) -> None:
+    """Refuse a model whose file left weights unset (still on the meta device)."""
+    empty = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if empty:
+        raise ModelLoadError(
+            f"{path.name} does not hold every weight the config asks for (e.g. {empty[:3]}); "
+            "is the file complete, and is its config right?"
+        )
+
+
+def _own_storage(model: Any) -> None:
+    """Copy every weight into fresh, aligned, contiguous memory (CPU loads).
+
+    Weights loaded from a file are views into its (mmapped) buffer: unfused ComfyUI `qkv`
+    parts sit at offsets, and buffer alignment varies by file. CPU matmul kernels round
+    differently on such memory (~5e-7), so the same weights would not give the same image from
+    two files. Moving to a GPU copies anyway; on CPU we copy, one tensor at a time.
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone(memory_format=torch.contiguous_format)
+
+
+def _rest(model: Any, placement: Placement) -> Any:
+    """Where a model waits between uses: CPU when offloaded, its device otherwise."""
+    if placement.device == "cpu" or placement.offload:
+        _own_storage(model)
+    return model.to("cpu" if placement.offload else placement.device).eval()
+
+
+def _refuse_int8(policy: DevicePolicy) -> None:
+    if policy.int8:
+        raise ModelLoadError("int8 weights are not supported by this worker yet (policy.int8)")
+
+
+@contextmanager
+def _load_errors(path: Path, what: str, folder: str) -> Iterator[None]:
+    """Turn any loader exception into a ModelLoadError naming the file and its folder."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot load {path.name} as {what} (it belongs in the models dir's {folder}/ "
+            f"folder; for a single file, its config goes in "
+            f"{sidecar(path, '.config.json').name} beside it): {type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,191 @@
+"""A tiny random-weight Z-Image stack, written in the ComfyUI models-dir layout.
+
+For `./farm models smoke` (exercise the whole farm without real weights) and for tests. The
+same seed always builds the same weights. What `write_smoke_stack` writes:
+
+    diffusion_models/<name>.safetensors   original / ComfyUI keys (model.diffusion_model., fused qkv)
+    diffusion_models/<name>.config.json   its diffusers config (the sidecar convention)
+    vae/<name>.safetensors                diffusers keys, + vae/<name>.config.json
+    text_encoders/<name>/                 a transformers folder: config, weights, tokenizer
+
+Geometry (the constraints FACTS.md lists): transformer per diffusers' own test config but with
+full-size axes_lens (so a 512-token caption and 4096-px sides fit); Flux-geometry VAE (16 latent
+channels, ÷8, scaling 0.3611 / shift 0.1159); a 2-layer Qwen3 with hidden size == cap_feat_dim;
+a byte-level Qwen2 tokenizer with a Qwen3-style chat template and a pad token (no merges, no
+download).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOKE_NAME = "zimage-SMOKE-random-weights"
+HIDDEN = 16  # text encoder hidden size == transformer cap_feat_dim
+
+TRANSFORMER_CONFIG: dict[str, Any] = {
+    "all_patch_size": [2],
+    "all_f_patch_size": [1],
+    "in_channels": 16,
+    "dim": 32,
+    "n_layers": 2,
+    "n_refiner_layers": 1,
+    "n_heads": 2,
+    "n_kv_heads": 2,
+    "norm_eps": 1e-5,
+    "qk_norm": True,
+    "cap_feat_dim": HIDDEN,
+    "rope_theta": 256.0,
+    "t_scale": 1000.0,
+    "axes_dims": [8, 4, 4],
+    "axes_lens": [1536, 512, 512],
+}
+VAE_CONFIG: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 16,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [32, 32, 32, 32],
+    "layers_per_block": 1,
+    "norm_num_groups": 32,
+    "sample_size": 64,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "force_upcast": True,
+}
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def tiny_tokenizer() -> Any:
+    """A byte-level Qwen2Tokenizer: 256 byte tokens + Qwen's specials, a chat template, a pad."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    # unk/bos None: a byte-level vocab has no unknowns (the stubs want str, the code allows None)
+    specials: dict[str, Any] = {"unk_token": None, "bos_token": None}
+    tok: Any = Qwen2Tokenizer(
+        vocab=vocab, merges=[], eos_token="<|im_end|>", pad_token="<|endoftext|>", **specials
+    )
+    tok.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_components(seed: int = 0) -> dict[str, Any]:
+    """Fresh random modules (float32, CPU, eval): transformer, vae, text_encoder, tokenizer,
+    scheduler. The same seed builds the same weights."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    from workers.models.zimage.engine import scheduler_config
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    transformer: Any = ZImageTransformer2DModel(**TRANSFORMER_CONFIG)
+    vae: Any = AutoencoderKL(**VAE_CONFIG)
+    te_config = Qwen3Config(
+        hidden_size=HIDDEN,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    te_config._attn_implementation = "sdpa"  # what from_pretrained picks when reloading
+    text_encoder = Qwen3Model(te_config).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config())
+    return {
+        "transformer": transformer.eval(),
+        "vae": vae.eval(),
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "scheduler": scheduler,
+    }
+
+
+def to_comfy_transformer_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers Z-Image transformer keys → the original / ComfyUI layout.
+
+    The inverse of diffusers' `convert_z_image_transformer_checkpoint_to_diffusers`: fuse
+    to_q/to_k/to_v into `qkv` (concatenated on dim 0), rename the rest, add the prefix.
+    """
+    renames = (
+        ("all_final_layer.2-1.", "final_layer."),
+        ("all_x_embedder.2-1.", "x_embedder."),
+        (".attention.to_out.0.", ".attention.out."),
+        (".attention.norm_q.", ".attention.q_norm."),
+        (".attention.norm_k.", ".attention.k_norm."),
+    )
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".attention.to_k." in key or ".attention.to_v." in key:
+            continue  # fused with to_q below
+        if ".attention.to_q.weight" in key:
+            parts = [state[key.replace("to_q", p)] for p in ("to_q", "to_k", "to_v")]
+            key, value = key.replace("to_q.weight", "qkv.weight"), torch.cat(parts, dim=0)
+        for old, new in renames:
+            key = key.replace(old, new)
+        out["model.diffusion_model." + key] = value.contiguous()
+    return out
+
+
+def write_smoke_stack(models_dir: Path, name: str = SMOKE_NAME, seed: int = 0) -> dict[str, str]:
+    """Write the tiny stack under `models_dir`; returns the file name per zimage/turbo param:
+    {"model": …, "vae": …, "text_encoder": …}. Overwrites a previous smoke stack."""
+    from safetensors.torch import save_file
+
+    parts = build_tiny_components(seed)
+    models_dir = Path(models_dir)
+    for folder in ("diffusion_models", "vae", "text_encoders"):
+        (models_dir / folder).mkdir(parents=True, exist_ok=True)
+
+    model_file = f"{name}.safetensors"
+    state = to_comfy_transformer_keys(parts["transformer"].state_dict())
+    save_file(state, models_dir / "diffusion_models" / model_file)
+    _write_config(
+        models_dir / "diffusion_models" / f"{name}.config.json",
+        "ZImageTransformer2DModel",
+        TRANSFORMER_CONFIG,
+    )
+
+    vae_state = {k: v.contiguous() for k, v in parts["vae"].state_dict().items()}
+    save_file(vae_state, models_dir / "vae" / model_file)
+    _write_config(models_dir / "vae" / f"{name}.config.json", "AutoencoderKL", VAE_CONFIG)
+
+    te_dir = models_dir / "text_encoders" / name
+    parts["text_encoder"].save_pretrained(te_dir)
+    parts["tokenizer"].save_pretrained(te_dir)
+    return {"model": model_file, "vae": model_file, "text_encoder": name}
+
+
+def smoke_pipeline(img2img: bool = False, seed: int = 0) -> Any:
+    """The reference diffusers pipeline (`ZImagePipeline`, or `ZImageImg2ImgPipeline`) built
+    from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves."""
+    from diffusers import ZImageImg2ImgPipeline, ZImagePipeline
+
+    cls = ZImageImg2ImgPipeline if img2img else ZImagePipeline
+    pipe: Any = cls(**build_tiny_components(seed))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _write_config(path: Path, class_name: str, config: dict[str, Any]) -> None:
+    path.write_text(json.dumps({"_class_name": class_name, **config}, indent=2) + "\n")

@@ -1,0 +1,66 @@
+"""One image's denoise, as the step batcher sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Tensor = Any  # torch.Tensor; this module stays importable without torch
+
+
+def _no_progress(step: int, total: int) -> None:
+    return None
+
+
+def _never_cancelled() -> None:
+    return None
+
+
+@dataclass(eq=False)
+class SampleJob:
+    """The state of one flow-matching denoise, stepped by a `StepBatcher`.
+
+    - `latents`: [1, C, H/8, W/8] float32 on the denoiser's device; the batcher replaces it
+      after every step (x ← x + (σ_next − σ)·v).
+    - `sigmas`: [n + 1] float32, this job's own schedule ending at σ_n = 0; step i goes
+      σ_i → σ_{i+1}. `timesteps`: [n] float32, the scheduler's timestep for each step.
+    - `positive` / `negative`: caption embeddings [L, D] on the denoiser's device; `negative`
+      is required when `guidance > 0` (classifier-free guidance is on whenever guidance > 0).
+    - `on_progress(done, total)` and `check_cancelled()` are called by the job's own thread
+      after each step; `check_cancelled` raises (RunCancelled) to stop before the next step.
+    """
+
+    latents: Tensor
+    sigmas: Tensor
+    timesteps: Tensor
+    positive: Tensor
+    negative: Tensor | None = None
+    guidance: float = 0.0
+    on_progress: Callable[[int, int], None] = _no_progress
+    check_cancelled: Callable[[], None] = _never_cancelled
+    step: int = 0  # steps done so far; the batcher advances it
+    error: BaseException | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.sigmas) != len(self.timesteps) + 1:
+            raise ValueError(
+                f"a job needs one more sigma than timesteps, got {len(self.sigmas)} sigmas "
+                f"and {len(self.timesteps)} timesteps"
+            )
+        if self.guidance > 0 and self.negative is None:
+            raise ValueError("guidance > 0 needs negative embeddings (use the empty prompt's)")
+        if self.latents.ndim != 4 or self.latents.shape[0] != 1:
+            raise ValueError(f"job latents must be [1, C, H, W], got {tuple(self.latents.shape)}")
+
+    @property
+    def total(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def cfg(self) -> bool:
+        return self.guidance > 0
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total
