@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,7 @@ class _RunState:
         upstream = _merge(self.lineage[ref.node] for ref in spec.inputs.values())
         cacheable = not descriptor.produces_takes and descriptor.category not in UNCACHED_CATEGORIES
         hit = self.cache.get(key) if cacheable else None
+        started = time.perf_counter()
         if hit is not None:
             outputs, own = hit
             takes: list[dict[str, Any]] = []
@@ -135,6 +137,7 @@ class _RunState:
         self.takes.extend(takes)
         self._append("node_done", {
             "nodeId": node_id, "nodeType": spec.type, "cached": hit is not None, "takes": takes,
+            "ms": round((time.perf_counter() - started) * 1000, 1),
         })
 
     def _compute(

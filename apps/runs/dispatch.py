@@ -18,6 +18,7 @@ from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
 from apps.runs.wire import run_done_payload
@@ -30,8 +31,27 @@ EXECUTE_TASK = "workers.tasks.execute_run"
 
 def runs_dispatch() -> int:
     """Publish the next runs of every queue that has room; returns how many were published."""
+    _reroute_orphans()
     queues = Run.objects.filter(status=RunStatus.QUEUED).values_list("queue", flat=True).distinct()
     return sum(_dispatch_queue(queue) for queue in queues)
+
+
+def _reroute_orphans() -> None:
+    """Move queued runs off queues that no live worker serves, when another queue now fits.
+
+    The queue is chosen at submit; workers come and go (drained, replaced, new GPU types), so a
+    run must not wait forever on a queue nobody listens to.
+    """
+    served = {q for queues in workers_live().values_list("queues", flat=True) for q in queues}
+    if not served:
+        return  # no live worker at all: nothing better to choose, keep the submit-time choice
+    orphans = Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
+    for run_id, requirement, queue in orphans.values_list("pk", "requirement", "queue")[:500]:
+        better = queue_for(requirement)
+        if better != queue and better in served:
+            Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, queue=queue).update(
+                queue=better, dispatched_at=None
+            )
 
 
 @transaction.atomic

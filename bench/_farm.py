@@ -1,0 +1,74 @@
+"""Bring up a throwaway farm for a benchmark: its own database, data dir, web + worker processes.
+
+Uses the configured PostgreSQL server (DATABASE_URL) and broker (BROKER_URL), but a database
+and queues of its own, dropped at the end, so a benchmark never touches a real farm's runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.livefarm import LiveFarm, database_url  # noqa: E402 — after the path is set
+
+
+@contextmanager
+def bench_farm(*, workers: int = 1, extra_env: dict[str, str] | None = None) -> Iterator[Any]:
+    """Yield (farm, token, models_dir) for a fresh farm; everything is torn down afterwards."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
+    import django
+    from django.conf import settings
+
+    django.setup()
+    admin_db = dict(settings.DATABASES["default"])
+    name = f"inline_bench_{uuid.uuid4().hex[:8]}"
+    _create_db(admin_db, name)
+    root = Path(tempfile.mkdtemp(prefix="inline-bench-"))
+    dirs = {k: root / k for k in ("data", "models", "logs")}
+    for d in dirs.values():
+        d.mkdir()
+    env = {**os.environ, "DATABASE_URL": database_url({**admin_db, "NAME": name}),
+           "INLINE_DATA_DIR": str(dirs["data"]), "INLINE_MODELS_DIR": str(dirs["models"]),
+           "INLINE_PROFILE": "cpu", "INLINE_WORKER_HEARTBEAT": "1", **(extra_env or {})}
+    farm = LiveFarm(env=env, logs=dirs["logs"])
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=REPO, env=env,
+                       check=True)
+        token = subprocess.run([sys.executable, "manage.py", "farm_token", "bench"], cwd=REPO,
+                               env=env, check=True, capture_output=True, text=True
+                               ).stdout.strip().splitlines()[-1]
+        farm.start_web()
+        for _ in range(workers):
+            farm.start_worker(wait=False)
+        yield farm, token, dirs["models"]
+    finally:
+        farm.stop_all()
+        _drop_db(admin_db, name)
+
+
+def _connect(db: dict[str, Any]) -> psycopg.Connection:
+    return psycopg.connect(dbname="postgres", user=db["USER"] or None,
+                           password=db["PASSWORD"] or None, host=db["HOST"] or None,
+                           port=db["PORT"] or None, autocommit=True)
+
+
+def _create_db(db: dict[str, Any], name: str) -> None:
+    with _connect(db) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _drop_db(db: dict[str, Any], name: str) -> None:
+    with _connect(db) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,309 @@
+"""Websocket fan-out benchmark: many subscribers on one run while many runs publish at once.
+
+    .venv/bin/python bench/events.py [--subscribers 200] [--runs 50] [--rate 20] [--seconds 10]
+
+It uses the farm's configured services (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL), migrates
+that database, starts its own uvicorn on a free port, and cleans its runs up afterwards.
+
+- `--runs` runs are made `running` by hand (no worker needed); `--publishers` processes append to
+  their logs through the real path (`run_event_append`: Postgres row lock + insert, then
+  `group_send` after commit), `--rate` events/s per run for `--seconds`: progress events with
+  every 10th a `node_done`, then a `run_done`.
+- `--subscribers` websockets follow run 0 and one more follows each other run, spread over
+  `--client-procs` processes; each reads until the server closes after `run_done`.
+- Printed: events published/s, events delivered/s over all sockets, publish→receive latency
+  (p50/p99; "publish" = just before `run_event_append`, so the Postgres commit is included), and
+  whether every socket got every milestone in order (progress may be coalesced for slow readers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def django_setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
+    import django
+
+    django.setup()
+
+
+# --- setup and teardown (in the main process) -----------------------------------------------
+
+def create_runs(count: int) -> tuple[int, str, list[str]]:
+    """A bench user's token and `count` runs in `running` state (held by a fake lease)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.accounts.services import token_create, user_get_or_create
+    from apps.graphs.models import Graph
+    from apps.runs.models import Run, RunStatus
+
+    user = user_get_or_create(username="bench-events")
+    token, secret = token_create(user=user, name="bench/events.py")
+    graph, _ = Graph.objects.get_or_create(sha256="0" * 63 + "b", defaults={"document": {}})
+    now, stamp = timezone.now(), uuid.uuid4().hex[:8]
+    runs = Run.objects.bulk_create(
+        Run(owner=user, graph=graph, target=f"bench-{stamp}-{i}", status=RunStatus.RUNNING,
+            attempts=1, lease_worker="bench", lease_expires_at=now + timedelta(hours=1),
+            started_at=now)
+        for i in range(count)
+    )
+    return token.pk, secret, [str(r.pk) for r in runs]
+
+
+def delete_runs(run_ids: list[str], token_id: int) -> None:
+    from apps.accounts.services import token_revoke
+    from apps.runs.models import Run
+
+    Run.objects.filter(pk__in=run_ids).delete()
+    token_revoke(token_id=token_id)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=REPO, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None:
+            raise SystemExit(f"uvicorn exited with {server.returncode}")
+        time.sleep(0.2)
+    raise SystemExit("uvicorn did not come up in 60 s")
+
+
+# --- subscribers (their own processes; no Django) -------------------------------------------
+
+async def follow(url: str, token: str, ready: asyncio.Event) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    got: dict[str, Any] = {"seqs": [], "milestones": [], "latencies": [], "code": None}
+    async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
+                       open_timeout=60, max_size=None) as ws:
+        json.loads(await ws.recv())  # the snapshot
+        ready.set()
+        try:
+            async for raw in ws:
+                now = time.time()
+                event = json.loads(raw)
+                got["seqs"].append(event["seq"])
+                if event["type"] != "progress":
+                    got["milestones"].append(event["seq"])
+                if "t" in event:
+                    got["latencies"].append(now - event["t"])
+        except ConnectionClosed:
+            pass
+        got["code"] = ws.close_code
+    got["last"] = time.time()
+    return got
+
+
+def subscriber_proc(base: str, token: str, run_ids: list[str], ready: Any, out: Any) -> None:
+    async def main() -> None:
+        flags = [asyncio.Event() for _ in run_ids]
+        tasks = [asyncio.create_task(follow(f"{base}/v1/runs/{rid}/events?after=0", token, flag))
+                 for rid, flag in zip(run_ids, flags, strict=True)]
+        await asyncio.gather(*(f.wait() for f in flags))
+        ready.release()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        out.put([r if isinstance(r, dict) else {"error": repr(r)} for r in results])
+
+    asyncio.run(main())
+
+
+# --- publishers (their own processes, one thread per run) ------------------------------------
+
+def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, go: Any,
+                   start: Any, out: Any) -> None:
+    django_setup()
+    import apps.runs.events  # noqa: F401 — import before the clock starts
+
+    ready.release()
+    go.wait()
+    start_at = start.value
+    counts: list[int] = []
+    threads = [threading.Thread(target=publish_run, args=(rid, rate, seconds, start_at, counts))
+               for rid in run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(sum(counts))
+
+
+def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
+                counts: list[int]) -> None:
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from apps.runs.events import run_event_append
+    from apps.runs.models import Run, RunStatus
+
+    time.sleep(max(0.0, start_at - time.time()))
+    step = 0
+    while (now := time.time()) < start_at + seconds:
+        step += 1
+        node = f"n{int((now - start_at) * 4 / seconds)}"  # four "nodes", one after the other
+        if step % 10 == 0:
+            body = {"nodeId": node, "nodeType": "bench", "cached": False, "takes": []}
+            run_event_append(run_id=run_id, type="node_done", payload={**body, "t": time.time()})
+        else:
+            payload = {"nodeId": node, "step": step, "t": time.time()}
+            run_event_append(run_id=run_id, type="progress", payload=payload)
+        if rate:
+            time.sleep(max(0.0, start_at + step / rate - time.time()))
+    with transaction.atomic():
+        Run.objects.filter(pk=run_id).update(
+            status=RunStatus.SUCCEEDED, finished_at=timezone.now(), lease_expires_at=None
+        )
+        payload = {"status": "succeeded", "takes": [], "error": None, "t": time.time()}
+        run_event_append(run_id=run_id, type="run_done", payload=payload)
+    counts.append(step + 1)
+    connection.close()
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def report(args: argparse.Namespace, results: list[dict[str, Any]], hot: list[dict[str, Any]],
+           logs: dict[str, list[tuple[int, str]]], run_ids: list[str], published: int,
+           started: float, publish_seconds: float) -> None:
+    errors = [r["error"] for r in results if "error" in r]
+    ok = [r for r in results if "error" not in r]
+    delivered = sum(len(r["seqs"]) for r in ok)
+    latencies = [x for r in ok for x in r["latencies"]]
+    elapsed = max(r["last"] for r in ok) - started
+    hot_log = logs[run_ids[0]]
+    hot_milestones = [seq for seq, kind in hot_log if kind != "progress"]
+    complete = sum(r["milestones"] == hot_milestones for r in hot if "error" not in r)
+    ordered = all(r["seqs"] == sorted(set(r["seqs"])) for r in ok)
+    coalesced = sum(len(hot_log) - len(r["seqs"]) for r in hot if "error" not in r)
+    print(f"subscribers: {args.subscribers} on run 0 + {args.runs - 1} (one per other run); "
+          f"runs publishing: {args.runs} at {args.rate or 'max'} events/s for {args.seconds:g} s")
+    print(f"published:   {published} events in {publish_seconds:.2f} s = "
+          f"{published / publish_seconds:,.0f} events/s")
+    print(f"delivered:   {delivered} events to {len(ok)} sockets in {elapsed:.2f} s = "
+          f"{delivered / elapsed:,.0f} events/s")
+    print(f"latency:     publish→receive p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, "
+          f"max {max(latencies) * 1000:.1f} ms  (n={len(latencies)})")
+    print(f"hot run:     {complete}/{len(hot)} sockets got all {len(hot_milestones)} milestones "
+          f"(node_done + run_done); progress coalesced for slow readers: {coalesced}")
+    print(f"order:       every socket in seq order, no duplicates: {ordered}; close codes: "
+          f"{sorted({r['code'] for r in ok})}; errors: {len(errors)} {errors[:3]}")
+    if latencies:
+        print(f"             mean latency {statistics.fmean(latencies) * 1000:.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subscribers", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="events/s per run (0: as fast as each publisher can)")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--publishers", type=int, default=5, help="publishing processes")
+    parser.add_argument("--client-procs", type=int, default=4, help="subscriber processes")
+    args = parser.parse_args()
+
+    django_setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0)
+    token_id, token, run_ids = create_runs(args.runs)
+    connection.close()  # the child processes open their own
+    port = free_port()
+    server = start_server(port)
+    ctx = mp.get_context("spawn")
+    try:
+        base = f"ws://127.0.0.1:{port}"
+        follows = [run_ids[0]] * args.subscribers + run_ids[1:]
+        hot_of = [i < args.subscribers for i in range(len(follows))]
+        chunks = [list(range(i, len(follows), args.client_procs)) for i in range(args.client_procs)]
+        ready, out = ctx.Semaphore(0), ctx.Queue()
+        clients = [ctx.Process(target=subscriber_proc,
+                               args=(base, token, [follows[i] for i in chunk], ready, out))
+                   for chunk in chunks]
+        for proc in clients:
+            proc.start()
+        for _ in clients:
+            if not ready.acquire(timeout=120):
+                raise SystemExit("subscribers did not all connect within 120 s")
+
+        published_q, go, start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+        publishers = [ctx.Process(target=publisher_proc, args=(
+            run_ids[i::args.publishers], args.rate, args.seconds, ready, go, start, published_q))
+            for i in range(args.publishers)]
+        for proc in publishers:
+            proc.start()
+        for _ in publishers:
+            if not ready.acquire(timeout=120):
+                raise SystemExit("publishers did not start within 120 s")
+        start.value = started = time.time() + 0.2  # all publishers start together
+        go.set()
+        published = sum(published_q.get(timeout=args.seconds + 300) for _ in publishers)
+        publish_seconds = time.time() - started
+        gathered = [out.get(timeout=300) for _ in clients]
+        for proc in (*clients, *publishers):
+            proc.join(timeout=30)
+
+        results: list[dict[str, Any]] = [{}] * len(follows)
+        for chunk, got in zip(chunks, gathered, strict=True):
+            for i, r in zip(chunk, got, strict=True):
+                results[i] = r
+        hot = [r for r, is_hot in zip(results, hot_of, strict=True) if is_hot]
+        from apps.runs.models import RunEvent
+
+        logs: dict[str, list[tuple[int, str]]] = {rid: [] for rid in run_ids}
+        for rid, seq, kind in RunEvent.objects.filter(run_id__in=run_ids).order_by(
+            "run_id", "seq"
+        ).values_list("run_id", "seq", "type"):
+            logs[str(rid)].append((seq, kind))
+        report(args, results, hot, logs, run_ids, published, started, publish_seconds)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        delete_runs(run_ids, token_id)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Farm overhead on generation: submit → take bytes over /v1 vs diffusers' pipeline called directly.
+
+Same tiny random-weight Z-Image stack, same machine, same size/steps/seeds, measured in one run.
+The farm path is: HTTP submit (validate, store, dispatch) → broker → worker claim → executor →
+runner → PNG take → HTTP poll until succeeded → HTTP GET of the bytes. Seeds vary per iteration
+so the worker's node cache never answers. Completion is polled every 5 ms (adds ≤ 5 ms).
+
+    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/generate.py [--runs 20] [--size 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import httpx
+import torch
+
+from bench._farm import bench_farm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+
+    with bench_farm() as (farm, token, models_dir):
+        from workers.models.zimage.tiny import smoke_pipeline, write_smoke_stack
+
+        names = write_smoke_stack(models_dir)
+        client = httpx.Client(base_url=farm.url, headers={"Authorization": f"Bearer {token}"},
+                              timeout=120)
+        _wait_for_models(client, names["model"])
+        graph = _graph(names, args.size, args.steps)
+        _farm_once(client, graph, seed=10_000)  # warm: model load, first forward
+        farm_ms = [_farm_once(client, graph, seed=i) for i in range(args.runs)]
+
+        pipe = smoke_pipeline()
+        _direct_once(pipe, args.size, args.steps, seed=10_000)
+        direct_ms = [_direct_once(pipe, args.size, args.steps, seed=i) for i in range(args.runs)]
+
+    f50, d50 = statistics.median(farm_ms), statistics.median(direct_ms)
+    print(f"bench/generate: tiny Z-Image stack, {args.size}x{args.size}, {args.steps} steps, "
+          f"{args.runs} runs each, CPU ({torch.get_num_threads()} threads)")
+    print(f"  diffusers pipeline direct : p50 {d50:8.1f} ms   mean {statistics.mean(direct_ms):8.1f} ms")
+    print(f"  farm submit → take bytes  : p50 {f50:8.1f} ms   mean {statistics.mean(farm_ms):8.1f} ms")
+    print(f"  farm overhead             : p50 {f50 - d50:8.1f} ms   ratio farm/direct {f50 / d50:.2f}x")
+
+
+def _graph(names: dict[str, str], size: int, steps: int) -> dict:
+    return {"graph": {"nodes": {
+        "gen": {"type": "zimage/turbo", "params": {
+            "prompt": "a lighthouse at dusk", "width": size, "height": size, "steps": steps,
+            "model": names["model"], "vae": names["vae"], "text_encoder": names["text_encoder"]}},
+        "out": {"type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}},
+    }}, "target": "out"}
+
+
+def _farm_once(client: httpx.Client, graph: dict, seed: int) -> float:
+    graph["graph"]["nodes"]["gen"]["params"]["seed"] = seed
+    start = time.perf_counter()
+    run_id = client.post("/v1/runs", json=graph).raise_for_status().json()["runId"]
+    while (run := client.get(f"/v1/runs/{run_id}").json())["status"] in ("queued", "running"):
+        time.sleep(0.005)
+    if run["status"] != "succeeded":
+        raise SystemExit(f"run failed: {run['error']}")
+    client.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").raise_for_status()
+    return (time.perf_counter() - start) * 1000
+
+
+def _direct_once(pipe, size: int, steps: int, seed: int) -> float:
+    start = time.perf_counter()
+    pipe("a lighthouse at dusk", width=size, height=size, num_inference_steps=steps,
+         guidance_scale=0.0, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    return (time.perf_counter() - start) * 1000
+
+
+def _wait_for_models(client: httpx.Client, model: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        params = client.get("/v1/models/zimage/turbo").json()["params"]
+        if model in next(p for p in params if p["name"] == "model")["choices"]:
+            return
+        time.sleep(0.25)
+    raise SystemExit("the worker never reported the smoke stack")
+
+
+if __name__ == "__main__":
+    main()
