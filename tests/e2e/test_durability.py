@@ -107,12 +107,15 @@ def test_a_node_that_fails_fails_the_run_naming_the_node(owner):
 
 def test_a_run_waiting_on_a_queue_nobody_serves_is_rerouted(farm, owner, db_access):
     from apps.runs.models import Run
+    from inline_farm.celery import app
 
     farm.stop("worker")
     asset = upload(owner, png(16, 16, (3, 3, 3))).json()
     run_id = owner.post("/v1/runs", json=delay_graph(asset["id"], 0.2)).json()["runId"]
     # As if it had been routed to a GPU class that has since left the fleet:
     assert Run.objects.filter(pk=run_id, status="queued").update(queue="gpu.12g") == 1
+    with app.connection_for_write() as conn:  # the submit-time message is gone with the GPUs
+        conn.default_channel.queue_purge("cpu")
     farm.start_worker()  # serves cpu + control; beat's dispatcher pass reroutes the run
     run = owner.wait_run(run_id)
     assert run["status"] == "succeeded" and run["queue"] == "cpu"
