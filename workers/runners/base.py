@@ -64,8 +64,10 @@ class NodeContext:
     takes: list[TakeRequest] = field(default_factory=list)
 
     def progress(self, step: int, total: int, preview_png: bytes | None = None) -> None:
-        """Report `step` of `total` for this node; raises RunCancelled once the run is not ours."""
-        self.check_cancelled()
+        """Report `step` of `total` for this node; raises RunCancelled once the run is not ours.
+
+        (The executor's report is fenced by the attempt, so it is also the cancellation check.)
+        """
         self.report_progress(step, total, preview_png)
 
     def note_lineage(self, **facts: Any) -> None:
