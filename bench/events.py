@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+STALL_SECONDS = 60.0  # a subscriber that hears nothing for this long reports an error
 sys.path.insert(0, str(REPO))
 
 
@@ -43,6 +45,10 @@ def django_setup() -> None:
     import django
 
     django.setup()
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
 # --- setup and teardown (in the main process) -----------------------------------------------
@@ -78,19 +84,25 @@ def delete_runs(run_ids: list[str], token_id: int) -> None:
     token_revoke(token_id=token_id)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
+def start_server(port: int, log: Path) -> subprocess.Popen[bytes]:
     import httpx
 
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
-        cwd=REPO, start_new_session=True,
+        cwd=REPO, start_new_session=True, stdout=log.open("ab"), stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -117,7 +129,12 @@ async def follow(url: str, token: str, ready: asyncio.Event) -> dict[str, Any]:
         json.loads(await ws.recv())  # the snapshot
         ready.set()
         try:
-            async for raw in ws:
+            while True:
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), STALL_SECONDS)
+                except TimeoutError:
+                    got["error"] = f"nothing for {STALL_SECONDS} s after seq {got['seqs'][-1:]}"
+                    break
                 now = time.time()
                 event = json.loads(raw)
                 got["seqs"].append(event["seq"])
@@ -132,7 +149,8 @@ async def follow(url: str, token: str, ready: asyncio.Event) -> dict[str, Any]:
     return got
 
 
-def subscriber_proc(base: str, token: str, run_ids: list[str], ready: Any, out: Any) -> None:
+def subscriber_proc(index: int, base: str, token: str, run_ids: list[str], ready: Any,
+                    out: Any) -> None:
     async def main() -> None:
         flags = [asyncio.Event() for _ in run_ids]
         tasks = [asyncio.create_task(follow(f"{base}/v1/runs/{rid}/events?after=0", token, flag))
@@ -140,7 +158,8 @@ def subscriber_proc(base: str, token: str, run_ids: list[str], ready: Any, out: 
         await asyncio.gather(*(f.wait() for f in flags))
         ready.release()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        out.put([r if isinstance(r, dict) else {"error": repr(r)} for r in results])
+        got = [r if isinstance(r, dict) else {"error": repr(r), "seqs": []} for r in results]
+        out.put((index, got, time.process_time()))
 
     asyncio.run(main())
 
@@ -162,7 +181,9 @@ def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, 
         t.start()
     for t in threads:
         t.join()
-    out.put(sum(counts))
+    finished = time.time()
+    time.sleep(1.0)  # let effects.py's publisher thread send the last run_done before we exit
+    out.put((sum(counts), finished))
 
 
 def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
@@ -207,7 +228,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], hot: list[di
            logs: dict[str, list[tuple[int, str]]], run_ids: list[str], published: int,
            started: float, publish_seconds: float) -> None:
     errors = [r["error"] for r in results if "error" in r]
-    ok = [r for r in results if "error" not in r]
+    ok = [r for r in results if "last" in r]
     delivered = sum(len(r["seqs"]) for r in ok)
     latencies = [x for r in ok for x in r["latencies"]]
     elapsed = max(r["last"] for r in ok) - started
@@ -252,7 +273,9 @@ def main() -> None:
     token_id, token, run_ids = create_runs(args.runs)
     connection.close()  # the child processes open their own
     port = free_port()
-    server = start_server(port)
+    server_log = Path(tempfile.mkdtemp(prefix="bench-events-")) / "uvicorn.log"
+    say(f"server on port {port}, log {server_log}")
+    server = start_server(port, server_log)
     ctx = mp.get_context("spawn")
     try:
         base = f"ws://127.0.0.1:{port}"
@@ -261,13 +284,14 @@ def main() -> None:
         chunks = [list(range(i, len(follows), args.client_procs)) for i in range(args.client_procs)]
         ready, out = ctx.Semaphore(0), ctx.Queue()
         clients = [ctx.Process(target=subscriber_proc,
-                               args=(base, token, [follows[i] for i in chunk], ready, out))
-                   for chunk in chunks]
+                               args=(n, base, token, [follows[i] for i in chunk], ready, out))
+                   for n, chunk in enumerate(chunks)]
         for proc in clients:
             proc.start()
         for _ in clients:
             if not ready.acquire(timeout=120):
                 raise SystemExit("subscribers did not all connect within 120 s")
+        say(f"{len(follows)} subscribers connected")
 
         published_q, go, start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
         publishers = [ctx.Process(target=publisher_proc, args=(
@@ -280,14 +304,19 @@ def main() -> None:
                 raise SystemExit("publishers did not start within 120 s")
         start.value = started = time.time() + 0.2  # all publishers start together
         go.set()
-        published = sum(published_q.get(timeout=args.seconds + 300) for _ in publishers)
-        publish_seconds = time.time() - started
-        gathered = [out.get(timeout=300) for _ in clients]
+        say("publishing")
+        counted = [published_q.get(timeout=args.seconds + 300) for _ in publishers]
+        published = sum(count for count, _ in counted)
+        publish_seconds = max(finished for _, finished in counted) - started
+        say(f"published {published} events; waiting for the subscribers")
+        gathered = sorted(out.get(timeout=300) for _ in clients)
+        client_cpu = sum(cpu for _, _, cpu in gathered)
+        server_cpu = cpu_seconds(server.pid)
         for proc in (*clients, *publishers):
             proc.join(timeout=30)
 
         results: list[dict[str, Any]] = [{}] * len(follows)
-        for chunk, got in zip(chunks, gathered, strict=True):
+        for chunk, (_, got, _) in zip(chunks, gathered, strict=True):
             for i, r in zip(chunk, got, strict=True):
                 results[i] = r
         hot = [r for r, is_hot in zip(results, hot_of, strict=True) if is_hot]
@@ -299,9 +328,14 @@ def main() -> None:
         ).values_list("run_id", "seq", "type"):
             logs[str(rid)].append((seq, kind))
         report(args, results, hot, logs, run_ids, published, started, publish_seconds)
+        print(f"cpu:         server (uvicorn) {server_cpu:.1f} s, subscriber processes "
+              f"{client_cpu:.1f} s, on {os.cpu_count()} cores")
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
         delete_runs(run_ids, token_id)
 
 

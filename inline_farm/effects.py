@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import threading
 from typing import Any
@@ -37,20 +38,37 @@ def group_send_after_commit(group: str, message: dict[str, Any]) -> None:
 
 
 class _Publisher:
-    """One event loop thread per process that sends channel-layer messages in FIFO order."""
+    """One event-loop thread per process that sends channel-layer messages.
+
+    Messages of one group (one run) go out in the order they were queued; different groups are
+    sent concurrently, so a busy process does not serialise every run behind one Redis round
+    trip. At exit, it waits briefly for what is queued (see `flush`).
+    """
+
+    MAX_BATCH = 500
 
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(ready,), name="channel-publisher",
                                         daemon=True)
         self._thread.start()
         ready.wait()
+        atexit.register(self.flush)
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         assert self._queue is not None
+        with self._idle:
+            self._pending += 1
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (group, message))
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until every queued message was sent (or `timeout`); True when none is left."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
 
     def _main(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -64,9 +82,21 @@ class _Publisher:
         assert self._queue is not None
         layer = get_channel_layer()
         while True:
-            group, message = await self._queue.get()
-            if layer is None:
-                continue
+            batch = [await self._queue.get()]
+            while not self._queue.empty() and len(batch) < self.MAX_BATCH:
+                batch.append(self._queue.get_nowait())
+            by_group: dict[str, list[dict[str, Any]]] = {}
+            for group, message in batch:
+                by_group.setdefault(group, []).append(message)
+            if layer is not None:
+                await asyncio.gather(*(self._send_in_order(layer, g, m) for g, m in by_group.items()))
+            with self._idle:
+                self._pending -= len(batch)
+                self._idle.notify_all()
+
+    @staticmethod
+    async def _send_in_order(layer: Any, group: str, messages: list[dict[str, Any]]) -> None:
+        for message in messages:
             try:
                 await layer.group_send(group, message)
             except Exception:  # clients catch up from the durable log

@@ -4,4 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from apps.runs.consumers import RunEventsConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("v1/runs/<str:run_id>/events", RunEventsConsumer.as_asgi()),
+]

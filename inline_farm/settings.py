@@ -108,7 +108,9 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [CHANNEL_REDIS_URL],
+            # redis-py 8 defaults socket_timeout to 5 s, which is also channels-redis' BZPOPMIN
+            # timeout: an idle websocket's receive then dies with "Timeout reading". Read longer.
+            "hosts": [{"address": CHANNEL_REDIS_URL, "socket_timeout": 30}],
             "prefix": env_str("INLINE_CHANNEL_PREFIX", "inline"),
             "capacity": 1000,
             "expiry": 30,

@@ -41,7 +41,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.selectors import user_for_token
-from apps.runs.events import run_group
+from apps.runs.fanout import run_fanout
 from apps.runs.selectors import run_events_wire_after, run_get_for_user, run_snapshot
 from apps.runs.stream import RunEventStream
 from inline_farm.ids import is_uuid
@@ -67,7 +67,6 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
 
     stream: RunEventStream | None = None
     pump: asyncio.Task[None] | None = None
-    group: str | None = None
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -90,22 +89,16 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
             load_snapshot=partial(_db(run_snapshot), run_id=run_id),
             load_events=partial(_db(run_events_wire_after), run_id=run_id),
         )
-        # Join the group before the snapshot is read: no event can fall between the two.
-        self.group = run_group(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        # Subscribe before the snapshot is read: no event can fall between the two.
+        await run_fanout().subscribe(run_id, self.stream)
         await self.accept(subprotocol)
         self.pump = asyncio.create_task(self._pump())
 
-    async def run_event(self, message: dict[str, Any]) -> None:
-        """A live event from the run's group (events.run_event_append, after commit)."""
-        if self.stream is not None:
-            self.stream.put(message["event"])
-
     async def disconnect(self, code: int) -> None:
-        if self.pump is not None and self.pump is not asyncio.current_task():
+        if self.pump is not None:
             self.pump.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.stream is not None:
+            await run_fanout().unsubscribe(self.stream.run_id, self.stream)
 
     async def _pump(self) -> None:
         assert self.stream is not None

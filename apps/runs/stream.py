@@ -3,17 +3,17 @@ live events. No sockets and no ORM here: the consumer hands in how to load and h
 the ordering and backpressure rules are tested on their own (tests/apps/test_run_event_stream.py).
 
 No gap, no duplicate
-    The consumer joins the run's channel group *before* the snapshot is read, so every event logged
-    after the snapshot also arrives live, unless the channel layer drops it. `sent` is the highest
-    seq the client has been given (or that was coalesced away); nothing with seq <= `sent` is sent
-    again, and before a live event with seq > sent + 1 goes out, the missing seqs are read from the
-    log. That read always finds them: seqs are handed out under the run's row lock and published
-    after commit, so when seq N arrives live every seq below N is committed. A lost *last* message
-    has no later event to reveal it, so a stream that has heard nothing for `idle_seconds` reads
-    the log once more.
+    The consumer subscribes to the run's live events (fanout.py) *before* the snapshot is read, so
+    every event logged after the snapshot also arrives live, unless the channel layer drops it.
+    `sent` is the highest seq the client has been given (or that was coalesced away); nothing with
+    seq <= `sent` is sent again, and before a live event with seq > sent + 1 goes out, the missing
+    seqs are read from the log. That read always finds them: seqs are handed out under the run's
+    row lock and published after commit, so when seq N arrives live every seq below N is
+    committed. A lost *last* message has no later event to reveal it, so a stream that has heard
+    nothing for `idle_seconds` reads the log once more.
 
 Backpressure
-    Live events land in a per-connection `Outbox` (the group handler never awaits the socket) and
+    Live events land in a per-connection `Outbox` (the fan-out never awaits a socket) and
     one task sends from it at the client's pace (the server's send waits while the socket's write
     buffer is full). Past `coalesce_at` pending events, a new progress event replaces the pending
     progress of the same node (keep the latest). Past `limit`, live events are not queued at all:
@@ -49,7 +49,8 @@ class Outbox:
         self.progress_of: dict[Any, int] = {}  # nodeId → seq of its newest pending progress
         self.coalesced: set[int] = set()  # seqs replaced by a newer progress of the same node
         self.overflowed = False  # live events were turned away: read the log once drained
-        self.coalesced_total = 0
+        self.coalesced_total = 0  # counters, for logs and the benchmark
+        self.turned_away_total = 0
 
     def put(self, event: Event, *, sent: int) -> None:
         seq = event["seq"]
@@ -59,6 +60,7 @@ class Outbox:
             return
         if len(self.pending) >= self.limit:
             self.overflowed = True
+            self.turned_away_total += 1
             return
         self.pending[seq] = event
         if event["type"] == "progress":
@@ -190,7 +192,8 @@ class RunEventStream:
         """Wait for a live event; False after `idle_seconds` of silence."""
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), self.idle_seconds)
+            async with asyncio.timeout(self.idle_seconds):  # no extra task, unlike wait_for
+                await self._wake.wait()
         except TimeoutError:
             return False
         return True
