@@ -1,0 +1,574 @@
+"""`./farm`: run the whole farm on one machine, get a token, write the smoke models, run the tests.
+
+    ./farm up [--listen H] [--port P] [--data-dir D] [--models-dir M] [--profile …] [--workers N]
+    ./farm token USERNAME [--staff]       ./farm models smoke       ./farm test [pytest args…]
+    ./farm migrate                        ./farm manage <manage.py args…>      ./farm lint
+
+Services come from the environment (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL) and, where
+DATABASE_URL or BROKER_URL is unset, from embedded PostgreSQL / Redis under the data dir
+(`inline_farm.embedded`). This module never imports Django settings: every Django process is a
+child that reads the environment prepared here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from inline_farm import embedded
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ("auto", "gpu-max", "lowvram", "cpu")
+BASE_QUEUES = ("cpu", "control")  # every local worker serves these; INLINE_WORKER_QUEUES adds more
+HEALTH_TIMEOUT_S = 120.0
+CHILD_STOP_TIMEOUT_S = 15.0  # a solo worker finishes its current node first; the reaper covers it
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGINT / SIGTERM: unwind and stop everything started."""
+
+
+# --- Paths and environment --------------------------------------------------------------------
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    raw = args.data_dir or os.environ.get("INLINE_DATA_DIR") or REPO_ROOT / "data"
+    return Path(raw).expanduser().resolve()
+
+
+def _models_dir(args: argparse.Namespace) -> Path:
+    raw = args.models_dir or os.environ.get("INLINE_MODELS_DIR") or REPO_ROOT / "models"
+    return Path(raw).expanduser().resolve()
+
+
+def _base_env(data_dir: Path, models_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="inline_farm.settings",
+        INLINE_DATA_DIR=str(data_dir),
+        INLINE_MODELS_DIR=str(models_dir),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _manage(*args: str) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "manage.py"), *args]
+
+
+_deferred: list[str] = []  # stop signals that arrived inside _signals_deferred()
+_deferring = False
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold a stop signal while a service starts and its stop is registered (no leak window).
+
+    Deferred in Python rather than with sigprocmask: a blocked mask is inherited across exec, so
+    the children started meanwhile would never see SIGTERM.
+    """
+    global _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+    if _deferred:
+        raise _Stop(_deferred.pop())
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    if _deferring:
+        _deferred.append(name)
+        return
+    raise _Stop(name)
+
+
+def _say_stopping(signum: int, frame: Any) -> None:
+    print("farm: already stopping, please wait…", file=sys.stderr, flush=True)
+
+
+# --- The service lock: one `up` per data dir, and where a running `up` keeps its URLs ----------
+
+
+@contextlib.contextmanager
+def _up_lock(data_dir: Path) -> Iterator[IO[str]]:
+    """Hold `<data-dir>/farm-up.lock` exclusively for the life of `up`; it records the URLs.
+
+    One-shot commands hold it shared while they run on their own temporary PostgreSQL, so an `up`
+    cannot adopt a server that is about to be stopped under it.
+    """
+    path = data_dir / "farm-up.lock"
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"farm: another ./farm command is using {data_dir}") from None
+        try:
+            yield handle
+        finally:
+            handle.truncate(0)
+
+
+def _record_services(lock: IO[str], env: dict[str, str]) -> None:
+    keys = ("DATABASE_URL", "BROKER_URL", "CHANNEL_REDIS_URL")
+    lock.seek(0)
+    lock.truncate(0)
+    lock.write(json.dumps({k: env[k] for k in keys if k in env}))
+    lock.flush()
+
+
+def _running_up_services(data_dir: Path, stack: contextlib.ExitStack) -> dict[str, str]:
+    """The URLs of the `./farm up` running on this data dir; with none, {} and hold the lock
+    shared (released by `stack`) so that no `up` starts meanwhile."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = stack.enter_context((data_dir / "farm-up.lock").open("a+"))
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:  # held exclusively: `up` is running; read what it recorded
+        handle.seek(0)
+        with contextlib.suppress(ValueError):
+            return dict(json.loads(handle.read() or "{}"))
+    return {}
+
+
+# --- Embedded services ------------------------------------------------------------------------
+
+
+def _provide_database(
+    env: dict[str, str], data_dir: Path, stack: contextlib.ExitStack, *, adopt: bool = False
+) -> None:
+    """Embedded PostgreSQL when DATABASE_URL is unset. `adopt`: stop it at the end even if it
+    was already running (`up` holds the lock, so a running server is a crashed run's leftover)."""
+    if env.get("DATABASE_URL"):
+        return
+    with _signals_deferred():
+        url, handle = embedded.start_postgres(data_dir)
+        state = "started" if handle.owned else "adopted" if adopt else "attached to"
+        handle.owned = handle.owned or adopt
+        stack.callback(embedded.stop_postgres, handle)
+    env["DATABASE_URL"] = url
+    print(f"farm: {state} embedded PostgreSQL in {handle.pgdata}", file=sys.stderr)
+
+
+def _provide_broker(env: dict[str, str], data_dir: Path, stack: contextlib.ExitStack) -> None:
+    """Embedded Redis when BROKER_URL is unset: Celery on db 0, the channel layer on db 1."""
+    if env.get("BROKER_URL"):
+        return
+    with _signals_deferred():
+        url, handle = embedded.start_redis(data_dir)
+        stack.callback(embedded.stop_redis, handle)
+    env["BROKER_URL"] = f"{url}/0"
+    env.setdefault("CHANNEL_REDIS_URL", f"{url}/1")
+    print(f"farm: started embedded Redis on {url} ({handle.directory})", file=sys.stderr)
+
+
+def _attach_services(env: dict[str, str], data_dir: Path, stack: contextlib.ExitStack) -> None:
+    """For one-shot commands: a running `up`'s services, else a temporary embedded PostgreSQL.
+
+    Two one-shot commands at once on one data dir share a temporary server; the one that started
+    it stops it when it ends, perhaps under the other. Run them one at a time (or under `up`).
+    """
+    for key, value in _running_up_services(data_dir, stack).items():
+        env.setdefault(key, value)
+    _provide_database(env, data_dir, stack)
+
+
+def _migrate(env: dict[str, str], *, quiet: bool = False) -> None:
+    result = subprocess.run(
+        _manage("migrate", "--noinput"),
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE if quiet else None,
+        stderr=subprocess.STDOUT if quiet else None,
+        text=True,
+    )
+    if result.returncode != 0:
+        if quiet:
+            sys.stderr.write(result.stdout)
+        raise SystemExit(f"farm: migrate failed (exit {result.returncode})")
+
+
+# --- Children: web, workers, beat -------------------------------------------------------------
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    pump: threading.Thread = field(repr=False)
+
+
+_print_lock = threading.Lock()
+
+
+def _pump(name: str, stream: IO[bytes]) -> None:
+    """Copy a child's output to ours, each line prefixed with the child's name."""
+    prefix = f"{name:<8}| ".encode()
+    out = sys.stdout.buffer
+    for line in iter(stream.readline, b""):
+        with _print_lock:
+            out.write(prefix + line)
+            out.flush()
+    stream.close()
+
+
+def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> _Child:
+    process = subprocess.Popen(
+        argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+        preexec_fn=embedded._die_with_parent,
+    )
+    assert process.stdout is not None
+    pump = threading.Thread(target=_pump, args=(name, process.stdout), daemon=True)
+    pump.start()
+    return _Child(name=name, process=process, pump=pump)
+
+
+def worker_queues(env: dict[str, str]) -> str:
+    """`cpu,control` plus the comma-separated INLINE_WORKER_QUEUES (e.g. `gpu.24g`)."""
+    extra = [q.strip() for q in env.get("INLINE_WORKER_QUEUES", "").split(",") if q.strip()]
+    return ",".join(dict.fromkeys([*BASE_QUEUES, *extra]))
+
+
+def _child_commands(
+    args: argparse.Namespace, data_dir: Path, env: dict[str, str]
+) -> list[tuple[str, list[str]]]:
+    """(name, argv) of web, worker1..N and beat."""
+    py = sys.executable
+    web = [py, "-m", "uvicorn", "inline_farm.asgi:application", "--host", args.listen]
+    web += ["--port", str(args.port), "--lifespan", "off"]
+    celery = [py, "-m", "celery", "-A", "inline_farm"]
+    commands = [("web", web)]
+    for i in range(1, args.workers + 1):
+        worker = [*celery, "worker", "--pool=solo", "--concurrency=1", "-n", f"worker{i}@%h"]
+        commands.append((f"worker{i}", [*worker, "-Q", worker_queues(env), "-l", "INFO"]))
+    beat = [*celery, "beat", "-s", str(data_dir / "celerybeat-schedule"), "-l", "INFO"]
+    commands.append(("beat", beat))
+    return commands
+
+
+def _start_children(
+    args: argparse.Namespace, data_dir: Path, env: dict[str, str], stack: contextlib.ExitStack
+) -> list[_Child]:
+    children: list[_Child] = []
+    stack.callback(_stop_children, children)  # registered last, so it runs before the services
+    for name, argv in _child_commands(args, data_dir, env):
+        with _signals_deferred():
+            children.append(_spawn(name, argv, env))
+    return children
+
+
+def _stop_children(children: list[_Child]) -> None:
+    """SIGTERM every child's process group, wait, then SIGKILL what is left."""
+    for child in children:
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+    for child in children:
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"farm: {child.name} did not stop in time; killing it", file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+        child.pump.join(timeout=2)
+
+
+def _first_dead(children: list[_Child]) -> _Child | None:
+    return next((c for c in children if c.process.poll() is not None), None)
+
+
+# --- up ---------------------------------------------------------------------------------------
+
+
+def _local_host(listen: str) -> str:
+    """Where to reach a server bound to `listen` from this machine."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(listen, listen)
+
+
+def _url(host: str, port: int, path: str) -> str:
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}{path}"
+
+
+def _health_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait_healthy(url: str, children: list[_Child]) -> None:
+    """Poll `url` until it answers 200; SystemExit if a child dies first or on timeout."""
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        dead = _first_dead(children)
+        if dead is not None:
+            code = dead.process.returncode
+            raise SystemExit(f"farm: {dead.name} exited with code {code} while starting; stopping")
+        if _health_ok(url):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"farm: {url} did not answer 200 within {HEALTH_TIMEOUT_S:.0f} s; stopping")
+
+
+def _banner(args: argparse.Namespace, data_dir: Path, models_dir: Path, env: dict[str, str]) -> str:
+    host = _local_host(args.listen)
+    token_hint = f"./farm token USERNAME [--staff] --data-dir {data_dir}"
+    return "\n".join(
+        [
+            "",
+            "Inline Farm is up.",
+            f"  API     {_url(host, args.port, '/v1/')}",
+            f"  Docs    {_url(host, args.port, '/v1/docs')}",
+            f"  Admin   {_url(host, args.port, '/admin/')}",
+            f"  Data    {data_dir}",
+            f"  Models  {models_dir}",
+            f"  Workers {args.workers} on queues {worker_queues(env)}, profile {args.profile}",
+            f"  Token   {token_hint}",
+            "  Ctrl-C stops everything.",
+            "",
+        ]
+    )
+
+
+def _check_port_free(listen: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in listen else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((listen, port))
+        except OSError as error:
+            raise SystemExit(f"farm: cannot listen on {listen}:{port}: {error.strerror}") from None
+
+
+def _profile(args: argparse.Namespace) -> str:
+    if args.cpu:
+        return "cpu"
+    if args.lowvram:
+        return "lowvram"
+    return args.profile or os.environ.get("INLINE_PROFILE") or "auto"
+
+
+def _supervise(children: list[_Child]) -> int:
+    """Block until a signal (raises _Stop) or until a child exits (returns 1)."""
+    while True:
+        dead = _first_dead(children)
+        if dead is not None:
+            code = dead.process.returncode
+            print(f"farm: {dead.name} exited with code {code}; stopping everything", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir, models_dir = _data_dir(args), _models_dir(args)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    args.profile = _profile(args)
+    env = _base_env(data_dir, models_dir)
+    env["INLINE_PROFILE"] = args.profile
+    _check_port_free(args.listen, args.port)
+    with _up_lock(data_dir) as lock, contextlib.ExitStack() as stack:
+        try:
+            signal.signal(signal.SIGINT, _raise_stop)
+            signal.signal(signal.SIGTERM, _raise_stop)
+            _provide_database(env, data_dir, stack, adopt=True)
+            _provide_broker(env, data_dir, stack)
+            _record_services(lock, env)
+            _migrate(env)
+            children = _start_children(args, data_dir, env, stack)
+            _wait_healthy(_url(_local_host(args.listen), args.port, "/v1/health"), children)
+            print(_banner(args, data_dir, models_dir, env), flush=True)
+            return _supervise(children)
+        except _Stop as stop:
+            print(f"farm: {stop}: stopping", file=sys.stderr)
+            return 0
+        finally:
+            signal.signal(signal.SIGINT, _say_stopping)
+            signal.signal(signal.SIGTERM, _say_stopping)
+
+
+# --- One-shot commands ------------------------------------------------------------------------
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    env = _base_env(data_dir, _models_dir(args))
+    with contextlib.ExitStack() as stack:
+        _attach_services(env, data_dir, stack)
+        _migrate(env, quiet=True)
+        command = _manage("farm_token", args.username, *(["--staff"] if args.staff else []))
+        return subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    env = _base_env(data_dir, _models_dir(args))
+    with contextlib.ExitStack() as stack:
+        _attach_services(env, data_dir, stack)
+        _migrate(env)
+    return 0
+
+
+def cmd_manage(argv: list[str]) -> int:
+    """`./farm manage ARGS`: manage.py against the same services `up` uses (or embedded PG)."""
+    args = argparse.Namespace(data_dir=None, models_dir=None)
+    data_dir = _data_dir(args)
+    env = _base_env(data_dir, _models_dir(args))
+    with contextlib.ExitStack() as stack:
+        _attach_services(env, data_dir, stack)
+        return subprocess.run(_manage(*argv), cwd=REPO_ROOT, env=env).returncode
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    models_dir = _models_dir(args)
+    os.environ.update(_base_env(_data_dir(args), models_dir))
+    from workers.models.zimage.tiny import write_smoke_stack  # torch: only this command needs it
+
+    models_dir.mkdir(parents=True, exist_ok=True)
+    written = write_smoke_stack(models_dir)
+    if isinstance(written, dict):
+        lines = [f"{key}: {value}" for key, value in written.items()]
+    elif isinstance(written, list | tuple | set):
+        lines = [str(item) for item in written]
+    else:
+        lines = [str(written)]
+    print(f"farm: wrote the tiny smoke stack into {models_dir}:")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+def cmd_test(pytest_args: list[str]) -> int:
+    """The whole suite; embedded PostgreSQL / Redis in a temp dir for what the env lacks."""
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
+    env["PYTHONUNBUFFERED"] = "1"
+    scratch = Path(tempfile.mkdtemp(prefix="inline-farm-test-"))
+    env.setdefault("INLINE_DATA_DIR", str(scratch / "data"))
+    try:
+        with contextlib.ExitStack() as stack:
+            _provide_database(env, scratch, stack)
+            _provide_broker(env, scratch, stack)
+            return _run_forwarding_signals([sys.executable, "-m", "pytest", *pytest_args], env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+    """Run `command` in the foreground: a terminal Ctrl-C reaches it directly (we ignore ours,
+    so pytest can finish its teardown), SIGTERM is forwarded."""
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: process.terminate())
+    try:
+        return process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def cmd_lint(extra: list[str]) -> int:
+    ruff = Path(sys.executable).with_name("ruff")
+    return subprocess.run([str(ruff), "check", ".", *extra], cwd=REPO_ROOT).returncode
+
+
+# --- Argument parsing -------------------------------------------------------------------------
+
+
+def _add_dirs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="runtime data (default: $INLINE_DATA_DIR or ./data)")
+    parser.add_argument(
+        "--models-dir", help="ComfyUI-style models tree (default: $INLINE_MODELS_DIR or ./models)"
+    )
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port")
+    return port
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="farm", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="run web + workers + beat (embedded services if unset)")
+    up.add_argument("--listen", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    up.add_argument("--port", type=_port, default=8188, help="HTTP port (default 8188)")
+    up.add_argument("--profile", choices=PROFILES, help="device profile (default: auto)")
+    up.add_argument("--lowvram", action="store_true", help="shorthand for --profile lowvram")
+    up.add_argument("--cpu", action="store_true", help="shorthand for --profile cpu")
+    up.add_argument("--workers", type=_positive, default=1, help="Celery workers (default 1)")
+    _add_dirs(up)
+
+    token = commands.add_parser("token", help="create USERNAME if needed, print a fresh token")
+    token.add_argument("username")
+    token.add_argument("--staff", action="store_true", help="make a new user staff")
+    _add_dirs(token)
+
+    migrate = commands.add_parser("migrate", help="apply database migrations")
+    _add_dirs(migrate)
+
+    models = commands.add_parser("models", help="model files: `models smoke`")
+    models.add_argument("action", choices=("smoke",), help="smoke: write the tiny CPU stack")
+    _add_dirs(models)
+
+    commands.add_parser("test", help="run the whole test suite (args go to pytest)")
+    commands.add_parser("manage", help="manage.py with the farm's environment")
+    commands.add_parser("lint", help="ruff check . (args go to ruff)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # These pass everything after the command through untouched (argparse would eat `-x`).
+    passthrough = {"test": cmd_test, "manage": cmd_manage, "lint": cmd_lint}
+    if argv and argv[0] in passthrough:
+        return passthrough[argv[0]](argv[1:])
+    args = build_parser().parse_args(argv)
+    handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models}
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
