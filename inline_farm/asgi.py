@@ -10,10 +10,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
 django_asgi = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 — after Django setup
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": django_asgi,
+    # Serves the admin's CSS/JS from the installed apps (no collectstatic, no extra server).
+    "http": ASGIStaticFilesHandler(django_asgi),
     "websocket": URLRouter(websocket_urlpatterns),
 })

@@ -126,8 +126,8 @@ INLINE_REDISPATCH_SECONDS = env_float("INLINE_REDISPATCH_SECONDS", 60.0, minimum
 INLINE_DISPATCH_WINDOW = env_int("INLINE_DISPATCH_WINDOW", 4, minimum=1)
 INLINE_WORKER_HEARTBEAT = env_float("INLINE_WORKER_HEARTBEAT", 10.0, minimum=0.2)
 INLINE_WORKER_QUEUES = env_str("INLINE_WORKER_QUEUES", "")
-INLINE_WORKER_NAME = env_str("INLINE_WORKER_NAME", "")
 INLINE_POOL = env_str("INLINE_POOL", "")
+INLINE_AUTO_GPU_QUEUE = env_bool("INLINE_AUTO_GPU_QUEUE", True)
 INLINE_NODE_CACHE_SIZE = env_int("INLINE_NODE_CACHE_SIZE", 64, minimum=0)
 
 # --- Limits -----------------------------------------------------------------------------------

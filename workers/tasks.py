@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.db import close_old_connections
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,21 @@ def execute_run(run_id: str) -> str:
         current_run_set(None)
         close_old_connections()
     return outcome.status
+
+
+@celeryd_after_setup.connect
+def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
+    """A GPU worker also consumes its `gpu.<N>g` queue, decided by its own device policy."""
+    from django.conf import settings
+
+    from apps.fleet.capability import gpu_queue_for_vram
+    from workers import runtime
+
+    device = runtime.policy().describe()
+    queue = gpu_queue_for_vram(device["vram_gb"]) if device["profile"] != "cpu" else None
+    if queue and settings.INLINE_AUTO_GPU_QUEUE:
+        instance.app.amqp.queues.select_add(queue)
+        log.info("worker %s also serves %s (%s GB usable)", sender, queue, device["vram_gb"])
 
 
 @worker_ready.connect
