@@ -36,7 +36,7 @@ from inline_farm import embedded
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("auto", "gpu-max", "lowvram", "cpu")
-BASE_QUEUES = ("cpu", "control")  # every local worker serves these; INLINE_WORKER_QUEUES adds more
+BASE_QUEUES = ("cpu",)  # every local worker serves these; INLINE_WORKER_QUEUES adds more
 HEALTH_TIMEOUT_S = 120.0
 CHILD_STOP_TIMEOUT_S = 15.0  # a solo worker finishes its current node first; the reaper covers it
 
@@ -249,7 +249,7 @@ def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> _Child:
 
 
 def worker_queues(env: dict[str, str]) -> str:
-    """`cpu,control` plus the comma-separated INLINE_WORKER_QUEUES (e.g. `gpu.24g`)."""
+    """`cpu` plus the comma-separated INLINE_WORKER_QUEUES (e.g. `gpu.24g`)."""
     extra = [q.strip() for q in env.get("INLINE_WORKER_QUEUES", "").split(",") if q.strip()]
     return ",".join(dict.fromkeys([*BASE_QUEUES, *extra]))
 
@@ -257,7 +257,11 @@ def worker_queues(env: dict[str, str]) -> str:
 def _child_commands(
     args: argparse.Namespace, data_dir: Path, env: dict[str, str]
 ) -> list[tuple[str, list[str]]]:
-    """(name, argv) of web, worker1..N and beat."""
+    """(name, argv) of web, worker1..N, the control worker and beat.
+
+    The control worker (threads, queue `control`) runs beat's reaper/dispatcher passes, so they
+    never wait behind a long generation on a solo-pool GPU worker.
+    """
     py = sys.executable
     web = [py, "-m", "uvicorn", "inline_farm.asgi:application", "--host", args.listen]
     web += ["--port", str(args.port), "--lifespan", "off"]
@@ -266,6 +270,8 @@ def _child_commands(
     for i in range(1, args.workers + 1):
         worker = [*celery, "worker", "--pool=solo", "--concurrency=1", "-n", f"worker{i}@%h"]
         commands.append((f"worker{i}", [*worker, "-Q", worker_queues(env), "-l", "INFO"]))
+    control = [*celery, "worker", "--pool=threads", "--concurrency=2", "-n", "control@%h"]
+    commands.append(("control", [*control, "-Q", "control", "-l", "INFO"]))
     beat = [*celery, "beat", "-s", str(data_dir / "celerybeat-schedule"), "-l", "INFO"]
     commands.append(("beat", beat))
     return commands

@@ -50,6 +50,8 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     from apps.fleet.capability import gpu_queue_for_vram
     from workers import runtime
 
+    if not _executes_runs(instance.app.amqp.queues.consume_from or {}):
+        return  # the control worker: no device, no torch
     device = runtime.policy().describe()
     queue = gpu_queue_for_vram(device["vram_gb"]) if device["profile"] != "cpu" else None
     if queue and settings.INLINE_AUTO_GPU_QUEUE:
@@ -62,10 +64,16 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     from workers.heartbeat import Heartbeat
 
     queues = sorted(q.name for q in sender.task_consumer.queues)
+    if not _executes_runs(queues):
+        return  # the control worker runs beat's passes; it is not part of the render fleet
     heartbeat = Heartbeat(sender.hostname, queues)
     heartbeat.start()
     _heartbeat.append(heartbeat)
     log.info("worker %s serving %s", sender.hostname, ", ".join(queues))
+
+
+def _executes_runs(queues: Any) -> bool:
+    return any(q != "control" for q in queues)
 
 
 @worker_shutdown.connect
