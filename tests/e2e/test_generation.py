@@ -171,3 +171,27 @@ def test_cancelling_mid_sampling_stops_within_a_step_and_frees_the_worker(owner,
     assert not later.exists()  # nothing after run_done: the attempt stopped at its next step
     steps = RunEvent.objects.filter(run_id=run_id, type="progress").count()
     assert steps < 100
+
+
+def test_a_model_file_dropped_in_or_removed_changes_the_registry_version(owner, stack, data_dirs):
+    def version_and_choices():
+        body = owner.get("/v1/models").json()
+        vae = next(n for n in body["nodes"] if n["type"] == "load/vae")
+        return body["registryVersion"], vae["params"][0]["choices"]
+
+    def wait_until(predicate):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            version, choices = version_and_choices()
+            if predicate(choices):
+                return version
+            time.sleep(0.2)
+        raise AssertionError(f"the fleet never reported the change: {choices}")
+
+    before = wait_until(lambda choices: "spare.safetensors" not in choices)
+    dropped = data_dirs["models"] / "vae" / "spare.safetensors"
+    dropped.write_bytes((data_dirs["models"] / "vae" / stack["vae"]).read_bytes())
+    with_file = wait_until(lambda choices: "spare.safetensors" in choices)
+    dropped.unlink()
+    after = wait_until(lambda choices: "spare.safetensors" not in choices)
+    assert with_file != before and after == before
