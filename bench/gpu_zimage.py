@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,8 +54,8 @@ def time_pipeline(model, caption, size, steps, device) -> float:
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline
 
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(engine.scheduler_config())
-    pipe = ZImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
-                          transformer=model)
+    pipe: Any = ZImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
+                               transformer=model)
     pipe.set_progress_bar_config(disable=True)
 
     def go() -> None:

@@ -503,8 +503,13 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
 
 
 def cmd_lint(extra: list[str]) -> int:
-    ruff = Path(sys.executable).with_name("ruff")
-    return subprocess.run([str(ruff), "check", ".", *extra], cwd=REPO_ROOT).returncode
+    """ruff (lint), then mypy (types, with the django-stubs plugin); the first failure wins."""
+    bin_dir = Path(sys.executable).parent
+    for command in ([str(bin_dir / "ruff"), "check", ".", *extra], [str(bin_dir / "mypy"), "."]):
+        code = subprocess.run(command, cwd=REPO_ROOT).returncode
+        if code:
+            return code
+    return 0
 
 
 # --- Argument parsing -------------------------------------------------------------------------
@@ -558,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("test", help="run the whole test suite (args go to pytest)")
     commands.add_parser("manage", help="manage.py with the farm's environment")
-    commands.add_parser("lint", help="ruff check . (args go to ruff)")
+    commands.add_parser("lint", help="ruff check . then mypy . (args go to ruff)")
     return parser
 
 

@@ -134,7 +134,8 @@ def credentials(scope: dict[str, Any], query: dict[str, list[str]]) -> tuple[str
                 return secret.strip(), echo
     if bearer_protocols:
         return bearer_protocols[0][len(BEARER_SUBPROTOCOL):] or None, echo
-    return (query.get("token") or [None])[0] or None, echo
+    tokens = query.get("token") or [""]
+    return tokens[0] or None, echo
 
 
 def parse_after(query: dict[str, list[str]]) -> int | None:

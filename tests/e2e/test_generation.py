@@ -103,7 +103,7 @@ def test_the_primitive_graph_renders_the_same_pixels(owner, stack):
     pixels, take = take_pixels(owner, run)
     assert np.array_equal(pixels, reference())
     data = owner.get(f"/v1/takes/{take['id']}/bytes").content
-    assert '"seed": 11' in Image.open(io.BytesIO(data)).text["inline-farm"]
+    assert '"seed": 11' in Image.open(io.BytesIO(data)).info["inline-farm"]
 
 
 def test_img2img_renders_what_the_img2img_pipeline_renders(owner, stack):

@@ -11,9 +11,14 @@ from urllib.parse import urlencode
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
 
 from tests.conftest import png, upload
 from tests.livefarm import Client, LiveFarm
+
+
+def protocols(*names: str) -> list[Subprotocol]:
+    return [Subprotocol(name) for name in names]
 
 pytestmark = pytest.mark.e2e
 
@@ -191,19 +196,19 @@ def test_a_token_in_the_query_or_a_subprotocol_authenticates(farm, owner, person
         messages, code = read_until_closed(ws)
     assert [m["type"] for m in messages] == ["snapshot", "run_done"] and code == 1000
 
-    with connect(events_url(farm, run_id), subprotocols=["inline-farm.v1", f"bearer.{token}"],
+    with connect(events_url(farm, run_id), subprotocols=protocols("inline-farm.v1", f"bearer.{token}"),
                  open_timeout=10) as ws:
         assert ws.subprotocol == "inline-farm.v1"
         messages, code = read_until_closed(ws)
     assert [m["type"] for m in messages] == ["snapshot", "run_done"] and code == 1000
 
-    with connect(events_url(farm, run_id), subprotocols=[f"bearer.{token}"],
+    with connect(events_url(farm, run_id), subprotocols=protocols(f"bearer.{token}"),
                  open_timeout=10) as ws:
         assert ws.subprotocol == f"bearer.{token}"
         messages, code = read_until_closed(ws)
     assert code == 1000
 
-    with connect(events_url(farm, run_id), subprotocols=["inline-farm.v1", "bearer.inf_nope"],
+    with connect(events_url(farm, run_id), subprotocols=protocols("inline-farm.v1", "bearer.inf_nope"),
                  open_timeout=10) as ws:
         assert ws.subprotocol == "inline-farm.v1"  # echoed so that browsers see the close code
         assert read_until_closed(ws, timeout=10) == ([], 4401)
