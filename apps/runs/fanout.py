@@ -71,10 +71,19 @@ class RunFanout:
                 log.warning("run event fan-out could not read the channel layer", exc_info=True)
                 await asyncio.sleep(1.0)
                 continue
-            event = message.get("event") if message.get("type") == "run.event" else None
-            if event is not None:
+            for event in _events_of(message):
                 for subscriber in list(self.subscribers.get(event["runId"], ())):
                     subscriber.put(event)
+
+
+def _events_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run events in a channel message: one (`run.event`) or several (`run.events`, merged
+    by the publisher in inline_farm/effects.py)."""
+    if message.get("type") == "run.event":
+        return [message["event"]]
+    if message.get("type") == "run.events":
+        return list(message["events"])
+    return []
 
 
 _fanouts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RunFanout] = (

@@ -138,3 +138,16 @@ def test_a_finished_run_replays_only_its_run_done_to_a_newcomer():
     assert asyncio.run(scenario(None)) == ["snapshot", "run_done"]
     assert asyncio.run(scenario(1)) == ["snapshot", "node_done", "run_done"]
     assert asyncio.run(scenario(3)) == ["snapshot"]
+
+
+def test_the_publisher_folds_consecutive_run_events_in_order():
+    from inline_farm.effects import merge_run_events
+
+    def event(seq):
+        return {"type": "run.event", "event": {"seq": seq}}
+
+    other = {"type": "other", "x": 1}
+    merged = merge_run_events([event(1), event(2), other, event(3)])
+    assert merged == [
+        {"type": "run.events", "events": [{"seq": 1}, {"seq": 2}]}, other, event(3),
+    ]
