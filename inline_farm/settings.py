@@ -53,6 +53,7 @@ MIGRATION_MODULES = {
 }
 
 MIDDLEWARE = [
+    "inline_farm.middleware.UploadSizeLimit",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

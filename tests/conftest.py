@@ -21,7 +21,29 @@ FARM_ENV = {
     "INLINE_WORKER_HEARTBEAT": "1",
     "INLINE_REDISPATCH_SECONDS": "5",
     "INLINE_MAX_ATTEMPTS": "3",
+    "INLINE_ASSET_MAX_BYTES": "2000000",
 }
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request: pytest.FixtureRequest, django_test_environment: None, django_db_blocker: Any,
+    django_db_modify_db_settings: None,
+) -> Iterator[None]:
+    """Always make the test database.
+
+    pytest-django makes it only when a selected test is marked `django_db`; the live-farm tests
+    are not (their processes need committed data), so running them alone would otherwise put
+    them on the real database.
+    """
+    from django.test.utils import setup_databases, teardown_databases
+
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=verbosity, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=verbosity)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +66,8 @@ def farm(
 ) -> Iterator[LiveFarm]:
     from inline_farm.celery import app
 
+    name = settings.DATABASES["default"]["NAME"]
+    assert name.startswith("test_"), f"the live farm must run on a test database, not {name}"
     env = {
         **os.environ,
         **FARM_ENV,

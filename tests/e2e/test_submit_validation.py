@@ -128,6 +128,16 @@ def test_an_upload_that_is_not_an_image_is_a_415(owner):
     assert response.json()["error"]["code"] == "unsupported_media_type"
 
 
+def test_an_upload_over_the_size_limit_is_a_413(owner, db_access):
+    from apps.takes.models import Asset
+
+    before = Asset.objects.count()
+    response = upload(owner, png(8, 8) + b"\0" * 3_000_000)  # the test farm's limit is 2 MB
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "too_large"
+    assert Asset.objects.count() == before
+
+
 def test_uploads_are_content_addressed(owner):
     first = upload(owner, png(10, 10, (9, 9, 9)))
     again = upload(owner, png(10, 10, (9, 9, 9)), name="other-name.png")
