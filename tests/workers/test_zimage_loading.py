@@ -3,8 +3,10 @@ and clear errors for missing, corrupt or incomplete files."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +16,12 @@ from tests.workers.helpers import png_bytes
 from workers.models.catalog import ModelFileMissing
 from workers.models.zimage import engine, loading
 from workers.models.zimage.loading import ModelLoadError
-from workers.models.zimage.tiny import SMOKE_NAME, build_tiny_components
+from workers.models.zimage.tiny import (
+    SMOKE_NAME,
+    VAE_CONFIG,
+    build_tiny_components,
+    to_original_flux_vae_keys,
+)
 from workers.runners import diffusion  # noqa: F401  (registers the runners)
 from workers.runners.base import RUNNERS, NodeFailed
 
@@ -64,6 +71,53 @@ def test_diffusers_folders_load_for_the_transformer_and_the_vae(models_dir, cpu_
     for ours, theirs in ((model.transformer, parts["transformer"]), (vae.module, parts["vae"])):
         expected = theirs.state_dict()
         assert all(torch.equal(v, expected[k]) for k, v in ours.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [{}, {"block_out_channels": [32, 64, 64, 64], "layers_per_block": 2}],
+    ids=["tiny", "with-shortcuts"],  # the second has Flux's nin_shortcut convs and 2/3 resnets
+)
+def test_an_original_flux_layout_vae_file_encodes_and_decodes_like_the_diffusers_layout(
+    models_dir, cpu_policy, geometry
+):
+    from diffusers import AutoencoderKL
+
+    config = {**VAE_CONFIG, **geometry}
+    torch.manual_seed(0)
+    reference: Any = AutoencoderKL(**config) if geometry else build_tiny_components()["vae"]
+    reference.eval()
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    original = to_original_flux_vae_keys(state)
+    # Flux's ae.safetensors layout: LDM names, reversed decoder blocks, 1×1-conv attention.
+    assert "decoder.up.3.upsample.conv.weight" in original
+    assert "decoder.up.0.upsample.conv.weight" not in original
+    assert original["encoder.mid.attn_1.q.weight"].ndim == 4
+    assert not any("_blocks." in k or k.startswith("first_stage_model.") for k in original)
+    folder = models_dir / "vae"
+    save_file(state, folder / "ae-diffusers.safetensors")
+    save_file(original, folder / "ae-original.safetensors")
+    for stem in ("ae-diffusers", "ae-original"):
+        sidecar = {"_class_name": "AutoencoderKL", **config}
+        (folder / f"{stem}.config.json").write_text(json.dumps(sidecar))
+
+    ours = loading.load_vae(models_dir, "ae-original.safetensors", cpu_policy).module
+    theirs = loading.load_vae(models_dir, "ae-diffusers.safetensors", cpu_policy).module
+    loaded = ours.state_dict()
+    assert loaded.keys() == state.keys()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+    generator = torch.Generator().manual_seed(3)
+    latents = torch.randn(1, 16, 4, 4, generator=generator)
+    image = torch.rand(1, 3, 32, 32, generator=generator) * 2 - 1
+    with torch.no_grad():
+        decoded = [vae.decode(latents).sample for vae in (ours, theirs, reference)]
+        encoded = [vae.encode(image).latent_dist for vae in (ours, theirs, reference)]
+    assert decoded[0].shape == (1, 3, 32, 32)
+    for other in decoded[1:]:
+        assert torch.equal(decoded[0], other)
+    for other in encoded[1:]:
+        assert torch.equal(encoded[0].mean, other.mean) and torch.equal(encoded[0].std, other.std)
 
 
 def test_a_single_file_text_encoder_with_a_tokenizer_sidecar_encodes_like_its_folder(
@@ -126,6 +180,15 @@ def test_an_incomplete_file_is_refused(models_dir, cpu_policy):
     )
     with pytest.raises(ModelLoadError, match=r"cut\.safetensors"):
         loading.load_diffusion_model(models_dir, "cut.safetensors", cpu_policy)
+
+
+def test_an_original_flux_layout_vae_file_missing_a_weight_says_so(models_dir, cpu_policy):
+    state = to_original_flux_vae_keys(build_tiny_components()["vae"].state_dict())
+    del state["decoder.up.3.upsample.conv.weight"]
+    save_file(state, models_dir / "vae" / "ae-cut.safetensors")
+    shutil.copy(models_dir / "vae" / f"{SMOKE_NAME}.config.json", models_dir / "vae" / "ae-cut.config.json")
+    with pytest.raises(ModelLoadError, match=r"ae-cut\.safetensors.*does not hold every weight"):
+        loading.load_vae(models_dir, "ae-cut.safetensors", cpu_policy)
 
 
 def test_loaded_models_are_cached_per_file_hash(smoke_stack, cpu_policy):

@@ -222,8 +222,13 @@ def _load_errors(path: Path, what: str, folder: str) -> Iterator[None]:
     except ModelLoadError:
         raise
     except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if "meta tensor" in str(exc):
+            # from_single_file leaves weights the file lacks on the meta device, then fails to
+            # move them (before _check_complete can look): say what that means.
+            reason = "the file does not hold every weight its config asks for (incomplete file?)"
         raise ModelLoadError(
             f"cannot load {path.name} as {what} (it belongs in the models dir's {folder}/ "
             f"folder; for a single file, its config goes in "
-            f"{sidecar(path, '.config.json').name} beside it): {type(exc).__name__}: {exc}"
+            f"{sidecar(path, '.config.json').name} beside it): {reason}"
         ) from exc

@@ -6,6 +6,7 @@ same seed always builds the same weights. What `write_smoke_stack` writes:
     diffusion_models/<name>.safetensors   original / ComfyUI keys (model.diffusion_model., fused qkv)
     diffusion_models/<name>.config.json   its diffusers config (the sidecar convention)
     vae/<name>.safetensors                diffusers keys, + vae/<name>.config.json
+                                          (`to_original_flux_vae_keys` gives Flux's `ae` layout)
     text_encoders/<name>/                 a transformers folder: config, weights, tokenizer
 
 Geometry (the constraints FACTS.md lists): transformer per diffusers' own test config but with
@@ -18,6 +19,7 @@ download).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +146,54 @@ def to_comfy_transformer_keys(state: dict[str, torch.Tensor]) -> dict[str, torch
         for old, new in renames:
             key = key.replace(old, new)
         out["model.diffusion_model." + key] = value.contiguous()
+    return out
+
+
+_VAE_ATTENTION_RENAMES = (
+    ("group_norm.", "norm."),
+    ("to_q.", "q."),
+    ("to_k.", "k."),
+    ("to_v.", "v."),
+    ("to_out.0.", "proj_out."),
+)
+
+
+def to_original_flux_vae_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers AutoencoderKL keys → the original Flux `ae.safetensors` (LDM) layout.
+
+    The exact inverse of diffusers' `convert_ldm_vae_checkpoint` (no `first_stage_model.`
+    prefix, as Black Forest Labs / ComfyUI ship Flux's ae):
+    `{en,de}coder.conv_norm_out` → `norm_out`; `encoder.down_blocks.i.resnets.j` →
+    `encoder.down.i.block.j`, `.downsamplers.0` → `.downsample`; `decoder.up_blocks.i` →
+    `decoder.up.(n-1-i)` (LDM numbers the decoder's blocks by resolution, as the encoder's:
+    up.0 is the full-resolution block, which runs last), `.upsamplers.0` → `.upsample`; `conv_shortcut` →
+    `nin_shortcut`; `mid_block.resnets.j` → `mid.block_(j+1)`; `mid_block.attentions.0` →
+    `mid.attn_1` with group_norm/to_q/to_k/to_v/to_out.0 → norm/q/k/v/proj_out, whose linear
+    [C, C] weights become the 1×1-conv [C, C, 1, 1] weights Flux's AttnBlock stores.
+    """
+    up_ids = [int(m[1]) for k in state if (m := re.match(r"decoder\.up_blocks\.(\d+)\.", k))]
+    n_up = max(up_ids, default=-1) + 1
+
+    def up(m: re.Match[str]) -> str:
+        return f"decoder.up.{n_up - 1 - int(m[1])}.{'block' if m[2] == 'resnets' else 'upsample'}."
+
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        new = re.sub(r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out.", key)
+        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block.", new)
+        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", new)
+        new = re.sub(r"^decoder\.up_blocks\.(\d+)\.(resnets|upsamplers\.0)\.", up, new)
+        new = re.sub(r"\.mid_block\.resnets\.(\d+)\.", lambda m: f".mid.block_{int(m[1]) + 1}.", new)
+        new = new.replace(".conv_shortcut.", ".nin_shortcut.")
+        if ".mid_block.attentions.0." in new:
+            head, tail = new.split(".mid_block.attentions.0.")
+            for old, renamed in _VAE_ATTENTION_RENAMES:
+                if tail.startswith(old):
+                    tail = renamed + tail[len(old) :]
+            new = f"{head}.mid.attn_1.{tail}"
+            if value.ndim == 2:  # q/k/v/proj_out weights: Linear → Conv2d 1×1
+                value = value[:, :, None, None]
+        out[new] = value.contiguous()
     return out
 
 
