@@ -40,7 +40,9 @@ def django_db_setup(
 
     verbosity = request.config.option.verbose
     with django_db_blocker.unblock():
-        config = setup_databases(verbosity=verbosity, interactive=False, aliases={"default"})
+        # A set, as pytest-django passes; django-stubs says Mapping, Django only tests membership.
+        config = setup_databases(verbosity=verbosity, interactive=False,
+                                 aliases={"default"})  # type: ignore[arg-type]
     yield
     with django_db_blocker.unblock():
         teardown_databases(config, verbosity=verbosity)
@@ -66,7 +68,7 @@ def farm(
 ) -> Iterator[LiveFarm]:
     from inline_farm.celery import app
 
-    name = settings.DATABASES["default"]["NAME"]
+    name = str(settings.DATABASES["default"]["NAME"])
     assert name.startswith("test_"), f"the live farm must run on a test database, not {name}"
     env = {
         **os.environ,
