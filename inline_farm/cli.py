@@ -401,6 +401,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     args.profile = _profile(args)
     env = _base_env(data_dir, models_dir)
     env["INLINE_PROFILE"] = args.profile
+    if args.vram_budget is not None:
+        env["INLINE_VRAM_BUDGET_GB"] = str(args.vram_budget)
+    if args.cpu_offload:
+        env["INLINE_CPU_OFFLOAD"] = "1"
     _check_port_free(args.listen, args.port)
     with _up_lock(data_dir) as lock, contextlib.ExitStack() as stack:
         try:
@@ -546,6 +550,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--profile", choices=PROFILES, help="device profile (default: auto)")
     up.add_argument("--lowvram", action="store_true", help="shorthand for --profile lowvram")
     up.add_argument("--cpu", action="store_true", help="shorthand for --profile cpu")
+    up.add_argument("--vram-budget", type=float, metavar="GB",
+                    help="cap the VRAM the device policy counts (INLINE_VRAM_BUDGET_GB)")
+    up.add_argument("--cpu-offload", action="store_true",
+                    help="keep the text encoder and VAE in CPU memory between uses")
     up.add_argument("--workers", type=_positive, default=1, help="Celery workers (default 1)")
     _add_dirs(up)
 

@@ -142,7 +142,9 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 # --- Device policy (read by the worker; listed here so every variable lives in one place) ------
 INLINE_PROFILE = env_choice("INLINE_PROFILE", "auto", ("auto", "gpu-max", "lowvram", "cpu"))
 INLINE_VRAM_BUDGET_GB = env_float("INLINE_VRAM_BUDGET_GB", 0.0, minimum=0.0)
-INLINE_PARALLEL = env_str("INLINE_PARALLEL", "")
+INLINE_CPU_OFFLOAD = env_bool("INLINE_CPU_OFFLOAD", False)
+INLINE_ATTENTION = env_str("INLINE_ATTENTION", "native")
+INLINE_MODEL_CACHE_SIZE = env_int("INLINE_MODEL_CACHE_SIZE", 4, minimum=1)
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = BROKER_URL
