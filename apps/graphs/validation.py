@@ -51,20 +51,27 @@ def closure_order(doc: GraphDoc, target: str) -> list[str]:
     """The target's upstream closure in topological order (inputs first, ties by node id).
 
     Call only on a graph that passed `graph_validate` (acyclic, every reference resolves).
+    Iterative, so a long chain of nodes cannot exhaust Python's recursion limit.
     """
     order: list[str] = []
-    seen: set[str] = set()
-
-    def visit(node_id: str) -> None:
-        if node_id in seen:
-            return
-        seen.add(node_id)
-        for ref in sorted(doc.nodes[node_id].inputs.values(), key=lambda r: (r.node, r.port)):
-            visit(ref.node)
+    seen: set[str] = {target}
+    stack: list[tuple[str, list[str]]] = [(target, _upstream(doc, target))]
+    while stack:
+        node_id, pending = stack[-1]
+        if pending:
+            upstream = pending.pop(0)
+            if upstream not in seen:
+                seen.add(upstream)
+                stack.append((upstream, _upstream(doc, upstream)))
+            continue
+        stack.pop()
         order.append(node_id)
-
-    visit(target)
     return order
+
+
+def _upstream(doc: GraphDoc, node_id: str) -> list[str]:
+    refs = sorted(doc.nodes[node_id].inputs.values(), key=lambda r: (r.node, r.port))
+    return [ref.node for ref in refs]
 
 
 def param_refs(doc: GraphDoc, node_ids: list[str], param_type: str) -> Iterator[tuple[str, Param, Any]]:
@@ -210,20 +217,24 @@ def _fmt(bound: float | None) -> str:
 
 
 def _reject_cycles(doc: GraphDoc) -> None:
+    """Depth-first search with an explicit stack; a back edge names a node on the cycle."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(node_id: str) -> None:
-        state[node_id] = 1
-        for ref in doc.nodes[node_id].inputs.values():
-            mark = state.get(ref.node)
-            if mark == 1:
+    for root in sorted(doc.nodes):
+        if root in state:
+            continue
+        state[root] = 1
+        stack: list[tuple[str, list[str]]] = [(root, _upstream(doc, root))]
+        while stack:
+            node_id, pending = stack[-1]
+            if not pending:
+                state[node_id] = 2
+                stack.pop()
+                continue
+            upstream = pending.pop(0)
+            if state.get(upstream) == 1:
                 raise GraphInvalid(
-                    "cycle", f"node {node_id!r} is part of a cycle (through {ref.node!r})", node_id
+                    "cycle", f"node {node_id!r} is part of a cycle (through {upstream!r})", node_id
                 )
-            if mark is None:
-                visit(ref.node)
-        state[node_id] = 2
-
-    for node_id in sorted(doc.nodes):
-        if node_id not in state:
-            visit(node_id)
+            if upstream not in state:
+                state[upstream] = 1
+                stack.append((upstream, _upstream(doc, upstream)))

@@ -49,3 +49,23 @@ def test_an_empty_graph_is_refused():
     with pytest.raises(GraphInvalid) as err:
         graph_validate(_doc({}), target="x")
     assert err.value.code == "empty_graph"
+
+
+def test_a_long_chain_validates_without_recursion_limits():
+    nodes = {"n0": {"type": "input/image", "params": {"asset": "x"}}}
+    for i in range(1, 3000):
+        nodes[f"n{i}"] = {"type": "image/resize", "params": {"width": 8, "height": 8},
+                          "inputs": {"image": {"node": f"n{i - 1}", "port": "image"}}}
+    doc = graph_validate(_doc(nodes), target="n2999", max_nodes=5000)
+    assert closure_order(doc, "n2999")[:2] == ["n0", "n1"]
+
+
+def test_a_cycle_is_found_far_from_the_target():
+    nodes = {"a": {"type": "image/resize", "params": {"width": 8, "height": 8},
+                   "inputs": {"image": {"node": "b", "port": "image"}}},
+             "b": {"type": "image/resize", "params": {"width": 8, "height": 8},
+                   "inputs": {"image": {"node": "a", "port": "image"}}},
+             "t": {"type": "input/text"}}
+    with pytest.raises(GraphInvalid) as err:
+        graph_validate(_doc(nodes), target="t")
+    assert err.value.code == "cycle"
