@@ -56,3 +56,20 @@ def test_identical_graphs_of_two_users_are_not_coalesced(owner, teammate, asset_
     assert theirs.status_code == 201 and theirs.json()["runId"] != mine
     owner.wait_run(mine)
     teammate.wait_run(theirs.json()["runId"])
+
+
+def test_a_user_over_their_in_flight_limit_gets_a_429(farm, db_access):
+    from apps.accounts.models import UserLimits
+    from apps.accounts.services import token_create, user_get_or_create
+    from tests.conftest import _client
+
+    user = user_get_or_create(username="limited")
+    UserLimits.objects.update_or_create(user=user, defaults={"max_inflight_runs": 1})
+    with _client(farm, token_create(user=user)[1]) as limited:
+        asset = upload(limited, png(12, 12, (4, 4, 4))).json()["id"]
+        first = limited.post("/v1/runs", json=delay_graph(asset, 1.0))
+        second = limited.post("/v1/runs", json=delay_graph(asset, 1.1))
+        assert first.status_code == 201
+        assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_runs"
+        limited.wait_run(first.json()["runId"])
+        assert limited.post("/v1/runs", json=delay_graph(asset, 0.1)).status_code == 201
