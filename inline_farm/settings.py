@@ -145,6 +145,8 @@ INLINE_VRAM_BUDGET_GB = env_float("INLINE_VRAM_BUDGET_GB", 0.0, minimum=0.0)
 INLINE_CPU_OFFLOAD = env_bool("INLINE_CPU_OFFLOAD", False)
 INLINE_ATTENTION = env_str("INLINE_ATTENTION", "native")
 INLINE_MODEL_CACHE_SIZE = env_int("INLINE_MODEL_CACHE_SIZE", 4, minimum=1)
+# Sampling previews in progress events: at most one per this many seconds; 0 every step, -1 off.
+INLINE_PREVIEW_SECONDS = env_float("INLINE_PREVIEW_SECONDS", 1.0, minimum=-1.0)
 
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = BROKER_URL

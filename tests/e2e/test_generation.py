@@ -195,3 +195,18 @@ def test_a_model_file_dropped_in_or_removed_changes_the_registry_version(owner, 
     dropped.unlink()
     after = wait_until(lambda choices: "spare.safetensors" not in choices)
     assert with_file != before and after == before
+
+
+def test_sampling_progress_carries_a_small_preview_of_the_image(owner, stack, db_access):
+    import base64
+
+    from apps.runs.models import RunEvent
+
+    run = owner.wait_run(owner.post("/v1/runs", json=turbo_graph(stack, seed=77)).json()["runId"])
+    progress = [e.payload for e in RunEvent.objects.filter(run_id=run["id"], type="progress")]
+    assert [p["step"] for p in progress] == list(range(1, STEPS + 1))
+    previews = [p["preview"] for p in progress if "preview" in p]
+    assert previews, "the first sampling step reports a preview"
+    header, data = previews[0].split(",", 1)
+    assert header == "data:image/png;base64"
+    assert Image.open(io.BytesIO(base64.b64decode(data))).size == (W // 8, H // 8)

@@ -141,7 +141,7 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
         init = engine.encode_image(vae, image, generator)  # draws before the noise, as diffusers
         start = engine.renoise(init.to(device), engine.noise(shape, generator, device), sigmas[0])
     ctx.note_lineage(seed=seed)
-    out = _denoise(ctx, model, start, sigmas, timesteps, positive, negative, guidance)
+    out = _denoise(ctx, model, start, sigmas, timesteps, positive, negative, guidance, preview=vae)
     return {"image": engine.decode_latents(vae, out)}
 
 
@@ -154,8 +154,13 @@ def _denoise(
     positive: Any,
     negative: Any,
     guidance: float,
+    preview: Vae | None = None,
 ) -> Any:
-    """Submit one SampleJob to the model's step batcher; returns latents [1, 16, h, w]."""
+    """Submit one SampleJob to the model's step batcher; returns latents [1, 16, h, w].
+
+    With `preview` (the VAE that will decode the result), progress carries a small preview of
+    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step).
+    """
     import torch
 
     from workers.sampling import SampleJob
@@ -168,13 +173,42 @@ def _denoise(
         positive=positive.to(device),
         guidance=guidance,
         negative=None if negative is None else negative.to(device),
-        on_progress=lambda done, total: ctx.progress(done, total),
         check_cancelled=ctx.check_cancelled,
     )
+    job.on_progress = _progress_reporter(ctx, job, preview)
     try:
         return model.batcher.run(job)
     except torch.OutOfMemoryError as exc:
         raise NodeFailed(f"out of device memory while sampling with {model.name}: {exc}") from exc
+
+
+def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[[int, int], None]:
+    """`on_progress` for a job: reports every step, with a preview when one is due."""
+    import time
+
+    interval = _preview_seconds()
+    last = [float("-inf")]
+
+    def report(done: int, total: int) -> None:
+        png = None
+        now = time.monotonic()
+        if vae is not None and interval is not None and done < total and now - last[0] >= interval:
+            from workers.models.zimage.preview import preview_png
+
+            png, last[0] = preview_png(vae, job.latents, job.sigmas[done], job.velocity), now
+        ctx.progress(done, total, png)
+
+    return report
+
+
+def _preview_seconds() -> float | None:
+    """INLINE_PREVIEW_SECONDS from the settings (None: previews off); 1.0 outside Django."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return 1.0
+    seconds = float(settings.INLINE_PREVIEW_SECONDS)
+    return None if seconds < 0 else seconds
 
 
 def _negative_embeds(positive: Conditioning, negative: Any, guidance: float) -> Any:

@@ -78,4 +78,5 @@ def euler_step(job: SampleJob, velocity: Tensor) -> None:
     i = job.step
     dt = job.sigmas[i + 1] - job.sigmas[i]  # 0-d float32
     job.latents = (job.latents.float() + dt * velocity).to(velocity.dtype)
+    job.velocity = velocity
     job.step = i + 1

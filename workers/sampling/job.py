@@ -40,6 +40,7 @@ class SampleJob:
     on_progress: Callable[[int, int], None] = _no_progress
     check_cancelled: Callable[[], None] = _never_cancelled
     step: int = 0  # steps done so far; the batcher advances it
+    velocity: Tensor | None = field(default=None, repr=False)  # the last step's v (previews)
     error: BaseException | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
