@@ -98,39 +98,32 @@ def config_for(path: Path, role: str) -> Path:
 def _load_transformer(path: Path, placement: Placement) -> Any:
     from diffusers import ZImageTransformer2DModel
 
-    dtype = placement.torch_dtype
-    with _load_errors(path, "a Z-Image transformer", "diffusion_models"):
-        if path.is_dir():
-            model = ZImageTransformer2DModel.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
-        else:
-            model = ZImageTransformer2DModel.from_single_file(
-                str(path),
-                config=str(config_for(path, "transformer")),
-                local_files_only=True,
-                torch_dtype=dtype,
-            )
-        _check_complete(model, path)
+    model = _load_weights(ZImageTransformer2DModel, path, placement, "transformer",
+                          "a Z-Image transformer", "diffusion_models")
     if placement.device == "cpu":
         _own_storage(model)
-    return model.to(placement.device).eval()
+    return model.to(placement.device).eval()  # the denoiser never waits offloaded
 
 
 def _load_vae(path: Path, placement: Placement) -> Any:
     from diffusers import AutoencoderKL
 
-    dtype = placement.torch_dtype
-    with _load_errors(path, "a Flux-geometry VAE", "vae"):
-        if path.is_dir():
-            model = AutoencoderKL.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
-        else:
-            model = AutoencoderKL.from_single_file(
-                str(path),
-                config=str(config_for(path, "vae")),
-                local_files_only=True,
-                torch_dtype=dtype,
-            )
-        _check_complete(model, path)
+    model = _load_weights(AutoencoderKL, path, placement, "vae", "a Flux-geometry VAE", "vae")
     return _rest(model, placement)
+
+
+def _load_weights(cls: Any, path: Path, placement: Placement, role: str, what: str,
+                  folder: str) -> Any:
+    """`cls` from a diffusers folder, or from a single file with its config; checked complete."""
+    dtype = placement.torch_dtype
+    with _load_errors(path, what, folder):
+        if path.is_dir():
+            model = cls.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+        else:
+            model = cls.from_single_file(str(path), config=str(config_for(path, role)),
+                                         local_files_only=True, torch_dtype=dtype)
+        _check_complete(model, path)
+    return model
 
 
 def _load_text_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
