@@ -21,6 +21,7 @@ from django.utils import timezone
 from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
+from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
 
@@ -101,15 +102,17 @@ def _reap_one(run_id: Any, now: datetime) -> int:
         return 0
     lost = f"worker {run.lease_worker or '?'} stopped renewing its lease (attempt {run.attempts})"
     if run.attempts >= settings.INLINE_MAX_ATTEMPTS:
-        Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-            status=RunStatus.FAILED, finished_at=timezone.now(), lease_expires_at=None,
+        run_move(
+            Run.objects.filter(pk=run.pk), source=[RunStatus.RUNNING], to=RunStatus.FAILED,
+            finished_at=timezone.now(), lease_expires_at=None,
             error_code="worker_lost",
             error_message=f"{lost}; gave up after {run.attempts} attempts",
         )
         run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
     else:
-        Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-            status=RunStatus.QUEUED, lease_expires_at=None, dispatched_at=None
+        run_move(
+            Run.objects.filter(pk=run.pk), source=[RunStatus.RUNNING], to=RunStatus.QUEUED,
+            lease_expires_at=None, dispatched_at=None,
         )
         run_event_append(run_id=run.pk, type="status",
                          payload={"status": RunStatus.QUEUED, "reason": lost})

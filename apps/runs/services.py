@@ -1,7 +1,7 @@
 """Writes on runs: submit (validate, idempotency, coalescing), cancel, claim, lease, finish.
 
-Every status change is a compare-and-set against RUN_TRANSITIONS' edges:
-`Run.objects.filter(pk=…, status=…).update(…)` and the count says who won.
+Every status change goes through `run_move` (apps/runs/transitions.py): a compare-and-set along
+an edge declared in RUN_TRANSITIONS, where the count says who won.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.events import run_event_append
 from apps.runs.models import IN_FLIGHT, Run, RunStatus
+from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.selectors import assets_visible_to_owner
 from inline_farm.ids import is_uuid
@@ -159,8 +160,9 @@ def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
 def run_cancel(*, run: Run) -> Run:
     """Cancel a queued or running run; a running worker notices at its next check and stops."""
     with transaction.atomic():
-        cancelled = Run.objects.filter(pk=run.pk, status__in=IN_FLIGHT).update(
-            status=RunStatus.CANCELLED, finished_at=timezone.now(), lease_expires_at=None
+        cancelled = run_move(
+            Run.objects.filter(pk=run.pk), source=IN_FLIGHT, to=RunStatus.CANCELLED,
+            finished_at=timezone.now(), lease_expires_at=None,
         )
         if cancelled:
             run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
@@ -179,8 +181,9 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
     """
     now = timezone.now()
     with transaction.atomic():
-        won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-            status=RunStatus.RUNNING, attempts=F("attempts") + 1, lease_worker=worker,
+        won = run_move(
+            Run.objects.filter(pk=run_id), source=[RunStatus.QUEUED], to=RunStatus.RUNNING,
+            attempts=F("attempts") + 1, lease_worker=worker,
             lease_expires_at=now + _lease(), started_at=Coalesce("started_at", now),
             dispatched_at=None,
         )
@@ -214,8 +217,9 @@ def run_finish(
     """Record the outcome of our attempt (fenced by `attempt`); False if we no longer own it."""
     error = error or {}
     with transaction.atomic():
-        done = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=attempt).update(
-            status=status, finished_at=timezone.now(), lease_expires_at=None,
+        done = run_move(
+            Run.objects.filter(pk=run_id, attempts=attempt), source=[RunStatus.RUNNING], to=status,
+            finished_at=timezone.now(), lease_expires_at=None,
             error_code=error.get("code", ""), error_message=error.get("message", ""),
             error_node=error.get("nodeId") or "",
         )

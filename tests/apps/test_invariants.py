@@ -54,3 +54,21 @@ def test_a_finished_run_must_have_a_finish_time(run):
     with pytest.raises(IntegrityError), transaction.atomic():
         Run.objects.filter(pk=run.pk).update(status="succeeded")
     Run.objects.filter(pk=run.pk).update(status="succeeded", finished_at=timezone.now())
+
+
+def test_a_status_change_along_an_undeclared_edge_is_refused(run):
+    from apps.runs.transitions import UndeclaredTransition, run_move
+
+    Run.objects.filter(pk=run.pk).update(status="succeeded", finished_at=timezone.now())
+    with pytest.raises(UndeclaredTransition, match="succeeded to running"):
+        run_move(Run.objects.filter(pk=run.pk), source=["succeeded"], to="running")
+
+
+def test_a_status_change_is_compare_and_set(run):
+    from apps.runs.transitions import run_move
+
+    moved = run_move(Run.objects.filter(pk=run.pk), source=["queued"], to="cancelled",
+                     finished_at=timezone.now())
+    again = run_move(Run.objects.filter(pk=run.pk), source=["queued"], to="cancelled",
+                     finished_at=timezone.now())
+    assert (moved, again) == (1, 0)
