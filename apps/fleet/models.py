@@ -43,6 +43,14 @@ class Worker(models.Model):
     device = models.JSONField(default=dict, blank=True, help_text="Profile, GPU, VRAM.")
     current_run = models.ForeignKey("runs.Run", null=True, blank=True, on_delete=models.SET_NULL,
                                     related_name="+")
+    incarnation = models.CharField(
+        max_length=32, blank=True,
+        help_text="Random per process start: a restarted worker with the same name is a new one.",
+    )
+    slots = models.PositiveIntegerField(default=1, help_text="Runs it executes at once.")
+    running = models.JSONField(default=list, blank=True, help_text="Ids of the runs it holds.")
+    stats = models.JSONField(default=dict, blank=True,
+                             help_text="Counters it reports: forwards, batch sizes, runs done.")
     started_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
 
