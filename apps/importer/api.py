@@ -1,7 +1,44 @@
-"""/v1/import: ComfyUI workflow → typed graph (the importer is a later issue)."""
+"""/v1/import: a ComfyUI workflow (UI or API format) → our typed graph and a report."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from apps.fleet.selectors import model_catalog
+from apps.importer.report import ImportInvalid
+from apps.importer.services import comfy_import, workflow_parse
+from inline_farm.api import ApiError, api
+
 router = Router(tags=["import"])
+
+_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "description": "A ComfyUI workflow: the UI format (as saved by the "
+    "editor) or the API format (as exported for the API, or the body of ComfyUI's /prompt)."}}}}}
+
+
+@router.post("/comfy", summary="Import a ComfyUI workflow", response={200: dict, 422: dict},
+             openapi_extra=_BODY)
+def import_comfy(request: HttpRequest) -> Any:
+    """`{graph, target, report}`; 422 `{error: {code, message, nodeId?}, report}` when the
+    workflow cannot become a graph that runs."""
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise ApiError(413, "too_large", "the workflow is larger than the upload limit") from None
+    try:
+        imported = comfy_import(workflow=workflow_parse(body), catalog=model_catalog())
+    except ImportInvalid as exc:
+        return _invalid(request, exc)
+    return imported.to_wire()
+
+
+def _invalid(request: HttpRequest, exc: ImportInvalid) -> HttpResponse:
+    error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.node_id is not None:
+        error["nodeId"] = exc.node_id
+    report = exc.report.to_wire() if exc.report is not None else None
+    return api.create_response(request, {"error": error, "report": report}, status=422)

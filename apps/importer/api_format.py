@@ -1,0 +1,309 @@
+"""ComfyUI's API (prompt) format → our typed graph, by the tables in `comfy_nodes`.
+
+A prompt is `{node_id: {"class_type", "inputs"}}`; an input is a value or a link
+`[node_id, output_slot]`. Each ComfyUI node keeps its id in our graph. The graph holds the
+closures of the outputs (SaveImage, PreviewImage) that can run here; everything else is in the
+report with its reason.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from apps.graphs.registry import descriptor_get
+from apps.graphs.schema import GraphDoc
+from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, RULES, UNSUPPORTED, Rule
+from apps.importer.report import ImportInvalid, Report, id_order
+from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
+
+CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text"})
+
+
+@dataclass(frozen=True)
+class Link:
+    node: str
+    slot: int
+
+
+@dataclass
+class _Mapped:
+    """One ComfyUI node on its way to becoming ours."""
+
+    id: str
+    comfy_type: str
+    rule: Rule
+    params: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, tuple[str, str]] = field(default_factory=dict)  # port → (node, its port)
+    blocked_by: list[str] = field(default_factory=list)  # unmapped ComfyUI ids it reads
+
+
+@dataclass
+class _State:
+    nodes: dict[str, tuple[str, dict[str, Any]]]  # id → (class_type, inputs with Links)
+    catalog: dict[str, list[str]]
+    report: Report
+    mapped: dict[str, _Mapped] = field(default_factory=dict)
+    unmapped: dict[str, str] = field(default_factory=dict)  # id → reason
+
+
+def prompt_to_graph(
+    prompt: dict[str, Any], *, catalog: dict[str, list[str]], report: Report
+) -> tuple[GraphDoc, str]:
+    """Our graph and its target for a prompt; raises ImportInvalid when nothing can run."""
+    state = _State(_read_prompt(prompt), catalog, report)
+    for node_id in sorted(state.nodes, key=id_order):
+        _classify(state, node_id)
+    for node in state.mapped.values():
+        _map_node(state, node)
+    kept, target = _outputs(state)
+    graph = {nid: _spec(state.mapped[nid]) for nid in sorted(kept, key=id_order)}
+    for nid in sorted(state.mapped, key=id_order):
+        node = state.mapped[nid]
+        if nid in kept:
+            report.mapped.append({"id": nid, "type": node.comfy_type, "as": node.rule.type})
+        elif not _is_output(node):
+            report.drop(nid, node.comfy_type, "not connected to an output that can run here")
+    return GraphDoc.model_validate({"nodes": graph}), target
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _read_prompt(prompt: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    nodes: dict[str, tuple[str, dict[str, Any]]] = {}
+    for node_id, raw in prompt.items():
+        if not isinstance(raw, dict) or not isinstance(raw.get("class_type"), str):
+            raise ImportInvalid("bad_workflow", f"node {node_id} has no class_type", str(node_id))
+        inputs = raw.get("inputs")
+        nodes[str(node_id)] = (raw["class_type"], dict(inputs) if isinstance(inputs, dict) else {})
+    for node_id, (_, inputs) in nodes.items():
+        for name, value in inputs.items():
+            if _looks_like_link(value):
+                if str(value[0]) not in nodes:
+                    raise ImportInvalid(
+                        "dangling_link",
+                        f"input {name!r} of node {node_id} is linked from node {value[0]}, "
+                        "which does not exist", node_id,
+                    )
+                inputs[name] = Link(str(value[0]), int(value[1]))
+    return nodes
+
+
+def _looks_like_link(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str | int)
+            and not isinstance(value[0], bool) and isinstance(value[1], int)
+            and not isinstance(value[1], bool))
+
+
+def _classify(state: _State, node_id: str) -> None:
+    comfy_type, inputs = state.nodes[node_id]
+    rule = RULES.get(comfy_type)
+    if rule is not None and rule.refuse is not None and (why := rule.refuse(inputs)):
+        state.unmapped[node_id] = why
+    elif rule is not None:
+        state.mapped[node_id] = _Mapped(node_id, comfy_type, rule)
+    elif comfy_type in FOLDED:
+        _, reason, check = FOLDED[comfy_type]
+        state.report.drop(node_id, comfy_type, reason)
+        for message in check(inputs) if check else []:
+            state.report.warn(node_id, comfy_type, message)
+    elif comfy_type in CUT:
+        state.report.drop(node_id, comfy_type, CUT[comfy_type])
+    elif comfy_type in NOTE_TYPES:
+        state.report.drop(node_id, comfy_type, "a note: UI only")
+    else:
+        state.unmapped[node_id] = UNSUPPORTED.get(
+            comfy_type, f"no node type on this farm does what {comfy_type} does")
+    if node_id in state.unmapped:
+        state.report.unmap(node_id, comfy_type, state.unmapped[node_id])
+
+
+# --- mapping one node -------------------------------------------------------------------------
+
+
+def _resolve(state: _State, link: Link) -> Link | None:
+    """Follow folded nodes to the real upstream output; None for a cut one."""
+    for _ in range(len(state.nodes) + 1):
+        comfy_type, inputs = state.nodes[link.node]
+        if comfy_type in CUT or comfy_type in NOTE_TYPES:
+            return None
+        if comfy_type not in FOLDED:
+            return link
+        upstream = inputs.get(FOLDED[comfy_type][0])
+        if not isinstance(upstream, Link):
+            return None
+        link = upstream
+    raise ImportInvalid("cycle", f"links loop through node {link.node}", link.node)
+
+
+def _map_node(state: _State, node: _Mapped) -> None:
+    _, inputs = state.nodes[node.id]
+    for name, value in inputs.items():
+        if isinstance(value, Link):
+            _map_link(state, node, name, value)
+        elif name in node.rule.params and value is not None:
+            _set_param(state, node, name, value)
+    if node.rule.derive is not None:
+        node.params.update(node.rule.derive(inputs))
+    for check in node.rule.warnings:
+        for message in check(inputs):
+            state.report.warn(node.id, node.comfy_type, message)
+
+
+def _map_link(state: _State, node: _Mapped, name: str, link: Link) -> None:
+    origin = _resolve(state, link)
+    if origin is None:
+        return
+    if origin.node in state.unmapped:
+        node.blocked_by.append(origin.node)
+        return
+    source = state.mapped.get(origin.node)
+    if source is None:
+        return
+    port = source.rule.outputs[origin.slot] if origin.slot < len(source.rule.outputs) else None
+    if port is None:
+        raise ImportInvalid(
+            "unmapped_output",
+            f"input {name!r} of node {node.id} reads output {origin.slot} of node {origin.node} "
+            f"({source.comfy_type}), which has no equivalent here", node.id,
+        )
+    target = node.rule.inputs.get(name) or _param_port(node, name)
+    if target is not None:
+        node.inputs[target] = (origin.node, port)
+        return
+    constant = _constant(state, origin.node)
+    if name in node.rule.params and constant is not None:
+        _set_param(state, node, name, constant)
+        return
+    state.report.warn(node.id, node.comfy_type, f"input {name!r} is fed by node {origin.node} "
+                      f"({source.comfy_type}), which {node.rule.type} cannot take: the default "
+                      "is used")
+
+
+def _param_port(node: _Mapped, name: str) -> str | None:
+    """Our input port that feeds the param a ComfyUI widget input maps to (seed, text)."""
+    mapping = node.rule.params.get(name)
+    descriptor = descriptor_get(node.rule.type)
+    param = descriptor.param(mapping.name) if mapping and descriptor else None
+    return param.input if param else None
+
+
+def _constant(state: _State, node_id: str) -> Any:
+    """The value of a constant node (PrimitiveInt, …), to inline where no port takes a link."""
+    _, inputs = state.nodes[node_id]
+    mapped = state.mapped.get(node_id)
+    if mapped is None or mapped.rule.type not in CONSTANT_TYPES:
+        return None
+    return inputs.get("value")
+
+
+def _set_param(state: _State, node: _Mapped, name: str, value: Any) -> None:
+    mapping = node.rule.params[name]
+    if mapping.folder is not None:
+        value = _model(state, node, mapping.folder, str(value))
+    elif node.rule.type == "image/load":
+        state.report.assets.append({"id": node.id, "type": node.comfy_type, "file": str(value)})
+        state.report.warn(node.id, node.comfy_type, f"loads {value!r}: upload it (POST /v1/assets) "
+                          "and set this node's param 'asset' to the asset id")
+    try:
+        node.params[mapping.name] = mapping.convert(value)
+    except (TypeError, ValueError):
+        raise ImportInvalid(
+            "bad_value", f"widget {name!r} of node {node.id} holds {value!r}", node.id
+        ) from None
+
+
+def _model(state: _State, node: _Mapped, folder: str, requested: str) -> str:
+    name, held = model_resolve(requested, state.catalog.get(folder, []))
+    entry = {"id": node.id, "type": node.comfy_type, "folder": folder, "name": name,
+             "held": held}
+    if name != requested:
+        entry["requested"] = requested
+    state.report.models.append(entry)
+    if not held:
+        state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
+                          f"the file in the models dir under {folder}/")
+    return name
+
+
+def model_resolve(requested: str, held: list[str]) -> tuple[str, bool]:
+    """A workflow's model name against the names the fleet holds in its folder: exact (with
+    `\\` read as `/`), else the same stem (`qwen_3_4b.safetensors` ↔ a `qwen_3_4b/` folder
+    model), else a unique entry with that file stem in a sub-folder."""
+    name = requested.replace("\\", "/")
+    if name in held:
+        return name, True
+    for candidate in held:
+        if _stem(candidate) == _stem(name):
+            return candidate, True
+    base = _stem(PurePosixPath(name).name)
+    matches = [c for c in held if _stem(PurePosixPath(c).name) == base]
+    return (matches[0], True) if len(matches) == 1 else (name, False)
+
+
+def _stem(name: str) -> str:
+    for suffix in WEIGHT_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _spec(node: _Mapped) -> dict[str, Any]:
+    inputs = {port: {"node": source, "port": out} for port, (source, out) in node.inputs.items()}
+    return {"type": node.rule.type, "params": node.params, "inputs": inputs}
+
+
+# --- outputs, closures, the target ------------------------------------------------------------
+
+
+def _is_output(node: _Mapped) -> bool:
+    descriptor = descriptor_get(node.rule.type)
+    return bool(descriptor and descriptor.produces_takes)
+
+
+def _closure(state: _State, output: str) -> tuple[set[str], list[str]]:
+    """(mapped ids upstream of `output`, unmapped ids it needs) — breadth first."""
+    seen, blockers, queue = {output}, [], deque([output])
+    while queue:
+        node = state.mapped[queue.popleft()]
+        blockers += [b for b in node.blocked_by if b not in blockers]
+        for source, _ in node.inputs.values():
+            if source not in seen:
+                seen.add(source)
+                queue.append(source)
+    return seen, blockers
+
+
+def _outputs(state: _State) -> tuple[set[str], str]:
+    """The nodes to keep (closures of the outputs that can run) and the target: the first
+    SaveImage by id, else the first PreviewImage. Outputs that need an unmapped node are
+    dropped; when none can run, the import fails naming the first unmapped node needed."""
+    outputs = sorted((n for n in state.mapped.values() if _is_output(n)),
+                     key=lambda n: (n.comfy_type != "SaveImage", id_order(n.id)))
+    kept: set[str] = set()
+    usable: list[str] = []
+    first_blocker: tuple[str, str] | None = None
+    for output in outputs:
+        closure, blockers = _closure(state, output.id)
+        if blockers:
+            first_blocker = first_blocker or (blockers[0], output.id)
+            needs = ", ".join(f"{b} ({state.nodes[b][0]})" for b in blockers)
+            state.report.drop(output.id, output.comfy_type,
+                              f"an output that needs unmapped node(s) {needs}")
+            continue
+        kept |= closure
+        usable.append(output.id)
+    if usable:
+        return kept, usable[0]
+    if first_blocker is not None:
+        blocker, output_id = first_blocker
+        raise ImportInvalid(
+            "unmapped_node",
+            f"node {blocker} ({state.nodes[blocker][0]}) cannot be imported: "
+            f"{state.unmapped[blocker]}; output {output_id} needs it", blocker,
+        )
+    raise ImportInvalid("no_output", "the workflow has no active output node (SaveImage or "
+                        "PreviewImage) to render")

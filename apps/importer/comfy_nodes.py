@@ -1,0 +1,273 @@
+"""What the importer knows about ComfyUI node types, as tables. TORCH-FREE.
+
+Two tables carry the knowledge:
+- `WIDGETS`: the positional order of each type's widgets, as the UI format saves them in
+  `widgets_values` (ComfyUI's INPUT_TYPES order, minus the link inputs; `CONTROL` marks the
+  extra `control_after_generate` value the UI saves after a seed widget).
+- `RULES`: how a ComfyUI type becomes one of our node types: link inputs → our input ports,
+  output slots → our output ports, widgets → our params (with a converter), and checks that
+  report what our node cannot honour.
+Types that are folded away (`FOLDED`, `CUT`), UI-only (`UI_ONLY`) or known to be unsupported
+(`UNSUPPORTED`) are listed with the reason the report gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTROL = "control_after_generate"
+CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
+
+WIDGETS: dict[str, tuple[str, ...]] = {
+    "CheckpointLoaderSimple": ("ckpt_name",),
+    "UNETLoader": ("unet_name", "weight_dtype"),
+    "CLIPLoader": ("clip_name", "type", "device"),
+    "DualCLIPLoader": ("clip_name1", "clip_name2", "type", "device"),
+    "VAELoader": ("vae_name",),
+    "LoraLoaderModelOnly": ("lora_name", "strength_model"),
+    "CLIPTextEncode": ("text",),
+    "ConditioningZeroOut": (),
+    "EmptyLatentImage": ("width", "height", "batch_size"),
+    "EmptySD3LatentImage": ("width", "height", "batch_size"),
+    "KSampler": ("seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler", "denoise"),
+    "KSamplerAdvanced": (
+        "add_noise", "noise_seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler",
+        "start_at_step", "end_at_step", "return_with_leftover_noise",
+    ),
+    "ModelSamplingAuraFlow": ("shift",),
+    "VAEDecode": (),
+    "VAEEncode": (),
+    "SaveImage": ("filename_prefix",),
+    "PreviewImage": (),
+    "LoadImage": ("image", "upload"),
+    "ImageScale": ("upscale_method", "width", "height", "crop"),
+    "ImageScaleBy": ("upscale_method", "scale_by"),
+    "ImageCrop": ("width", "height", "x", "y"),
+    "PrimitiveInt": ("value", CONTROL),
+    "PrimitiveFloat": ("value",),
+    "PrimitiveString": ("value",),
+    "PrimitiveStringMultiline": ("value",),
+    "PrimitiveNode": ("value", CONTROL),
+}
+
+# UI-only node types: never sent to ComfyUI's backend; the UI reader resolves them.
+NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
+REROUTE = "Reroute"
+PRIMITIVE_NODE = "PrimitiveNode"
+UI_ONLY = NOTE_TYPES | {REROUTE, PRIMITIVE_NODE}
+
+# Our sampler is Z-Image Turbo's flow-matching Euler on its own sigma schedule (shift 3).
+OUR_SAMPLERS = frozenset({"euler"})
+OUR_SCHEDULERS = frozenset({"simple", "normal"})
+OUR_SHIFT = 3.0
+RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
+            "bicubic": "bicubic", "lanczos": "lanczos"}
+
+Warn = Callable[[dict[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class ParamMap:
+    """A ComfyUI widget → one of our params. `folder`: a model param resolved in that folder."""
+
+    name: str
+    convert: Callable[[Any], Any] = lambda v: v
+    folder: str | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one ComfyUI type becomes one of our node types."""
+
+    type: str
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: tuple[str | None, ...] = ()
+    params: dict[str, ParamMap] = field(default_factory=dict)
+    warnings: tuple[Warn, ...] = ()
+    derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # params from several widgets
+    refuse: Callable[[dict[str, Any]], str | None] | None = None  # a reason it cannot map here
+
+
+# --- converters and checks --------------------------------------------------------------------
+
+
+def cfg_to_guidance(cfg: Any) -> float:
+    """ComfyUI mixes `uncond + cfg·(cond − uncond)`; Z-Image's guidance g mixes
+    `cond + g·(cond − uncond)`: the same prediction when g = cfg − 1 (cfg 1 = no CFG)."""
+    return max(0.0, float(cfg) - 1.0)
+
+
+def _resample(method: Any) -> Any:
+    return RESAMPLE.get(str(method), method)
+
+
+def _differs(widget: str, expected: Any, why: str) -> Warn:
+    def check(values: dict[str, Any]) -> list[str]:
+        value = values.get(widget, expected)
+        if isinstance(value, list) or value in (expected, None):
+            return []
+        return [f"{widget} {value!r} is ignored: {why}"]
+
+    return check
+
+
+def _sampler_names(values: dict[str, Any]) -> list[str]:
+    found = []
+    sampler, scheduler = values.get("sampler_name"), values.get("scheduler")
+    if isinstance(sampler, str) and sampler not in OUR_SAMPLERS:
+        found.append(f"sampler {sampler!r} is not on this farm: it samples with 'euler' "
+                     "(flow matching)")
+    if isinstance(scheduler, str) and scheduler not in OUR_SCHEDULERS:
+        found.append(f"scheduler {scheduler!r} is not on this farm: it uses Z-Image's flow-match "
+                     "schedule ('simple')")
+    cfg = values.get("cfg")
+    if isinstance(cfg, int | float) and cfg < 1:
+        found.append(f"cfg {cfg} is below 1: guidance 0 (no CFG) is used")
+    return found
+
+
+def _advanced_denoise(values: dict[str, Any]) -> dict[str, Any]:
+    """KSamplerAdvanced's start step → our `denoise` (the fraction of the schedule run)."""
+    steps, start = values.get("steps"), values.get("start_at_step", 0)
+    if isinstance(steps, int) and isinstance(start, int) and 0 < start < steps:
+        return {"denoise": (steps - start) / steps}
+    return {}
+
+
+def _advanced_limits(values: dict[str, Any]) -> list[str]:
+    found = []
+    steps, end = values.get("steps"), values.get("end_at_step", 10000)
+    if isinstance(steps, int) and isinstance(end, int) and end < steps:
+        found.append(f"end_at_step {end} is ignored: the farm's sampler runs to the last step")
+    if values.get("add_noise") == "disable":
+        found.append("add_noise 'disable' is ignored: the farm's sampler always adds noise")
+    if values.get("return_with_leftover_noise") == "enable":
+        found.append("return_with_leftover_noise is ignored: the result is fully denoised")
+    return found
+
+
+def _area(values: dict[str, Any]) -> list[str]:
+    if values.get("upscale_method") == "area":
+        return ["upscale_method 'area' is approximated by 'bilinear'"]
+    return []
+
+
+def _shift(values: dict[str, Any]) -> list[str]:
+    shift = values.get("shift")
+    if isinstance(shift, int | float) and float(shift) != OUR_SHIFT:
+        return [f"shift {shift} is ignored: the farm's Z-Image schedule uses shift 3"]
+    return []
+
+
+def _zero_side(values: dict[str, Any]) -> str | None:
+    if values.get("width") == 0 or values.get("height") == 0:
+        return ("a side of 0 keeps the aspect ratio, which needs the input's size; the farm's "
+                "image/resize takes both sides: set them")
+    return None
+
+
+# --- the mapping ------------------------------------------------------------------------------
+
+_SEED_AND_STEPS = {"steps": ParamMap("steps"), "cfg": ParamMap("guidance", cfg_to_guidance)}
+_SAMPLER_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
+                   "latent_image": "latent"}
+_POLICY = "the farm's device policy chooses devices and dtypes"
+
+RULES: dict[str, Rule] = {
+    "UNETLoader": Rule(
+        "load/diffusion-model", outputs=("model",),
+        params={"unet_name": ParamMap("file", folder="diffusion_models")},
+        warnings=(_differs("weight_dtype", "default", _POLICY),),
+    ),
+    "CLIPLoader": Rule(
+        "load/text-encoder", outputs=("encoder",),
+        params={"clip_name": ParamMap("file", folder="text_encoders")},
+        warnings=(_differs("type", "lumina2", "the farm's text encoders are Z-Image's (Qwen3, "
+                                              "ComfyUI type 'lumina2')"),
+                  _differs("device", "default", _POLICY)),
+    ),
+    "VAELoader": Rule(
+        "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
+    ),
+    "CLIPTextEncode": Rule(
+        "encode/text", inputs={"clip": "encoder"}, outputs=("conditioning",),
+        params={"text": ParamMap("text")},
+    ),
+    "EmptyLatentImage": Rule(
+        "latent/empty", outputs=("latent",),
+        params={"width": ParamMap("width"), "height": ParamMap("height")},
+        warnings=(_differs("batch_size", 1, "the farm renders one image per run"),),
+    ),
+    "KSampler": Rule(
+        "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
+        params={"seed": ParamMap("seed"), **_SEED_AND_STEPS, "denoise": ParamMap("denoise")},
+        warnings=(_sampler_names,),
+    ),
+    "KSamplerAdvanced": Rule(
+        "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
+        params={"noise_seed": ParamMap("seed"), **_SEED_AND_STEPS},
+        warnings=(_sampler_names, _advanced_limits), derive=_advanced_denoise,
+    ),
+    "VAEDecode": Rule("vae/decode", inputs={"samples": "latent", "vae": "vae"}, outputs=("image",)),
+    "VAEEncode": Rule("vae/encode", inputs={"pixels": "image", "vae": "vae"}, outputs=("latent",)),
+    "SaveImage": Rule(
+        "image/save", inputs={"images": "image"}, params={"filename_prefix": ParamMap("label")},
+    ),
+    "PreviewImage": Rule(
+        "image/save", inputs={"images": "image"}, derive=lambda values: {"label": "preview"},
+    ),
+    "LoadImage": Rule(
+        "image/load", outputs=("image", None), params={"image": ParamMap("asset")},
+    ),
+    "ImageScale": Rule(
+        "image/resize", inputs={"image": "image"}, outputs=("image",),
+        params={"upscale_method": ParamMap("method", _resample), "width": ParamMap("width"),
+                "height": ParamMap("height")},
+        warnings=(_differs("crop", "disabled", "the farm's resize does not crop"), _area),
+        refuse=_zero_side,
+    ),
+    "ImageCrop": Rule(
+        "image/crop", inputs={"image": "image"}, outputs=("image",),
+        params={"width": ParamMap("width"), "height": ParamMap("height"), "x": ParamMap("x"),
+                "y": ParamMap("y")},
+    ),
+    "PrimitiveInt": Rule("input/int", outputs=("value",), params={"value": ParamMap("value")}),
+    "PrimitiveFloat": Rule("input/float", outputs=("value",), params={"value": ParamMap("value")}),
+    "PrimitiveString": Rule("input/text", outputs=("text",), params={"value": ParamMap("value")}),
+    "PrimitiveStringMultiline": Rule(
+        "input/text", outputs=("text",), params={"value": ParamMap("value")},
+    ),
+}
+RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
+
+# Folded into their consumers: output 0 is the named input, unchanged on this farm.
+FOLDED: dict[str, tuple[str, str, Warn | None]] = {
+    "ModelSamplingAuraFlow": (
+        "model",
+        "folded into the sampler: the farm's Z-Image schedule already uses shift 3",
+        _shift,
+    ),
+}
+
+# Cut: consumers get the input unwired, which means the same thing on this farm.
+CUT: dict[str, str] = {
+    "ConditioningZeroOut": (
+        "the farm's sampler builds its own negative (unused at cfg 1, the empty prompt's "
+        "otherwise): the sampler's negative input is left unwired"
+    ),
+}
+
+UNSUPPORTED: dict[str, str] = {
+    "CheckpointLoaderSimple": (
+        "the farm loads the diffusion model, text encoder and VAE from separate files: use "
+        "UNETLoader, CLIPLoader and VAELoader"
+    ),
+    "DualCLIPLoader": "the farm's models take one text encoder: use CLIPLoader",
+    "LoraLoaderModelOnly": "LoRAs are not runnable on this farm yet",
+    "ImageScaleBy": (
+        "scaling by a factor needs the input's size; the farm's image/resize takes width and "
+        "height: use ImageScale"
+    ),
+}

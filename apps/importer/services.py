@@ -1,0 +1,76 @@
+"""Import a ComfyUI workflow (UI or API format) as our typed graph, validated, with a report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from apps.graphs.schema import GraphDoc
+from apps.graphs.validation import GraphInvalid, graph_validate
+from apps.importer.api_format import prompt_to_graph
+from apps.importer.report import ImportInvalid, Report
+from apps.importer.ui_format import workflow_to_prompt
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A validated graph (defaults filled in), its target node and what happened to each node."""
+
+    graph: GraphDoc
+    target: str
+    report: Report
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"graph": self.graph.model_dump(mode="json"), "target": self.target,
+                "report": self.report.to_wire()}
+
+
+def workflow_parse(raw: bytes | str) -> Any:
+    """The JSON document of an upload; ImportInvalid(not_json) when it is not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ImportInvalid("not_json", f"the workflow is not JSON: {exc}") from None
+
+
+def comfy_import(*, workflow: Any, catalog: dict[str, list[str]]) -> Imported:
+    """Map `workflow` onto our graph and validate it. `catalog`: models folder → names the
+    fleet holds (model names resolve against it; a name nobody holds is reported, not refused).
+
+    Raises ImportInvalid (with `.report` set) when the result cannot run: not a workflow, no
+    output, a dangling link, an output that needs an unmapped node, or an invalid graph.
+    """
+    report = Report()
+    try:
+        prompt = _prompt_of(workflow, report)
+        graph, target = prompt_to_graph(prompt, catalog=catalog, report=report)
+        try:
+            graph = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
+        except GraphInvalid as exc:
+            raise ImportInvalid(exc.code, exc.message, exc.node_id) from None
+    except ImportInvalid as exc:
+        exc.report = report
+        raise
+    return Imported(graph, target, report)
+
+
+def _prompt_of(workflow: Any, report: Report) -> dict[str, Any]:
+    """The API prompt of either format (also `{"prompt": …}` as ComfyUI's /prompt takes it)."""
+    if isinstance(workflow, dict) and isinstance(workflow.get("prompt"), dict):
+        workflow = workflow["prompt"]
+    if isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
+        report.format = "ui"
+        return workflow_to_prompt(workflow, report)
+    if isinstance(workflow, dict) and workflow and all(
+        isinstance(v, dict) and "class_type" in v for v in workflow.values()
+    ):
+        report.format = "api"
+        return workflow
+    raise ImportInvalid(
+        "not_a_workflow",
+        "expected a ComfyUI workflow: the UI format ({nodes: [...], links: [...]}) or the API "
+        "format ({id: {class_type, inputs}})",
+    )
