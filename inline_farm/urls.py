@@ -25,6 +25,11 @@ def handler404(request: HttpRequest, exception: Any = None) -> HttpResponse:
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    """A crash answers in the API's error shape, except in the admin: Django's HTML error page."""
+    if request.path.startswith("/admin/"):
+        from django.views.defaults import server_error
+
+        return server_error(request)
     return JsonResponse(
         {"error": {"code": "internal", "message": "the farm hit an internal error; it was logged"}},
         status=500,

@@ -1,53 +1,104 @@
-"""Admin for takes (read-only, with image previews) and assets."""
+"""Admin for takes and assets (view-only, with image previews) and the retention audit.
+
+Takes are immutable and content-addressed: nobody adds, edits or deletes one here. The one way a
+take goes is the "Remove … (retention)" action, which asks for a reason and leaves an audit record
+(`TakeRemoval`); the bytes go once nothing references them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
-from apps.takes.models import Asset, Take
+from apps.takes.models import Asset, Take, TakeRemoval
+from apps.takes.services import RemovalRefused, take_remove
 from apps.takes.storage import BlobMissing, blob_read
+from inline_farm.admin_display import ViewOnlyAdmin, pretty_json, short_id
 
 
-def take_thumbnail(take: Take, size: int = 96) -> str:
-    url = reverse("admin:takes_take_bytes", args=[take.pk])
+def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString:
+    """A small preview of `take` linking to its admin page (`link="bytes"`: to the image)."""
+    src = reverse("admin:takes_take_bytes", args=[take.pk])
+    href = src if link == "bytes" else reverse("admin:takes_take_change", args=[take.pk])
     return format_html(
-        '<a href="{}"><img src="{}" style="max-width:{}px;max-height:{}px" alt="take {}"></a>',
-        url, url, size, size, take.pk,
+        '<a href="{}"><img class="take-thumb" src="{}" loading="lazy" '
+        'style="max-width:{}px;max-height:{}px;vertical-align:middle" alt="take {}"></a>',
+        href, src, size, size, short_id(take.pk),
     )
 
 
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+def _blob_response(sha256: str, media_type: str) -> HttpResponse:
+    try:
+        response = HttpResponse(blob_read(sha256), content_type=media_type)
+    except BlobMissing:
+        return HttpResponse(status=404)
+    response["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
+    return response
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # immutable: Postgres refuses updates too
+
+class RemovalForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000,
+        help_text="Recorded with your name in the retention log.",
+    )
 
 
 @admin.register(Take)
-class TakeAdmin(_ReadOnly):
-    list_display = ("thumbnail", "id", "owner", "run", "node_id", "width", "height", "seed",
+class TakeAdmin(ViewOnlyAdmin):
+    list_display = ("thumbnail", "take_id", "owner", "run_link", "node_id", "dims", "seed",
                     "created_at")
-    list_filter = (("owner", admin.RelatedOnlyFieldListFilter), "media_type")
+    list_display_links = ("take_id",)
+    list_filter = (("owner", admin.RelatedOnlyFieldListFilter), "media_type", "created_at")
     search_fields = ("id", "sha256", "run__id", "node_id")
-    readonly_fields = ("preview",)
+    list_per_page = 50
+    actions = ("remove_for_retention",)
+    fieldsets = (
+        (None, {"fields": ("preview",)}),
+        ("Take", {"fields": ("id", "run_link", "owner", "node_id", "index", "media_type", "dims",
+                             "size", "seed", "sha256", "created_at")}),
+        ("Lineage", {"fields": ("lineage_pretty",)}),
+    )
+    readonly_fields = ("preview", "id", "run_link", "owner", "node_id", "index", "media_type",
+                       "dims", "size", "seed", "sha256", "created_at", "lineage_pretty")
 
-    def get_queryset(self, request: HttpRequest) -> Any:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Take]:
         return super().get_queryset(request).select_related("owner", "run")
 
     @admin.display(description="preview")
-    def thumbnail(self, take: Take) -> str:
-        return take_thumbnail(take)
+    def thumbnail(self, take: Take) -> SafeString:
+        return take_thumbnail(take, size=64)
+
+    @admin.display(description="take", ordering="id")
+    def take_id(self, take: Take) -> str:
+        return short_id(take.pk)
+
+    @admin.display(description="run", ordering="run")
+    def run_link(self, take: Take) -> SafeString:
+        url = reverse("admin:runs_run_change", args=[take.run_id])
+        return format_html('<a href="{}" title="{}">{}</a>', url, take.run_id,
+                           short_id(take.run_id))
+
+    @admin.display(description="size")
+    def dims(self, take: Take) -> str:
+        return f"{take.width}×{take.height}" if take.width and take.height else "—"
 
     @admin.display(description="image")
-    def preview(self, take: Take) -> str:
-        return take_thumbnail(take, size=512)
+    def preview(self, take: Take) -> SafeString:
+        return take_thumbnail(take, size=512, link="bytes")
+
+    @admin.display(description="lineage")
+    def lineage_pretty(self, take: Take) -> SafeString:
+        return pretty_json(take.lineage)
 
     def get_urls(self) -> list[Any]:
         extra = [path("<uuid:take_id>/bytes/", self.admin_site.admin_view(self.bytes_view),
@@ -56,14 +107,97 @@ class TakeAdmin(_ReadOnly):
 
     def bytes_view(self, request: HttpRequest, take_id: Any) -> HttpResponse:
         take = get_object_or_404(Take, pk=take_id)
-        try:
-            return HttpResponse(blob_read(take.sha256), content_type=take.media_type)
-        except BlobMissing:
-            return HttpResponse(status=404)
+        return _blob_response(take.sha256, take.media_type)
+
+    def has_retention_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("takes.delete_take")
+
+    @admin.action(description="Remove selected takes (retention, audited)",
+                  permissions=["retention"])
+    def remove_for_retention(
+        self, request: HttpRequest, queryset: QuerySet[Take]
+    ) -> TemplateResponse | None:
+        form = RemovalForm(request.POST if "confirm" in request.POST else None)
+        if form.is_valid():
+            try:
+                removals = take_remove(take_ids=queryset.values_list("pk", flat=True),
+                                       by=request.user,  # type: ignore[arg-type]
+                                       reason=form.cleaned_data["reason"])
+            except RemovalRefused as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return None
+            released = sum(r.blob_released for r in removals)
+            self.message_user(request, f"removed {len(removals)} take(s); {released} blob(s) "
+                              "no longer referenced were deleted", messages.SUCCESS)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Remove takes (retention)",
+            "opts": self.model._meta,
+            "rows": [(t, take_thumbnail(t, size=64)) for t in queryset.select_related("owner")],
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/takes/take/remove_confirmation.html", context)
+
+
+@admin.register(TakeRemoval)
+class TakeRemovalAdmin(ViewOnlyAdmin):
+    list_display = ("removed_at", "take", "owner", "node_id", "removed_by", "reason",
+                    "blob_released")
+    list_filter = ("removed_by", "blob_released", "removed_at")
+    search_fields = ("take_id", "run_id", "sha256", "reason", "owner__username")
+    readonly_fields = ("take_id", "run_id", "owner", "node_id", "sha256", "media_type", "size",
+                       "take_created_at", "removed_by", "reason", "removed_at", "blob_released",
+                       "lineage_pretty")
+    exclude = ("lineage",)
+
+    @admin.display(description="take", ordering="take_id")
+    def take(self, removal: TakeRemoval) -> str:
+        return short_id(removal.take_id)
+
+    @admin.display(description="lineage")
+    def lineage_pretty(self, removal: TakeRemoval) -> SafeString:
+        return pretty_json(removal.lineage)
 
 
 @admin.register(Asset)
-class AssetAdmin(_ReadOnly):
-    list_display = ("id", "owner", "media_type", "width", "height", "size", "created_at")
+class AssetAdmin(ViewOnlyAdmin):
+    list_display = ("thumbnail", "asset_id", "owner", "media_type", "dims", "size",
+                    "original_name", "created_at")
+    list_display_links = ("asset_id",)
     list_filter = (("owner", admin.RelatedOnlyFieldListFilter), "media_type")
     search_fields = ("id", "sha256", "original_name")
+    readonly_fields = ("preview", "id", "owner", "sha256", "media_type", "dims", "size",
+                       "original_name", "created_at")
+    fields = readonly_fields
+
+    @admin.display(description="asset", ordering="id")
+    def asset_id(self, asset: Asset) -> str:
+        return short_id(asset.pk)
+
+    @admin.display(description="size")
+    def dims(self, asset: Asset) -> str:
+        return f"{asset.width}×{asset.height}" if asset.width and asset.height else "—"
+
+    @admin.display(description="preview")
+    def thumbnail(self, asset: Asset) -> SafeString:
+        return self._image(asset, 64)
+
+    @admin.display(description="image")
+    def preview(self, asset: Asset) -> SafeString:
+        return self._image(asset, 512)
+
+    def _image(self, asset: Asset, size: int) -> SafeString:
+        src = reverse("admin:takes_asset_bytes", args=[asset.pk])
+        return format_html('<img src="{}" loading="lazy" style="max-width:{}px;max-height:{}px" '
+                           'alt="asset {}">', src, size, size, short_id(asset.pk))
+
+    def get_urls(self) -> list[Any]:
+        extra = [path("<uuid:asset_id>/bytes/", self.admin_site.admin_view(self.bytes_view),
+                      name="takes_asset_bytes")]
+        return extra + super().get_urls()
+
+    def bytes_view(self, request: HttpRequest, asset_id: Any) -> HttpResponse:
+        asset = get_object_or_404(Asset, pk=asset_id)
+        return _blob_response(asset.sha256, asset.media_type)

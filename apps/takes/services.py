@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -11,8 +14,8 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from PIL import Image, UnidentifiedImageError
 
-from apps.takes.models import Asset, Take
-from apps.takes.storage import blob_put
+from apps.takes.models import Asset, Take, TakeRemoval
+from apps.takes.storage import blob_delete, blob_lock, blob_put
 
 ACCEPTED_UPLOADS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 
@@ -23,6 +26,10 @@ class UploadRejected(Exception):
     def __init__(self, code: str, message: str, status: int) -> None:
         super().__init__(message)
         self.code, self.message, self.status = code, message, status
+
+
+class RemovalRefused(Exception):
+    """A retention request the farm will not carry out (no reason given)."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +56,11 @@ def take_create(
 
     Exactly-once per slot: a retried run (after a lost worker) finds its earlier take here.
     """
-    digest = blob_put(data)
+    digest = hashlib.sha256(data).hexdigest()
     try:
         with transaction.atomic():
+            blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
+            blob_put(data)
             return Take.objects.create(
                 run_id=run_id, owner_id=owner_id, node_id=node_id, index=index, sha256=digest,
                 media_type=media_type, size=len(data), width=width, height=height, seed=seed,
@@ -59,6 +68,51 @@ def take_create(
             )
     except IntegrityError:
         return Take.objects.get(run_id=run_id, node_id=node_id, index=index)
+
+
+def take_remove(*, take_ids: Iterable[Any], by: User, reason: str) -> list[TakeRemoval]:
+    """Retention: delete takes, each with an audit record of who, why and what it was.
+
+    The only way a take goes. Its bytes go too once no take or asset references their sha256:
+    checked again after commit under the blob's exclusive lock, so a `take_create` of the same
+    bytes racing with us either commits first (the bytes stay) or writes them again.
+    Ids that name no take are ignored (already removed).
+    """
+    reason = reason.strip()
+    if not reason:
+        raise RemovalRefused("say why these takes are removed")
+    with transaction.atomic():
+        takes = list(Take.objects.select_for_update().filter(pk__in=list(take_ids)))
+        Take.objects.filter(pk__in=[t.pk for t in takes]).delete()
+        released = {t.sha256 for t in takes if not _blob_referenced(t.sha256)}
+        removals = TakeRemoval.objects.bulk_create(
+            _removal_of(take, by=by, reason=reason, released=take.sha256 in released)
+            for take in takes
+        )
+        for digest in sorted(released):
+            transaction.on_commit(partial(_blob_release, digest))
+    return removals
+
+
+def _removal_of(take: Take, *, by: User, reason: str, released: bool) -> TakeRemoval:
+    return TakeRemoval(
+        take_id=take.pk, run_id=take.run_id, owner_id=take.owner_id, node_id=take.node_id,
+        sha256=take.sha256, media_type=take.media_type, size=take.size, lineage=take.lineage,
+        take_created_at=take.created_at, removed_by=by, reason=reason, blob_released=released,
+    )
+
+
+def _blob_referenced(sha256: str) -> bool:
+    return (Take.objects.filter(sha256=sha256).exists()
+            or Asset.objects.filter(sha256=sha256).exists())
+
+
+def _blob_release(sha256: str) -> None:
+    """Delete the bytes of `sha256` if still nothing references them (after the removal commit)."""
+    with transaction.atomic():
+        blob_lock(sha256, shared=False)
+        if not _blob_referenced(sha256):
+            blob_delete(sha256)
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
@@ -71,9 +125,11 @@ def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset
     if not data:
         raise UploadRejected("empty_upload", "the uploaded file is empty", 400)
     info = image_inspect(data)
-    digest = blob_put(data)
+    digest = hashlib.sha256(data).hexdigest()
     try:
         with transaction.atomic():
+            blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
+            blob_put(data)
             asset = Asset.objects.create(
                 owner=owner, sha256=digest, media_type=info.media_type, size=len(data),
                 width=info.width, height=info.height, original_name=filename[:255],

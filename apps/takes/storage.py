@@ -8,6 +8,10 @@ import tempfile
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
+
+# First key of the two-int advisory locks on blobs (a key space of its own in Postgres).
+BLOB_LOCK_SPACE = 0x0B10B
 
 
 class BlobMissing(Exception):
@@ -44,3 +48,25 @@ def blob_read(sha256: str) -> bytes:
         return blob_path(sha256).read_bytes()
     except FileNotFoundError:
         raise BlobMissing(f"blob {sha256} is missing from {settings.INLINE_BLOB_DIR}") from None
+
+
+def blob_lock(sha256: str, *, shared: bool) -> None:
+    """Hold blob `sha256`'s advisory lock until the current transaction ends.
+
+    Writers of a reference (a take, an asset) hold it shared from `blob_put` to commit; retention
+    holds it exclusive from its reference check to the unlink. So bytes are never deleted under
+    a reference that is being written. Call inside `transaction.atomic()`.
+    """
+    fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    key = int(sha256[:8], 16) - 2**31  # a signed int4
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {fn}(%s, %s)", [BLOB_LOCK_SPACE, key])
+
+
+def blob_delete(sha256: str) -> bool:
+    """Delete blob `sha256` from disk; False when it was not there."""
+    try:
+        blob_path(sha256).unlink()
+    except FileNotFoundError:
+        return False
+    return True
