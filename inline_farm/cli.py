@@ -3,6 +3,7 @@
     ./farm up [--listen H] [--port P] [--data-dir D] [--models-dir M] [--profile …] [--workers N]
     ./farm token USERNAME [--staff]       ./farm models smoke       ./farm test [pytest args…]
     ./farm migrate                        ./farm manage <manage.py args…>      ./farm lint
+    ./farm import WORKFLOW.json [--run]   (a ComfyUI workflow → our graph, and a run)
 
 Services come from the environment (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL) and, where
 DATABASE_URL or BROKER_URL is unset, from embedded PostgreSQL / Redis under the data dir
@@ -439,6 +440,19 @@ def cmd_token(args: argparse.Namespace) -> int:
         return subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """`./farm import FILE [--run] [--user U]`: a ComfyUI workflow → our graph (+ a run)."""
+    data_dir = _data_dir(args)
+    env = _base_env(data_dir, _models_dir(args))
+    workflow = str(Path(args.file).expanduser().resolve())
+    with contextlib.ExitStack() as stack:
+        _attach_services(env, data_dir, stack)
+        _migrate(env, quiet=True)
+        command = _manage("farm_import", workflow, *(["--run"] if args.run else []),
+                          *(["--user", args.user] if args.user else []))
+        return subprocess.run(command, cwd=REPO_ROOT, env=env).returncode
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     env = _base_env(data_dir, _models_dir(args))
@@ -562,6 +576,12 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--staff", action="store_true", help="make a new user staff")
     _add_dirs(token)
 
+    importer = commands.add_parser("import", help="import a ComfyUI workflow (UI or API JSON)")
+    importer.add_argument("file", help="the workflow JSON file")
+    importer.add_argument("--run", action="store_true", help="also submit it as a run")
+    importer.add_argument("--user", help="the run's owner (default: $USER)")
+    _add_dirs(importer)
+
     migrate = commands.add_parser("migrate", help="apply database migrations")
     _add_dirs(migrate)
 
@@ -582,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in passthrough:
         return passthrough[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
-    handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models}
+    handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models,
+                "import": cmd_import}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
