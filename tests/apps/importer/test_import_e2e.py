@@ -1,0 +1,127 @@
+"""ComfyUI workflows through /v1/import/comfy and `farm_import --run` on a live farm, rendered by a
+real worker on the tiny random Z-Image stack."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from django.core.management import call_command
+from PIL import Image
+
+from tests.apps.importer.builder import workflow
+from tests.e2e.test_generation import PROMPT, SEED, STEPS, H, W, reference
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def stack(farm, data_dirs, personas):
+    from tests.conftest import _client
+    from workers.models.zimage.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"])
+    with _client(farm, personas["owner"]) as client:  # until a heartbeat reports the files
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            unet = client.get("/v1/models/load/diffusion-model").json()["params"][0]
+            if names["model"] in unet["choices"]:
+                return names
+            time.sleep(0.2)
+    raise AssertionError("no worker reported the smoke stack")
+
+
+def smoke_ui(stack: dict[str, str]) -> dict[str, Any]:
+    """The official-shaped UI workflow, set to the smoke stack through the subgraph's widgets.
+    The text encoder is named as ComfyUI would (`.safetensors`); the fleet holds a folder."""
+    doc = workflow("z_image_turbo.ui.json")
+    instance = next(n for n in doc["nodes"] if n["id"] == 57)
+    instance["widgets_values"] = [PROMPT, W, H, STEPS, SEED, "fixed", stack["model"],
+                                  f"{stack['text_encoder']}.safetensors", stack["vae"]]
+    return doc
+
+
+def smoke_api(stack: dict[str, str]) -> dict[str, Any]:
+    doc = workflow("z_image_turbo.api.json")
+    doc["57:28"]["inputs"]["unet_name"] = stack["model"]
+    doc["57:30"]["inputs"]["clip_name"] = f"{stack['text_encoder']}.safetensors"
+    doc["57:29"]["inputs"]["vae_name"] = stack["vae"]
+    doc["57:27"]["inputs"]["text"] = PROMPT
+    doc["57:13"]["inputs"].update(width=W, height=H)
+    doc["57:3"]["inputs"].update(seed=SEED, steps=STEPS)
+    return doc
+
+
+def post_workflow(client, doc: Any) -> Any:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return client.post("/v1/import/comfy", content=body,
+                       headers={"Content-Type": "application/json"})
+
+
+def pixels_of(client, run: dict[str, Any]) -> np.ndarray:
+    assert run["status"] == "succeeded", run
+    data = client.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").content
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_both_formats_import_to_one_graph_that_renders_the_pipelines_pixels(owner, stack):
+    ui, api = post_workflow(owner, smoke_ui(stack)), post_workflow(owner, smoke_api(stack))
+    assert ui.status_code == api.status_code == 200, ui.text + api.text
+    ui_body, api_body = ui.json(), api.json()
+    assert ui_body["graph"] == api_body["graph"] and ui_body["target"] == api_body["target"] == "9"
+    assert all(m["held"] for m in ui_body["report"]["models"])
+    encoder = next(m for m in ui_body["report"]["models"] if m["folder"] == "text_encoders")
+    assert encoder["name"] == stack["text_encoder"]
+    submitted = owner.post("/v1/runs", json={"graph": ui_body["graph"], "target": "9"})
+    assert submitted.status_code == 201, submitted.text
+    run = owner.wait_run(submitted.json()["runId"])
+    assert np.array_equal(pixels_of(owner, run), reference())
+
+
+def test_a_model_nobody_holds_is_reported_with_its_folder(owner, stack):
+    response = post_workflow(owner, workflow("z_image_turbo.api.json"))
+    assert response.status_code == 200, response.text
+    unet = next(m for m in response.json()["report"]["models"] if m["id"] == "57:28")
+    assert unet == {"id": "57:28", "type": "UNETLoader", "folder": "diffusion_models",
+                    "name": "z_image_turbo_bf16.safetensors", "held": False}
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"<html>not json</html>", "not_json"),
+    (b'{"hello": "world"}', "not_a_workflow"),
+    (b'{"1": {"class_type": "VAELoader", "inputs": {"vae_name": "ae.safetensors"}}}', "no_output"),
+])
+def test_what_cannot_import_is_a_422_with_the_error_shape(owner, body, code):
+    response = post_workflow(owner, body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == code
+
+
+def test_an_unmapped_node_on_the_output_path_is_a_422_naming_it_with_the_report(owner, stack):
+    doc = smoke_api(stack)
+    doc["57:8"]["class_type"] = "VAEDecodeTiled"
+    response = post_workflow(owner, doc)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"]["code"] == "unmapped_node" and body["error"]["nodeId"] == "57:8"
+    assert body["report"]["unmapped"][0]["type"] == "VAEDecodeTiled"
+
+
+def test_importing_needs_a_token(anonymous):
+    assert post_workflow(anonymous, workflow("z_image_turbo.api.json")).status_code == 401
+
+
+def test_farm_import_run_imports_and_submits_in_one_go(owner, stack, db_access, tmp_path):
+    path = tmp_path / "workflow.json"
+    path.write_text(json.dumps(smoke_ui(stack)))
+    out = io.StringIO()
+    call_command("farm_import", str(path), "--run", "--user", "owner", stdout=out,
+                 stderr=io.StringIO())
+    body = json.loads(out.getvalue())
+    assert body["target"] == "9" and body["report"]["format"] == "ui"
+    run = owner.wait_run(body["runId"])
+    assert np.array_equal(pixels_of(owner, run), reference())
