@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from apps.fleet.health import health_report
 from apps.fleet.selectors import workers_live
 from inline_farm.api import api
 
@@ -16,15 +16,10 @@ router = Router(tags=["health"])
 
 @router.get("health", auth=None, summary="Liveness and readiness")
 def health(request: HttpRequest) -> HttpResponse:
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        database = "ok"
-    except Exception as exc:  # noqa: BLE001 — health reports, it does not raise
-        database = f"error: {type(exc).__name__}"
-    body = {"status": "ok" if database == "ok" else "degraded", "database": database,
-            "workers": workers_live().count() if database == "ok" else None}
-    return api.create_response(request, body, status=200 if database == "ok" else 503)
+    """Each dependency's state (apps/fleet/health.py); 503 when the database, the broker or the
+    channel layer is down. Live workers are counted, never a reason for 503."""
+    body = health_report()
+    return api.create_response(request, body, status=503 if body["down"] else 200)
 
 
 @router.get("workers", summary="Live workers: queues, device, models held")
