@@ -65,23 +65,24 @@ CLOSE_NOT_FOUND = 4404
 class RunEventsConsumer(AsyncWebsocketConsumer):
     """One client following one run; the stream logic lives in `RunEventStream`."""
 
+    # No channel of its own: the process's fan-out (fanout.py) receives for every socket, and
+    # survives a channel-layer outage by polling the log. With the default alias, Channels would
+    # give each socket a channel and drop the socket (1006, no close frame) when Redis goes away.
+    channel_layer_alias = "fanout-only (no such layer)"
+
     stream: RunEventStream | None = None
     pump: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         token, subprotocol = credentials(self.scope, query)
-        user = await _db(user_for_token)(token) if token else None
-        if user is None:
-            return await self._refuse(CLOSE_UNAUTHORIZED, subprotocol)
         try:
-            after = parse_after(query)
-        except ValueError:
-            return await self._refuse(CLOSE_BAD_REQUEST, subprotocol)
-        run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        run = await _db(run_get_for_user)(user=user, run_id=run_id) if is_uuid(run_id) else None
-        if run is None:
-            return await self._refuse(CLOSE_NOT_FOUND, subprotocol)
+            run, after = await self._admit(token, query)
+        except Refused as refused:
+            return await self._refuse(refused.code, subprotocol)
+        except Exception:  # the database is unreachable: the client retries with ?after
+            log.exception("opening an event stream failed")
+            return await self._refuse(CLOSE_INTERNAL, subprotocol)
 
         run_id = str(run.pk)
         self.stream = RunEventStream(
@@ -93,6 +94,21 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         await run_fanout().subscribe(run_id, self.stream)
         await self.accept(subprotocol)
         self.pump = asyncio.create_task(self._pump())
+
+    async def _admit(self, token: str | None, query: dict[str, list[str]]) -> tuple[Any, int | None]:
+        """(the run this client may follow, its `after`), or `Refused` with the close code."""
+        user = await _db(user_for_token)(token) if token else None
+        if user is None:
+            raise Refused(CLOSE_UNAUTHORIZED)
+        try:
+            after = parse_after(query)
+        except ValueError:
+            raise Refused(CLOSE_BAD_REQUEST) from None
+        run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        run = await _db(run_get_for_user)(user=user, run_id=run_id) if is_uuid(run_id) else None
+        if run is None:
+            raise Refused(CLOSE_NOT_FOUND)
+        return run, after
 
     async def disconnect(self, code: int) -> None:
         if self.pump is not None:
@@ -120,6 +136,14 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         # Accept first: a close before the handshake becomes an HTTP 403 and the code is lost.
         await self.accept(subprotocol)
         await self.close(code)
+
+
+class Refused(Exception):
+    """The connection is refused with `code` (after the handshake, so the client sees it)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 def credentials(scope: dict[str, Any], query: dict[str, list[str]]) -> tuple[str | None, str | None]:

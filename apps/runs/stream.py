@@ -10,7 +10,9 @@ No gap, no duplicate
     seqs are read from the log. That read always finds them: seqs are handed out under the run's
     row lock and published after commit, so when seq N arrives live every seq below N is
     committed. A lost *last* message has no later event to reveal it, so a stream that has heard
-    nothing for `idle_seconds` reads the log once more.
+    nothing for `idle_seconds` reads the log once more. While the channel layer is down the
+    fan-out feeds `put` from the log instead (fanout.py); when it cannot read the log either it
+    calls `recheck`, and the stream's own read then either succeeds or ends `run` with its error.
 
 Backpressure
     Live events land in a per-connection `Outbox` (the fan-out never awaits a socket) and
@@ -125,11 +127,17 @@ class RunEventStream:
         self.outbox = Outbox(limit=limit, coalesce_at=coalesce_at)
         self.sent = 0
         self.finished = False
+        self._recheck = False
         self._wake = asyncio.Event()
 
     def put(self, event: Event) -> None:
         """A live event from the channel layer (called on the connection's event loop)."""
         self.outbox.put(event, sent=self.sent)
+        self._wake.set()
+
+    def recheck(self) -> None:
+        """Read the log now (the fan-out could not): if this read fails too, `run` raises."""
+        self._recheck = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -139,6 +147,10 @@ class RunEventStream:
         if self.sent < last:  # replay; past `last`, everything also arrives live
             await self._catch_up()
         while not self.finished:
+            if self._recheck:
+                self._recheck = False
+                await self._catch_up()
+                continue
             event = self.outbox.pop(sent=self.sent)
             if event is not None:
                 if self.outbox.has_gap(sent=self.sent, seq=event["seq"]):
