@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from apps.graphs.nodes import MAX_SEED
+
 CONTROL = "control_after_generate"
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
 
@@ -97,6 +99,19 @@ def cfg_to_guidance(cfg: Any) -> float:
     """ComfyUI mixes `uncond + cfg·(cond − uncond)`; Z-Image's guidance g mixes
     `cond + g·(cond − uncond)`: the same prediction when g = cfg − 1 (cfg 1 = no CFG)."""
     return max(0.0, float(cfg) - 1.0)
+
+
+def _seed(seed: Any) -> Any:
+    """ComfyUI seeds go to 2⁶⁴−1; ours stop at 2⁵³−1 (exact in JSON clients): wrap around
+    (`_seed_range` warns). The noise differs from ComfyUI's anyway, so no image is lost."""
+    return seed % (MAX_SEED + 1) if isinstance(seed, int) and seed > MAX_SEED else seed
+
+
+def _seed_range(values: dict[str, Any]) -> list[str]:
+    seed = values.get("seed", values.get("noise_seed"))
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED:
+        return [f"seed {seed} is above 2^53-1: it is used modulo 2^53 ({_seed(seed)})"]
+    return []
 
 
 def _resample(method: Any) -> Any:
@@ -202,13 +217,14 @@ RULES: dict[str, Rule] = {
     ),
     "KSampler": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
-        params={"seed": ParamMap("seed"), **_SEED_AND_STEPS, "denoise": ParamMap("denoise")},
-        warnings=(_sampler_names,),
+        params={"seed": ParamMap("seed", _seed), **_SEED_AND_STEPS,
+                "denoise": ParamMap("denoise")},
+        warnings=(_sampler_names, _seed_range),
     ),
     "KSamplerAdvanced": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
-        params={"noise_seed": ParamMap("seed"), **_SEED_AND_STEPS},
-        warnings=(_sampler_names, _advanced_limits), derive=_advanced_denoise,
+        params={"noise_seed": ParamMap("seed", _seed), **_SEED_AND_STEPS},
+        warnings=(_sampler_names, _seed_range, _advanced_limits), derive=_advanced_denoise,
     ),
     "VAEDecode": Rule("vae/decode", inputs={"samples": "latent", "vae": "vae"}, outputs=("image",)),
     "VAEEncode": Rule("vae/encode", inputs={"pixels": "image", "vae": "vae"}, outputs=("latent",)),

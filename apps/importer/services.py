@@ -45,8 +45,13 @@ def comfy_import(*, workflow: Any, catalog: dict[str, list[str]]) -> Imported:
     """
     report = Report()
     try:
-        prompt = _prompt_of(workflow, report)
-        graph, target = prompt_to_graph(prompt, catalog=catalog, report=report)
+        try:
+            prompt = _prompt_of(workflow, report)
+            graph, target = prompt_to_graph(prompt, catalog=catalog, report=report)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            # A hand-edited or truncated file: say so instead of answering a 500.
+            raise ImportInvalid("bad_workflow", f"the workflow is malformed ({type(exc).__name__}:"
+                                f" {exc})") from None
         try:
             graph = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
         except GraphInvalid as exc:
