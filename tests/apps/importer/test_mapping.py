@@ -276,3 +276,25 @@ def test_ksampler_advanced_start_step_becomes_denoise():
                          "end_at_step": 10000, "return_with_leftover_noise": "disable"}
     graph = nodes(imported(api))
     assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 0.75}
+
+
+def test_a_comfy_seed_beyond_what_json_holds_wraps_around_with_a_warning():
+    result = imported(turbo_ui(ksampler=[2**64 - 1, "randomize", 8, 1, "euler", "simple", 1]).doc())
+    assert nodes(result)["8"]["params"]["seed"] == (2**64 - 1) % 2**53
+    assert "2^53" in entry(result.report.warnings, "8")["message"]
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda doc: doc["links"].append(["x", "y", 0, 1, 0, "MODEL"]),
+    lambda doc: doc["nodes"][0].update(mode="loud"),
+    lambda doc: doc["nodes"][0].update(inputs="nope"),
+    lambda doc: doc["nodes"][3].update(widgets_values=None),
+    lambda doc: doc.update(definitions={"subgraphs": [{"id": "UNETLoader", "nodes": 5}]}),
+])
+def test_a_malformed_workflow_is_refused_not_a_crash(breakage):
+    doc = turbo_ui().doc()
+    breakage(doc)
+    try:
+        imported(doc)
+    except ImportInvalid as err:
+        assert err.code in ("bad_workflow", "missing_input", "missing_param")
