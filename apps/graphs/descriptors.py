@@ -11,6 +11,11 @@ from typing import Any, Literal
 
 ParamType = Literal["string", "int", "float", "bool", "enum", "asset", "model"]
 
+# The longest value of a string-typed param that declares no `max_length` of its own: every text
+# a client sends is bounded, since it is stored, copied into takes and listings, and run.
+DEFAULT_MAX_LENGTH = 1000
+STRING_TYPES = frozenset({"string", "enum", "asset", "model"})
+
 # Port kinds. An output feeds an input only when the kinds are equal.
 PORT_KINDS = frozenset(
     {"image", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int", "float"}
@@ -37,6 +42,7 @@ class Param:
     `options_from` names a models-dir folder (e.g. "diffusion_models") whose files are the
     choices of a `model` param; `multiple_of` constrains ints (image sides for latent models).
     `input` names an optional input port that, when wired, supplies this value instead.
+    `max_length` bounds a string-typed value in characters (DEFAULT_MAX_LENGTH when unset).
     """
 
     name: str
@@ -50,6 +56,14 @@ class Param:
     multiple_of: int | None = None
     input: str | None = None
     description: str = ""
+    max_length: int | None = None
+
+    @property
+    def length_limit(self) -> int | None:
+        """The bound on a string-typed value's length; None for numbers and booleans."""
+        if self.type not in STRING_TYPES:
+            return None
+        return self.max_length or DEFAULT_MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,7 @@ def _param_to_wire(p: Param) -> dict[str, Any]:
         "choices": list(p.choices) if p.choices else None,
         "optionsFrom": p.options_from,
         "multipleOf": p.multiple_of,
+        "maxLength": p.length_limit,
         "input": p.input,
         "description": p.description,
     }

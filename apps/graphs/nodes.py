@@ -7,6 +7,8 @@ from apps.graphs.descriptors import NodeDescriptor, Param, Port
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
 MAX_SIDE = 4096
 RESAMPLE_METHODS = ("lanczos", "bicubic", "bilinear", "nearest")
+MAX_PROMPT = 8000  # characters of a prompt or any text fed to the text encoder
+MAX_LABEL = 200  # characters of a take's label (copied into every take and run listing)
 
 _width = Param("width", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
                description="Image width in pixels (a multiple of 16).")
@@ -22,7 +24,7 @@ SOURCES = (
     NodeDescriptor(
         "input/text", "Text", "input",
         outputs=(Port("text", "text"),),
-        params=(Param("value", "string", "", description="The text."),),
+        params=(Param("value", "string", "", max_length=MAX_PROMPT, description="The text."),),
     ),
     NodeDescriptor(
         "input/int", "Integer", "input",
@@ -71,7 +73,8 @@ IMAGE = (
     NodeDescriptor(
         "image/save", "Save take", "output",
         inputs=(Port("image", "image"),),
-        params=(Param("label", "string", "", description="A free label kept with the take."),),
+        params=(Param("label", "string", "", max_length=MAX_LABEL,
+                      description="A free label kept with the take."),),
         produces_takes=True,
         description="Keeps its input as an immutable take (PNG).",
     ),
@@ -106,7 +109,7 @@ MODELS = (
         "encode/text", "Encode text", "conditioning",
         inputs=(Port("encoder", "text-encoder"), Port("text", "text", required=False)),
         outputs=(Port("conditioning", "conditioning"),),
-        params=(Param("text", "string", "", input="text"),),
+        params=(Param("text", "string", "", input="text", max_length=MAX_PROMPT),),
     ),
     NodeDescriptor(
         "latent/empty", "Empty latent", "latent",
@@ -148,8 +151,8 @@ MODELS = (
         ),
         outputs=(Port("image", "image"),),
         params=(
-            Param("prompt", "string", "", input="prompt"),
-            Param("negative_prompt", "string", ""),
+            Param("prompt", "string", "", input="prompt", max_length=MAX_PROMPT),
+            Param("negative_prompt", "string", "", max_length=MAX_PROMPT),
             _width, _height,
             Param("steps", "int", 8, min=1, max=100),
             _guidance, _seed,

@@ -7,6 +7,7 @@ live in the runs service, which calls `asset_params` / `model_params` to find wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +159,13 @@ def _param_check(node_id: str, param: Param, value: Any) -> Any:
     checked = _param_type_check(node_id, param, value)
     if param.type in ("int", "float"):
         _param_range_check(node_id, param, checked)
+    limit = param.length_limit
+    if limit is not None and len(checked) > limit:
+        raise GraphInvalid(
+            "param_too_long",
+            f"param {param.name!r} is {len(checked)} characters; the limit is {limit}",
+            node_id,
+        )
     if param.type == "enum" and param.choices and checked not in param.choices:
         raise GraphInvalid(
             "param_choice",
@@ -187,10 +195,31 @@ def _param_type_check(node_id: str, param: Param, value: Any) -> Any:
     if not ok:
         raise GraphInvalid(
             "param_type",
-            f"param {param.name!r} must be {param.type}, got {type(value).__name__} {value!r}",
+            f"param {param.name!r} must be {param.type}, got {type(value).__name__} "
+            f"{_preview(value)}",
             node_id,
         )
-    return float(value) if param.type == "float" else value
+    return _finite(node_id, param, value) if param.type == "float" else value
+
+
+def _finite(node_id: str, param: Param, value: float) -> float:
+    """NaN compares false with every bound and ±Infinity is no JSON number: refuse both."""
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise GraphInvalid(
+            "param_type", f"param {param.name!r} must be a finite number, got {_preview(value)}",
+            node_id,
+        )
+    return number
+
+
+def _preview(value: Any, limit: int = 80) -> str:
+    """`repr(value)`, cut: an error message never echoes a client's megabyte back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _param_range_check(node_id: str, param: Param, value: float) -> None:
