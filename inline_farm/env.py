@@ -87,5 +87,7 @@ def database_from_url(url: str) -> dict[str, object]:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
+        # Connections come from psycopg's pool (settings.py adds OPTIONS["pool"]): Django
+        # returns them to the pool at the end of each request or task instead of closing them.
         "CONN_MAX_AGE": 0,
     }

@@ -25,8 +25,22 @@ if not SECRET_KEY:
     # A per-checkout development key; production sets SECRET_KEY (INLINE_REQUIRE_SECRET_KEY=1
     # makes its absence fatal).
     SECRET_KEY = "inline-farm-insecure-development-key-set-SECRET_KEY-in-production"
-ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "*").split(",") if h]
+# Safe by default: the farm answers only to this machine's names until ALLOWED_HOSTS lists the
+# host names clients use (`./farm up --listen 0.0.0.0` on a LAN needs it).
+ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Behind TLS: cookies (admin session, CSRF) only over HTTPS, and trust the proxy's scheme header.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER", "")
+if _proxy_ssl_header:
+    if _proxy_ssl_header.count("=") != 1:
+        raise ImproperlyConfiguredEnv(
+            f"SECURE_PROXY_SSL_HEADER={_proxy_ssl_header!r} must be HEADER=value "
+            "(e.g. X-Forwarded-Proto=https)"
+        )
+    _name, _value = _proxy_ssl_header.split("=")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _name.strip().upper().replace("-", "_"), _value.strip())
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -35,6 +49,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # serves /v1/docs' swagger-ui from its bundled static files, not a CDN
     "channels",
     "apps.accounts",
     "apps.graphs",
@@ -53,6 +68,7 @@ MIGRATION_MODULES = {
 }
 
 MIDDLEWARE = [
+    "inline_farm.middleware.ApiMethods",
     "inline_farm.middleware.UploadSizeLimit",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -87,6 +103,15 @@ DATABASES = {
         env_str("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/inline_farm")
     )
 }
+# A psycopg connection pool per process: opening a PostgreSQL connection costs ~3 ms, several
+# times the queries of a whole request. `check` pings a connection as it leaves the pool, so one
+# whose server session was terminated (or a restarted server) is replaced, not handed out
+# (CONN_HEALTH_CHECKS: Django passes psycopg's check_connection to the pool).
+INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
+DATABASES["default"]["OPTIONS"] = {
+    "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
+}
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
@@ -120,22 +145,36 @@ CHANNEL_LAYERS = {
 }
 
 # --- Run scheduling ---------------------------------------------------------------------------
+# The lease is the last line of defence: a worker that stops heartbeating is declared lost after
+# INLINE_WORKER_LOST_SECONDS and its runs are requeued at once (apps/runs/dispatch.py).
 INLINE_LEASE_SECONDS = env_float("INLINE_LEASE_SECONDS", 60.0, minimum=1.0)
 INLINE_MAX_ATTEMPTS = env_int("INLINE_MAX_ATTEMPTS", 3, minimum=1)
-INLINE_REAPER_INTERVAL = env_float("INLINE_REAPER_INTERVAL", 10.0, minimum=0.2)
-INLINE_REDISPATCH_SECONDS = env_float("INLINE_REDISPATCH_SECONDS", 60.0, minimum=1.0)
-INLINE_DISPATCH_WINDOW = env_int("INLINE_DISPATCH_WINDOW", 4, minimum=1)
-INLINE_WORKER_HEARTBEAT = env_float("INLINE_WORKER_HEARTBEAT", 10.0, minimum=0.2)
+INLINE_REAPER_INTERVAL = env_float("INLINE_REAPER_INTERVAL", 1.0, minimum=0.2)
+# A published run not claimed within this many seconds is published again (lost message).
+INLINE_REDISPATCH_SECONDS = env_float("INLINE_REDISPATCH_SECONDS", 3.0, minimum=0.5)
+# Unclaimed messages per queue beyond its free slots (0: publish only into free slots).
+INLINE_DISPATCH_WINDOW = env_int("INLINE_DISPATCH_WINDOW", 0, minimum=0)
+INLINE_WORKER_HEARTBEAT = env_float("INLINE_WORKER_HEARTBEAT", 2.0, minimum=0.2)
+INLINE_WORKER_LOST_SECONDS = env_float("INLINE_WORKER_LOST_SECONDS", 10.0, minimum=1.0)
+INLINE_WORKER_SLOTS = env_int("INLINE_WORKER_SLOTS", 4, minimum=1)
+# SIGTERM: a worker takes no new run; runs still going after this many seconds are handed back.
+INLINE_WORKER_GRACE_SECONDS = env_float("INLINE_WORKER_GRACE_SECONDS", 10.0, minimum=0.0)
 INLINE_WORKER_QUEUES = env_str("INLINE_WORKER_QUEUES", "")
 INLINE_POOL = env_str("INLINE_POOL", "")
 INLINE_AUTO_GPU_QUEUE = env_bool("INLINE_AUTO_GPU_QUEUE", True)
-INLINE_NODE_CACHE_SIZE = env_int("INLINE_NODE_CACHE_SIZE", 64, minimum=0)
+# The worker's node-output cache, in MB (0: a tenth of the machine's memory, at most 4 GiB).
+INLINE_NODE_CACHE_MB = env_int("INLINE_NODE_CACHE_MB", 0, minimum=0)
+# Buffered run events (node_done, progress) are written at least this often (seconds); a node
+# that takes longer writes its events as it ends. Fast graphs: one write with the finish.
+INLINE_EVENT_FLUSH_SECONDS = env_float("INLINE_EVENT_FLUSH_SECONDS", 0.05, minimum=0.0)
 
 # --- Limits -----------------------------------------------------------------------------------
 INLINE_ASSET_MAX_BYTES = env_int("INLINE_ASSET_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
 INLINE_MAX_IMAGE_PIXELS = env_int("INLINE_MAX_IMAGE_PIXELS", 8192 * 8192, minimum=1)
 INLINE_MAX_GRAPH_NODES = env_int("INLINE_MAX_GRAPH_NODES", 500, minimum=1)
 INLINE_MAX_INFLIGHT_RUNS_PER_USER = env_int("INLINE_MAX_INFLIGHT_RUNS_PER_USER", 100, minimum=1)
+# Every request body but an asset upload (a graph document is a few KiB): over it, a 413.
+INLINE_MAX_BODY_BYTES = env_int("INLINE_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = INLINE_ASSET_MAX_BYTES + 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 

@@ -72,12 +72,13 @@ class LiveFarm:
             time.sleep(0.2)
         raise RuntimeError(f"web did not come up; see {self.logs / 'web.log'}")
 
-    def start_worker(self, queues: str = "cpu,control", wait: bool = True) -> str:
+    def start_worker(self, queues: str = "cpu,control", wait: bool = True, slots: int = 4,
+                     proc: str = "worker") -> str:
         self.worker_count += 1
         name = f"w{self.worker_count}@test"
-        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "inline_farm", "worker",
-                               "--pool=solo", "--concurrency=1", "-Q", queues, "-n", name,
-                               "--without-mingle", "--without-gossip", "--loglevel=INFO"])
+        self._spawn(proc, [sys.executable, "-m", "celery", "-A", "inline_farm", "worker",
+                           "--pool=threads", f"--concurrency={slots}", "-Q", queues, "-n", name,
+                           "--without-mingle", "--without-gossip", "--loglevel=INFO"])
         if wait:
             self.wait_for_worker(name)
         return name
@@ -89,7 +90,9 @@ class LiveFarm:
         while time.monotonic() < deadline:
             if workers_live().filter(name=name).exists():
                 return
-            self._check_alive("worker")
+            for proc in self.procs:
+                if proc.startswith("worker"):
+                    self._check_alive(proc)
             time.sleep(0.2)
         raise RuntimeError(f"worker {name} never heartbeated; see {self.logs / 'worker.log'}")
 

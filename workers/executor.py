@@ -1,8 +1,15 @@
 """The executor: runs a claimed run's target closure in topological order.
 
-Cheap nodes run inline; node outputs are cached per worker (LRU) under a Merkle key of node type
-+ params + the keys of its inputs, so a repeated sub-graph is not recomputed. Cancellation (and
-loss of the lease) is checked between nodes and, through `ctx.progress`, between steps.
+Cheap nodes run inline; node outputs are cached per worker (workers/nodecache.py) under a Merkle
+key, so a repeated sub-graph is not recomputed. Cancellation (and loss of the attempt) is
+checked between nodes and, through `ctx.progress`, between steps.
+
+Events and takes are buffered and written in as few transactions as a client can tell apart: a
+node that takes longer than INLINE_EVENT_FLUSH_SECONDS writes its `node_done` (and takes) as it
+ends, progress is written at most every INLINE_EVENT_FLUSH_SECONDS, and a graph that runs in a
+few milliseconds writes everything with its finish (`run_finish`: one transaction). Durability
+is unchanged: what a client was told is in PostgreSQL, and what was not yet written is redone
+by the next attempt.
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,64 +30,45 @@ from PIL import Image, PngImagePlugin
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc, NodeSpec
 from apps.graphs.validation import closure_order
-from apps.runs.events import run_event_append
-from apps.runs.services import Claim, run_is_current
-from apps.takes.services import take_create
-from apps.takes.wire import take_to_wire
+from apps.runs.services import Claim, run_events_flush, run_is_current
+from apps.takes.services import TakeDraft
+from workers.faults import WorkerFault, db_retry, is_infrastructure_error
+from workers.nodecache import NodeCache
 from workers.runners import RUNNERS, NodeContext, NodeFailed, RunCancelled
 
 log = logging.getLogger(__name__)
 
 UNCACHED_CATEGORIES = {"loaders"}  # models are cached by file hash in their own loaders
-
-
-class NodeCache:
-    """A small LRU of node outputs, shared by the runs one worker process executes."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        with self._lock:
-            if key not in self._items:
-                return None
-            self._items.move_to_end(key)
-            return self._items[key]
-
-    def put(self, key: str, outputs: dict[str, Any], lineage: dict[str, Any]) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._items[key] = (outputs, lineage)
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+PNG_COMPRESS_LEVEL = 1  # zlib level 1: ~3× faster than Pillow's 6 for ~10% larger files
 
 
 @dataclass
 class Outcome:
-    """How an attempt ended: `succeeded`, `failed` (with error) or `cancelled`."""
+    """How an attempt ended: `succeeded`, `failed` (with error), `cancelled` (no longer ours)
+    or `fault` (the infrastructure failed under it: retry the run). `events` and `takes` are
+    what is still to be written with the finish."""
 
     status: str
     error: dict[str, str] | None = None
-    takes: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    takes: list[TakeDraft] = field(default_factory=list)
 
 
 class CancelCheck:
-    """`check()` raises RunCancelled once the run is no longer ours (cancelled, reaped).
+    """`check()` raises RunCancelled once the attempt is no longer ours (cancelled, reaped).
 
-    A fenced event append that just succeeded already proved ownership (`confirm()`), so a check
-    right after it skips its own query: a sampler pays one round trip per step, not two.
+    `lost` is set by the worker's presence thread (a cancel notification, or a lease renewal
+    that no longer finds the attempt), so a check is usually free; a query confirms ownership
+    at most every FRESH_SECONDS in case a notification was missed. A fenced write that just
+    succeeded confirms it too (`confirm()`).
     """
 
-    FRESH_SECONDS = 0.05
+    FRESH_SECONDS = 0.25
 
-    def __init__(self, claim: Claim) -> None:
+    def __init__(self, claim: Claim, lost: threading.Event | None = None) -> None:
         self.claim = claim
-        self.lost = threading.Event()
-        self._confirmed_at = float("-inf")
+        self.lost = lost if lost is not None else threading.Event()
+        self._confirmed_at = time.monotonic()  # the claim itself proved ownership
 
     def confirm(self) -> None:
         self._confirmed_at = time.monotonic()
@@ -91,7 +78,8 @@ class CancelCheck:
             raise RunCancelled(f"run {self.claim.run_id} is no longer ours")
         if time.monotonic() - self._confirmed_at < self.FRESH_SECONDS:
             return
-        if not run_is_current(run_id=self.claim.run_id, attempt=self.claim.attempt):
+        if not db_retry(lambda: run_is_current(run_id=self.claim.run_id,
+                                               attempt=self.claim.attempt)):
             self.lost.set()
             raise RunCancelled(f"run {self.claim.run_id} is no longer ours")
         self.confirm()
@@ -107,9 +95,12 @@ def execute(claim: Claim, *, cache: NodeCache, policy: Any, cancel: CancelCheck)
             state.run_node(node_id)
     except RunCancelled:
         return Outcome("cancelled")
+    except WorkerFault as exc:
+        return Outcome("fault", {"code": "worker_fault", "message": str(exc)})
     except _NodeError as exc:
-        return Outcome("failed", {"code": exc.code, "message": exc.message, "nodeId": exc.node_id})
-    return Outcome("succeeded", takes=state.takes)
+        error = {"code": exc.code, "message": exc.message, "nodeId": exc.node_id}
+        return Outcome("failed", error, state.events, state.takes)
+    return Outcome("succeeded", None, state.events, state.takes)
 
 
 class _NodeError(Exception):
@@ -128,35 +119,40 @@ class _RunState:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
     lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
-    takes: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
+    takes: list[TakeDraft] = field(default_factory=list)  # not yet written
+    oldest: float = 0.0  # when the oldest unwritten event was made
 
     def run_node(self, node_id: str) -> None:
         spec = self.doc.nodes[node_id]
         descriptor = descriptor_get(spec.type)
         assert descriptor is not None  # validated at submit
-        self.keys[node_id] = key = node_key(spec, self.keys)
+        key = node_key(spec, self.keys, scope=self.claim.owner_id)
         upstream = _merge(self.lineage[ref.node] for ref in spec.inputs.values())
         cacheable = not descriptor.produces_takes and descriptor.category not in UNCACHED_CATEGORIES
         hit = self.cache.get(key) if cacheable else None
         started = time.perf_counter()
+        slots: list[list[Any]] = []
         if hit is not None:
             outputs, own = hit
-            takes: list[dict[str, Any]] = []
         else:
-            outputs, own, takes = self._compute(node_id, spec, upstream)
+            outputs, own, slots = self._compute(node_id, spec, upstream)
             if cacheable:
                 self.cache.put(key, outputs, own)
+        if descriptor.category in UNCACHED_CATEGORIES:
+            key = _with_content(key, own)  # downstream keys change with the file's bytes
+        self.keys[node_id] = key
         self.outputs[node_id] = outputs
         self.lineage[node_id] = {**upstream, **own}
-        self.takes.extend(takes)
+        took = time.perf_counter() - started
         self._append("node_done", {
-            "nodeId": node_id, "nodeType": spec.type, "cached": hit is not None, "takes": takes,
-            "ms": round((time.perf_counter() - started) * 1000, 1),
-        })
+            "nodeId": node_id, "nodeType": spec.type, "cached": hit is not None,
+            "takeSlots": slots, "ms": round(took * 1000, 1),
+        }, slow=took >= settings.INLINE_EVENT_FLUSH_SECONDS)
 
     def _compute(
         self, node_id: str, spec: NodeSpec, upstream: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    ) -> tuple[dict[str, Any], dict[str, Any], list[list[Any]]]:
         ctx = NodeContext(
             run_id=self.claim.run_id, node_id=node_id, node_type=spec.type,
             graph_sha256=self.claim.graph_sha256, models_dir=Path(settings.INLINE_MODELS_DIR),
@@ -166,32 +162,33 @@ class _RunState:
         inputs = {name: self.outputs[ref.node][ref.port] for name, ref in spec.inputs.items()}
         try:
             outputs = RUNNERS[spec.type](ctx, dict(spec.params), inputs)
-        except (RunCancelled, _NodeError):
+        except (RunCancelled, _NodeError, WorkerFault):
             raise
         except NodeFailed as exc:
             raise _NodeError("node_failed", f"{spec.type}: {exc}", node_id) from None
         except Exception as exc:
+            if is_infrastructure_error(exc):  # the farm's fault, not the node's: retry the run
+                raise WorkerFault(f"{type(exc).__name__} in {node_id}: {exc}") from exc
             log.exception("node %s (%s) of run %s raised", node_id, spec.type, self.claim.run_id)
             raise _NodeError(
                 "node_failed", f"{spec.type}: {type(exc).__name__}: {exc}", node_id
             ) from None
         lineage = {**upstream, **ctx.lineage}
-        takes = [self._keep(node_id, spec, i, t.image, {**lineage, **t.metadata})
+        slots = [self._keep(node_id, spec, i, t.image, {**lineage, **t.metadata})
                  for i, t in enumerate(ctx.takes)]
-        return outputs, ctx.lineage, takes
+        return outputs, ctx.lineage, slots
 
     def _keep(self, node_id: str, spec: NodeSpec, index: int, image: Image.Image,
-              facts: dict[str, Any]) -> dict[str, Any]:
+              facts: dict[str, Any]) -> list[Any]:
         self.cancel.check()  # a cancelled run keeps no new takes
         lineage = {"graphSha256": self.claim.graph_sha256, "nodeType": spec.type, **facts}
-        data = png_bytes(image, lineage)
         seed = lineage.get("seed")
-        take = take_create(
-            run_id=self.claim.run_id, owner_id=self.claim.owner_id, node_id=node_id, index=index,
-            data=data, media_type="image/png", width=image.width, height=image.height,
-            seed=seed if isinstance(seed, int) else None, lineage=lineage,
-        )
-        return take_to_wire(take)
+        self.takes.append(TakeDraft(
+            node_id=node_id, index=index, data=png_bytes(image, lineage), media_type="image/png",
+            width=image.width, height=image.height, seed=seed if isinstance(seed, int) else None,
+            lineage=lineage,
+        ))
+        return [node_id, index]
 
     def _progress(self, node_id: str, step: int, total: int, preview: bytes | None) -> None:
         payload: dict[str, Any] = {"nodeId": node_id, "step": step, "total": total}
@@ -200,19 +197,40 @@ class _RunState:
 
             payload["preview"] = "data:image/png;base64," + base64.b64encode(preview).decode()
         self._append("progress", payload)
+        self.cancel.check()
 
-    def _append(self, type: str, payload: dict[str, Any]) -> None:
-        """Log an event for our attempt; once the run is no longer ours, stop (RunCancelled)."""
-        if run_event_append(run_id=self.claim.run_id, type=type, payload=payload,
-                            fence_attempt=self.claim.attempt) is None:
+    def _append(self, type: str, payload: dict[str, Any], *, slow: bool = False) -> None:
+        """Buffer an event; write the buffer when this one ends a slow node or the oldest
+        buffered event has waited INLINE_EVENT_FLUSH_SECONDS."""
+        now = time.monotonic()
+        if not self.events:
+            self.oldest = now
+        self.events.append((type, payload))
+        if slow or now - self.oldest >= settings.INLINE_EVENT_FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered events and takes (fenced); RunCancelled once the run is not ours."""
+        events, takes = self.events, self.takes
+        try:
+            written = db_retry(lambda: run_events_flush(claim=self.claim, events=events,
+                                                        takes=takes))
+        except Exception as exc:
+            if is_infrastructure_error(exc):
+                raise WorkerFault(f"writing events failed: {type(exc).__name__}: {exc}") from exc
+            raise
+        if written is None:
             self.cancel.lost.set()
             raise RunCancelled(f"run {self.claim.run_id} is no longer ours")
+        self.events, self.takes = [], []
         self.cancel.confirm()
 
 
-def node_key(spec: NodeSpec, keys: dict[str, str]) -> str:
-    """Merkle key of a node: its type, params, and the keys + ports of what feeds it."""
+def node_key(spec: NodeSpec, keys: dict[str, str], *, scope: Any = None) -> str:
+    """Merkle key of a node: its type, params, the keys + ports of what feeds it, and the scope
+    (owner) whose cache it may hit."""
     body = {
+        "scope": scope,
         "type": spec.type,
         "params": spec.params,
         "inputs": {name: [keys[ref.node], ref.port] for name, ref in sorted(spec.inputs.items())},
@@ -221,12 +239,18 @@ def node_key(spec: NodeSpec, keys: dict[str, str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _with_content(key: str, lineage: dict[str, Any]) -> str:
+    """A loader's key extended with the content hashes it noted (`models: {name: sha256}`)."""
+    models = json.dumps(lineage.get("models", {}), sort_keys=True)
+    return hashlib.sha256(f"{key}:{models}".encode()).hexdigest()
+
+
 def png_bytes(image: Image.Image, lineage: dict[str, Any]) -> bytes:
     """PNG-encode `image` with the generation parameters in an `inline-farm` text chunk."""
     info = PngImagePlugin.PngInfo()
     info.add_text("inline-farm", json.dumps(lineage, sort_keys=True, default=str))
     out = io.BytesIO()
-    image.save(out, format="PNG", pnginfo=info)
+    image.save(out, format="PNG", pnginfo=info, compress_level=PNG_COMPRESS_LEVEL)
     return out.getvalue()
 
 

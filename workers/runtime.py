@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from workers.executor import NodeCache
+from workers.nodecache import NodeCache, default_cache_bytes
 
 
 @cache
@@ -20,4 +20,5 @@ def policy() -> Any:
 
 @cache
 def node_cache() -> NodeCache:
-    return NodeCache(settings.INLINE_NODE_CACHE_SIZE)
+    mb = settings.INLINE_NODE_CACHE_MB
+    return NodeCache(mb << 20 if mb else default_cache_bytes())

@@ -41,6 +41,12 @@ class UserLimits(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 related_name="limits")
     max_inflight_runs = models.PositiveIntegerField(default=100)
+    max_priority = models.IntegerField(
+        default=0, help_text="The highest run priority this user may ask for (staff set it)."
+    )
+
+    class Meta:
+        verbose_name_plural = "user limits"
 
     def __str__(self) -> str:
         return f"limits for {self.user}"

@@ -17,7 +17,7 @@ _TOUCH_EVERY = timedelta(minutes=1)
 def user_for_token(secret: str) -> User | None:
     """The active user holding the unrevoked token `secret`, or None."""
     token = (
-        ApiToken.objects.select_related("user")
+        ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits
         .filter(key_sha256=token_hash(secret), revoked_at__isnull=True, user__is_active=True)
         .first()
     )

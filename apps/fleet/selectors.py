@@ -13,8 +13,8 @@ from apps.fleet.models import Worker, WorkerState
 
 
 def workers_live() -> QuerySet[Worker]:
-    """Workers that heartbeated recently and have not shut down."""
-    horizon = timezone.now() - timedelta(seconds=settings.INLINE_WORKER_HEARTBEAT * 3)
+    """Workers that heartbeated within INLINE_WORKER_LOST_SECONDS and have not shut down."""
+    horizon = timezone.now() - timedelta(seconds=settings.INLINE_WORKER_LOST_SECONDS)
     return Worker.objects.filter(last_heartbeat__gte=horizon).exclude(state=WorkerState.OFFLINE)
 
 

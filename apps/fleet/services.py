@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from apps.fleet.models import Worker, WorkerPool, WorkerState
 
@@ -20,15 +20,29 @@ def worker_heartbeat(
     device: dict[str, Any],
     current_run_id: str | None,
     pool_name: str = "",
+    incarnation: str = "",
+    slots: int = 1,
+    running: list[str] | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> Worker:
-    """Record that worker `name` is alive and what it holds. A draining worker stays draining."""
-    pool = WorkerPool.objects.get_or_create(name=pool_name)[0] if pool_name else None
+    """Record that worker `name` is alive and what it holds. A draining worker stays draining.
+
+    Every worker belongs to a pool: `pool_name`, else the pool named after its device (created
+    on first use, so ops see it in the admin). `last_heartbeat` is the database's clock, the
+    one the reaper compares it with.
+    """
+    pool = WorkerPool.objects.get_or_create(
+        name=pool_name or _default_pool_name(device),
+        defaults={"gpu_type": str(device.get("device_name") or device.get("profile") or ""),
+                  "vram_gb": float(device.get("vram_gb") or 0), "queues": queues},
+    )[0]
     worker, created = Worker.objects.update_or_create(
         name=name,
         defaults={
             "hostname": hostname, "pid": pid, "queues": queues, "node_types": node_types,
             "model_files": model_files, "device": device, "current_run_id": current_run_id,
-            "last_heartbeat": timezone.now(), **({"pool": pool} if pool else {}),
+            "last_heartbeat": Now(), "pool": pool, "incarnation": incarnation,
+            "slots": slots, "running": running or [], "stats": stats or {},
         },
     )
     if not created and worker.state == WorkerState.OFFLINE:
@@ -38,9 +52,20 @@ def worker_heartbeat(
     return worker
 
 
-def worker_set_offline(*, name: str) -> None:
-    """Mark a worker offline (it shut down cleanly)."""
-    Worker.objects.filter(name=name).update(state=WorkerState.OFFLINE, current_run=None)
+def _default_pool_name(device: dict[str, Any]) -> str:
+    """`local-cpu`, `local-gpu-24g`…: one pool per kind of device when ops named none."""
+    if device.get("profile") == "cpu" or not device.get("vram_gb"):
+        return "local-cpu"
+    return f"local-gpu-{round(float(device['vram_gb']))}g"
+
+
+def worker_set_offline(*, name: str, incarnation: str = "") -> None:
+    """Mark a worker offline (it shut down cleanly), unless a newer process of the same name
+    already took its place."""
+    workers = Worker.objects.filter(name=name)
+    if incarnation:
+        workers = workers.filter(incarnation=incarnation)
+    workers.update(state=WorkerState.OFFLINE, current_run=None, running=[])
 
 
 def worker_drain(*, worker: Worker) -> bool:

@@ -5,33 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Query, Router, Schema
-from pydantic import Field
+from ninja import Query, Router
 
-from apps.runs.models import RunStatus
-from apps.runs.schemas import RunIn
+from apps.runs.schemas import RunIn, RunListOut, RunListQuery, RunOut, RunSubmitOut
 from apps.runs.selectors import run_get_for_user, run_list_for_user
 from apps.runs.services import (
     RunConflict,
     RunLimitReached,
     RunNotCancellable,
+    RunPriorityNotAllowed,
     run_cancel,
     run_submit,
 )
 from apps.runs.wire import run_to_wire
-from inline_farm.api import ApiError, api, caller
+from inline_farm.api import ApiError, api, caller, errors
 from inline_farm.ids import is_uuid
 
 router = Router(tags=["runs"])
 
 
-class RunListQuery(Schema):
-    status: RunStatus | None = None
-    limit: int = Field(default=50, ge=1, le=200)
-    offset: int = Field(default=0, ge=0)
-
-
-@router.post("", summary="Submit a graph run", response={200: dict, 201: dict})
+@router.post("", summary="Submit a graph run", response={
+    200: RunSubmitOut, 201: RunSubmitOut, **errors(401, 403, 409, 413, 422, 429)})
 def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
     try:
         run, created = run_submit(
@@ -42,11 +36,13 @@ def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
         raise ApiError(409, "client_run_id_conflict", str(exc)) from None
     except RunLimitReached as exc:
         raise ApiError(429, "too_many_runs", str(exc)) from None
+    except RunPriorityNotAllowed as exc:
+        raise ApiError(403, "priority_not_allowed", str(exc)) from None
     body = {"runId": str(run.id), "status": run.status, "created": created}
     return api.create_response(request, body, status=201 if created else 200)
 
 
-@router.get("", summary="List my runs")
+@router.get("", summary="List my runs", response={200: RunListOut, **errors(401, 422)})
 def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any]:
     qs = run_list_for_user(user=caller(request), status=query.status)
     page = list(qs[query.offset : query.offset + query.limit + 1])
@@ -59,12 +55,14 @@ def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any
     }
 
 
-@router.get("/{run_id}", summary="Get a run's durable state")
+@router.get("/{run_id}", summary="Get a run's durable state",
+            response={200: RunOut, **errors(401, 404)})
 def get_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
     return run_to_wire(_run_or_404(request, run_id))
 
 
-@router.delete("/{run_id}", summary="Cancel a queued or running run")
+@router.delete("/{run_id}", summary="Cancel a queued or running run",
+               response={200: RunOut, **errors(401, 404, 409)})
 def cancel_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
     run = _run_or_404(request, run_id)
     try:

@@ -1,26 +1,38 @@
 """The dispatcher and the reaper: where the farm's scheduling policy lives (not in the broker).
 
-Runs wait in Postgres as `queued`. The dispatcher keeps at most INLINE_DISPATCH_WINDOW unclaimed
-messages per queue, choosing by priority, then fair share (owners with the fewest running runs
-first), then age. A message that was published but never claimed (lost by the broker, or held
-by a dead worker's prefetch) is published again after INLINE_REDISPATCH_SECONDS.
+Runs wait in Postgres as `queued`. A queue gets messages only for free slots: its window is
+the slots of the live, non-draining workers serving it (+ INLINE_DISPATCH_WINDOW), less its
+running runs, less its published-but-unclaimed ones. The next runs are chosen by priority,
+then fair share (owners with the fewest running runs first), then age.
+
+Cost: `queue_dispatch` runs after every submit, finish, cancel and requeue, and reads only what it
+selects — one probe per owner waiting in the queue (a loose index scan), never one per queued
+run — so it stays flat as the queue grows. One dispatcher per queue at a time (an advisory lock),
+so concurrent submits never overfill the window.
+
+Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
+run whose web process died between commit and publish, or whose message the broker lost, is
+published again within INLINE_REDISPATCH_SECONDS; `runs_reap` requeues the runs of workers that
+stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+import time
+from collections import defaultdict
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.fleet.models import WorkerState
 from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
+from apps.runs.services import LOCK_QUEUE_DISPATCH, advisory_lock
 from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
@@ -28,93 +40,222 @@ from inline_farm.effects import publish_after_commit
 log = logging.getLogger(__name__)
 
 EXECUTE_TASK = "workers.tasks.execute_run"
+CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's slots
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+
+def queue_dispatch(queue: str) -> int:
+    """Publish the next runs of `queue` into its free slots; returns how many were published."""
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
+    with transaction.atomic():
+        advisory_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue))
+        fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+        room = window - _busy(queue, fresh)
+        if room <= 0:
+            return 0
+        chosen = _pick(_heads(queue, fresh, room), room)
+        published = _mark_published(chosen)
+        for run_id in published:
+            publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
+    return len(published)
 
 
 def runs_dispatch() -> int:
-    """Publish the next runs of every queue that has room; returns how many were published."""
+    """The safety-net pass: reroute orphans, then dispatch every queue with waiting runs."""
     _reroute_orphans()
-    queues = Run.objects.filter(status=RunStatus.QUEUED).values_list("queue", flat=True).distinct()
-    return sum(_dispatch_queue(queue) for queue in queues)
+    return sum(queue_dispatch(queue) for queue in _queues_waiting())
+
+
+_BUSY = """
+SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s),
+       (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+          AND dispatched_at >= %(fresh)s)
+"""
+
+# Per owner waiting in the queue (a loose index scan over run_queued_heads), their next `room`
+# eligible runs and how many runs they have running: what fair share needs, and no more.
+_HEADS = """
+WITH RECURSIVE owners AS (
+    (SELECT owner_id FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+     ORDER BY owner_id LIMIT 1)
+  UNION ALL
+    SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = 'queued' AND r.queue = %(q)s
+              AND r.owner_id > owners.owner_id ORDER BY r.owner_id LIMIT 1)
+    FROM owners WHERE owners.owner_id IS NOT NULL
+)
+SELECT head.id, owners.owner_id, head.priority, head.created_at,
+       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id)
+FROM owners CROSS JOIN LATERAL (
+    SELECT q.id, q.priority, q.created_at FROM runs_run q
+    WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
+      AND (q.dispatched_at IS NULL OR q.dispatched_at < %(fresh)s)
+    ORDER BY q.priority DESC, q.created_at LIMIT %(room)s
+) head
+WHERE owners.owner_id IS NOT NULL
+"""
+
+
+def _busy(queue: str, fresh: Any) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_BUSY, {"q": queue, "fresh": fresh})
+        running, unclaimed = cursor.fetchone()
+    return int(running) + int(unclaimed)
+
+
+def _heads(queue: str, fresh: Any, room: int) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "room": room})
+        return list(cursor.fetchall())
+
+
+def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
+    """Choose up to `room` runs: highest priority, then the owner with the fewest running (each
+    pick counts as running), then the oldest. `heads` holds each owner's next runs in order."""
+    waiting: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    running: dict[int, int] = {}
+    for run_id, owner, priority, created, owner_running in heads:
+        waiting[owner].append((run_id, priority, created))
+        running[owner] = int(owner_running)
+    chosen: list[str] = []
+    while len(chosen) < room and waiting:
+        owner = min(waiting, key=lambda o: (-waiting[o][0][1], running[o], waiting[o][0][2]))
+        chosen.append(str(waiting[owner].pop(0)[0]))
+        running[owner] += 1
+        if not waiting[owner]:
+            del waiting[owner]
+    return chosen
+
+
+def _mark_published(run_ids: list[str]) -> list[str]:
+    if not run_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_run SET dispatched_at = now() WHERE id = ANY(%s::uuid[]) "
+            "AND status = 'queued' RETURNING id", [run_ids],
+        )
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+def _queues_waiting() -> list[str]:
+    """Queues with queued runs (a loose index scan: one probe per queue, not per run)."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            WITH RECURSIVE qs AS (
+                (SELECT queue FROM runs_run WHERE status = 'queued' ORDER BY queue LIMIT 1)
+              UNION ALL
+                SELECT (SELECT r.queue FROM runs_run r WHERE r.status = 'queued'
+                          AND r.queue > qs.queue ORDER BY r.queue LIMIT 1)
+                FROM qs WHERE qs.queue IS NOT NULL
+            ) SELECT queue FROM qs WHERE queue IS NOT NULL""")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _queue_key(queue: str) -> int:
+    """A stable int4 for a queue name (advisory lock key)."""
+    import zlib
+
+    return zlib.crc32(queue.encode()) - 2**31
+
+
+_capacity: dict[str, Any] = {"at": float("-inf"), "slots": {}}
+
+
+def _queue_capacity(queue: str) -> int:
+    """Free-slot window of `queue`: slots of live, non-draining workers serving it, plus
+    INLINE_DISPATCH_WINDOW; 0 when none serves it. Read at most once a second per process."""
+    now = time.monotonic()
+    if now - _capacity["at"] > CAPACITY_TTL_S:
+        slots: dict[str, int] = defaultdict(int)
+        for queues, n in workers_live().exclude(state=WorkerState.DRAINING).values_list(
+            "queues", "slots"
+        ):
+            for q in queues:
+                slots[q] += max(int(n), 1)
+        _capacity.update(at=now, slots=slots)
+    served = _capacity["slots"].get(queue, 0)
+    return served + settings.INLINE_DISPATCH_WINDOW if served else 0
+
+
+def capacity_forget() -> None:
+    """Make the next dispatch read the fleet again (after a drain, resume or new worker)."""
+    _capacity["at"] = float("-inf")
 
 
 def _reroute_orphans() -> None:
     """Move queued runs off queues that no live worker serves, when another queue now fits.
 
     The queue is chosen at submit; workers come and go (drained, replaced, new GPU types), so a
-    run must not wait forever on a queue nobody listens to.
+    run must not wait forever on a queue nobody listens to. One `queue_for` per distinct
+    requirement, one UPDATE per group: cheap however many runs wait.
     """
     served = {q for queues in workers_live().values_list("queues", flat=True) for q in queues}
     if not served:
         return  # no live worker at all: nothing better to choose, keep the submit-time choice
-    orphans = Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
-    for run_id, requirement, queue in orphans.values_list("pk", "requirement", "queue")[:500]:
+    orphans = (
+        Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
+        .values_list("queue", "requirement").distinct()
+    )
+    for queue, requirement in orphans.order_by()[:50]:
         better = queue_for(requirement)
         if better != queue and better in served:
-            Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, queue=queue).update(
-                queue=better, dispatched_at=None
-            )
+            Run.objects.filter(status=RunStatus.QUEUED, queue=queue,
+                               requirement=requirement).update(queue=better, dispatched_at=None)
 
 
-@transaction.atomic
-def _dispatch_queue(queue: str) -> int:
-    now = timezone.now()
-    fresh = now - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    waiting = Run.objects.filter(status=RunStatus.QUEUED, queue=queue)
-    outstanding = waiting.filter(dispatched_at__gte=fresh).count()
-    room = settings.INLINE_DISPATCH_WINDOW - outstanding
-    if room <= 0:
-        return 0
-    running_of_owner = (
-        Run.objects.filter(owner=OuterRef("owner"), status=RunStatus.RUNNING)
-        .values("owner").annotate(n=Count("pk")).values("n")
-    )
-    candidates = list(
-        waiting.filter(Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=fresh))
-        .annotate(owner_running=Coalesce(Subquery(running_of_owner, output_field=IntegerField()),
-                                         Value(0)))
-        .order_by("-priority", "owner_running", "created_at")
-        .select_for_update(skip_locked=True, of=("self",))
-        .values_list("pk", flat=True)[:room]
-    )
-    Run.objects.filter(pk__in=candidates, status=RunStatus.QUEUED).update(dispatched_at=now)
-    for run_id in candidates:
-        publish_after_commit(EXECUTE_TASK, args=[str(run_id)], queue=queue)
-    return len(candidates)
+# --- the reaper -------------------------------------------------------------------------------
+
+_LOST = """
+SELECT r.id, r.lease_worker FROM runs_run r
+WHERE r.status = 'running' AND NOT EXISTS (
+    SELECT 1 FROM fleet_worker w
+    WHERE w.name || '#' || w.incarnation = r.lease_worker AND w.state <> 'offline'
+      AND w.last_heartbeat >= now() - make_interval(secs => %s))
+LIMIT 200
+"""
 
 
 def runs_reap() -> int:
-    """Requeue runs whose lease expired (worker lost); past INLINE_MAX_ATTEMPTS, fail them."""
-    now = timezone.now()
-    expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
-    reaped = 0
-    for run_id in expired.values_list("pk", flat=True)[:200]:
-        reaped += _reap_one(run_id, now)
-    return reaped
+    """Requeue the runs of lost workers (no heartbeat for INLINE_WORKER_LOST_SECONDS) and runs
+    whose lease expired; past INLINE_MAX_ATTEMPTS, fail them with the reason."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOST, [settings.INLINE_WORKER_LOST_SECONDS])
+        lost = {str(run_id): worker for run_id, worker in cursor.fetchall()}
+    expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
+    for run_id, worker in expired.values_list("pk", "lease_worker")[:200]:
+        lost.setdefault(str(run_id), worker)
+    return sum(_reap_one(run_id, worker) for run_id, worker in lost.items())
 
 
 @transaction.atomic
-def _reap_one(run_id: Any, now: datetime) -> int:
+def _reap_one(run_id: str, worker: str) -> int:
     run = (
         Run.objects.select_for_update(skip_locked=True)
-        .filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__lt=now).first()
+        .filter(pk=run_id, status=RunStatus.RUNNING, lease_worker=worker).first()
     )
     if run is None:
         return 0
-    lost = f"worker {run.lease_worker or '?'} stopped renewing its lease (attempt {run.attempts})"
+    name = worker.split("#", 1)[0] or "?"
+    lost = (f"worker {name} stopped heartbeating and renewing its lease "
+            f"(attempt {run.attempts})")
+    fence = Run.objects.filter(pk=run.pk, attempts=run.attempts)
     if run.attempts >= settings.INLINE_MAX_ATTEMPTS:
         run_move(
-            Run.objects.filter(pk=run.pk), source=[RunStatus.RUNNING], to=RunStatus.FAILED,
-            finished_at=timezone.now(), lease_expires_at=None,
-            error_code="worker_lost",
-            error_message=f"{lost}; gave up after {run.attempts} attempts",
+            fence, source=[RunStatus.RUNNING], to=RunStatus.FAILED,
+            finished_at=timezone.now(), lease_expires_at=None, error_code="worker_lost",
+            error_message=f"{lost}; gave up after {run.attempts} attempts: each attempt lost "
+                          "its worker (a run that kills its worker every time fails here)",
         )
         run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
     else:
-        run_move(
-            Run.objects.filter(pk=run.pk), source=[RunStatus.RUNNING], to=RunStatus.QUEUED,
-            lease_expires_at=None, dispatched_at=None,
-        )
+        run_move(fence, source=[RunStatus.RUNNING], to=RunStatus.QUEUED,
+                 lease_expires_at=None, dispatched_at=None)
         run_event_append(run_id=run.pk, type="status",
                          payload={"status": RunStatus.QUEUED, "reason": lost})
+        queue = run.queue
+        transaction.on_commit(lambda: queue_dispatch(queue))
     log.warning("reaped run %s: %s", run.pk, lost)
     return 1

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from apps.runs.models import Run, RunEvent, RunStatus
@@ -36,6 +37,39 @@ def run_event_append(
     if not runs.update(last_seq=F("last_seq") + 1):
         return None
     seq = Run.objects.values_list("last_seq", flat=True).get(pk=run_id)
-    event = RunEvent.objects.create(run_id=run_id, seq=seq, type=type, payload=payload)
-    group_send_after_commit(run_group(run_id), {"type": "run.event", "event": event_to_wire(event)})
-    return event
+    return events_insert(run_id=run_id, first_seq=seq, events=[(type, payload)])[0]
+
+
+_FENCED_BUMP = """
+UPDATE runs_run SET last_seq = last_seq + %s
+WHERE id = %s AND status = 'running' AND attempts = %s
+RETURNING last_seq
+"""
+
+
+def run_events_append_fenced(
+    *, run_id: Any, attempt: int, events: Sequence[tuple[str, dict[str, Any]]]
+) -> list[RunEvent] | None:
+    """Append several events of attempt `attempt` in one statement + one insert; None (nothing
+    written) once the attempt no longer owns the running run. Call inside a transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FENCED_BUMP, [len(events), run_id, attempt])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return events_insert(run_id=run_id, first_seq=row[0] - len(events) + 1, events=events)
+
+
+def events_insert(
+    *, run_id: Any, first_seq: int, events: Sequence[tuple[str, dict[str, Any]]]
+) -> list[RunEvent]:
+    """Insert events with seqs first_seq, first_seq+1, … (the caller reserved them on the run
+    row, which it holds locked) and publish each to the run's group after commit."""
+    rows = RunEvent.objects.bulk_create([
+        RunEvent(run_id=run_id, seq=first_seq + i, type=type, payload=payload)
+        for i, (type, payload) in enumerate(events)
+    ])
+    group = run_group(run_id)
+    for event in rows:
+        group_send_after_commit(group, {"type": "run.event", "event": event_to_wire(event)})
+    return rows

@@ -64,6 +64,17 @@ class Run(models.Model):
             models.Index(fields=["owner", "-created_at"]),
             models.Index(fields=["status", "queue", "-priority", "created_at"]),
             models.Index(fields=["status", "lease_expires_at"]),
+            # The dispatcher's reads (apps/runs/dispatch.py), each bounded by what it selects,
+            # not by how many runs wait: per-owner heads of a queue, the published-but-unclaimed
+            # count, running counts per queue / owner / worker.
+            models.Index(fields=["queue", "owner", "-priority", "created_at"],
+                         condition=Q(status="queued"), name="run_queued_heads"),
+            models.Index(fields=["queue", "dispatched_at"], condition=Q(status="queued"),
+                         name="run_queued_published"),
+            models.Index(fields=["queue"], condition=Q(status="running"), name="run_running_queue"),
+            models.Index(fields=["owner"], condition=Q(status="running"), name="run_running_owner"),
+            models.Index(fields=["lease_worker"], condition=Q(status="running"),
+                         name="run_running_worker"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -114,3 +125,26 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class ClientRunKey(models.Model):
+    """A client's idempotency key: the same `clientRunId` always answers the same run.
+
+    Kept apart from Run because a submit that was coalesced onto another in-flight run must find
+    that run again by its own key, also after the run finished.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=200)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="client_keys")
+    graph_sha256 = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "key"], name="client_run_key_once_per_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} → {self.run_id}"

@@ -1,32 +1,41 @@
-"""Writes on runs: submit (validate, idempotency, coalescing), cancel, claim, lease, finish.
+"""Writes on runs: submit (validate, idempotency, coalescing), cancel, claim, finish, hand back.
 
-Every status change goes through `run_move` (apps/runs/transitions.py): a compare-and-set along
-an edge declared in RUN_TRANSITIONS, where the count says who won.
+Every status change is a compare-and-set along an edge declared in RUN_TRANSITIONS: through
+`run_move` (apps/runs/transitions.py), or, on the worker's hot path, a single hand-written
+UPDATE … RETURNING that checks the same table with `edge_check` first.
+
+The hot path costs one transaction per step a client can observe: submit (one), claim (one),
+progress flushes (one per flush), finish (one, with the takes and the last events).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.fleet.selectors import model_catalog, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
-from apps.runs.events import run_event_append
-from apps.runs.models import IN_FLIGHT, Run, RunStatus
-from apps.runs.transitions import run_move
+from apps.runs.events import events_insert, run_event_append, run_events_append_fenced
+from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
+from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.selectors import assets_visible_to_owner
+from apps.takes.services import TakeDraft, takes_keep
+from apps.takes.wire import take_to_wire
 from inline_farm.ids import is_uuid
+
+# Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)).
+LOCK_OWNER_SUBMIT = 1
+LOCK_QUEUE_DISPATCH = 2
 
 
 class RunConflict(Exception):
@@ -35,6 +44,10 @@ class RunConflict(Exception):
 
 class RunLimitReached(Exception):
     """The owner has too many runs in flight."""
+
+
+class RunPriorityNotAllowed(Exception):
+    """The owner asked for a priority above the one staff allow them."""
 
 
 class RunNotCancellable(Exception):
@@ -51,6 +64,7 @@ class Claim:
     target: str
     graph_sha256: str
     document: dict[str, Any]
+    queue: str = "cpu"
 
 
 # --- submit -----------------------------------------------------------------------------------
@@ -65,68 +79,108 @@ def run_submit(
 ) -> tuple[Run, bool]:
     """Validate and queue a run; returns (run, created).
 
-    The same clientRunId with the same graph+target returns its run; with another graph it raises
-    RunConflict. An identical graph+target already in flight for the owner is returned instead of
-    a new run (coalescing). Nothing is stored when validation fails.
+    The same clientRunId with the same graph+target returns its run (also once it finished, and
+    also when that submit was coalesced onto another run); with another graph it raises
+    RunConflict. An identical graph+target already in flight for the owner is returned instead
+    of a new run (coalescing). Nothing is stored when validation fails.
     """
     normalised = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
     order = closure_order(normalised, target)
     _assets_check(owner, normalised, order)
     requirement = _requirement(normalised, order)
+    _priority_check(owner, priority)
     sha = normalised.sha256()
+    try:
+        return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
+                                   requirement)
+    except IntegrityError:
+        # Another owner's submit of the same new graph document won the insert: look again.
+        return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
+                                   requirement)
+
+
+@transaction.atomic
+def _run_create_or_find(
+    owner: User, graph: GraphDoc, sha: str, target: str,
+    client_run_id: str | None, priority: int, requirement: dict[str, Any],
+) -> tuple[Run, bool]:
+    # One owner's submits take turns (a transaction-scoped advisory lock): the in-flight limit,
+    # coalescing and clientRunId checks below then see every earlier submit of that owner.
+    advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
     existing = _existing_run(owner, sha, target, client_run_id)
     if existing is not None:
         return existing, False
     _limit_check(owner)
-    try:
-        return _run_create(owner, normalised, sha, target, client_run_id, priority, requirement), True
-    except IntegrityError:
-        # A concurrent submit of the same clientRunId or graph won the race: answer with its run.
-        existing = _existing_run(owner, sha, target, client_run_id)
-        if existing is None:
-            raise
-        return existing, False
+    graph_id = Graph.objects.filter(sha256=sha).values_list("pk", flat=True).first()
+    if graph_id is None:
+        graph_id = Graph.objects.create(sha256=sha, document=graph.model_dump()).pk
+    run = Run.objects.create(
+        owner=owner, graph_id=graph_id, target=target, client_run_id=client_run_id or None,
+        priority=priority, requirement=requirement, queue=queue_for(requirement),
+    )
+    if client_run_id:
+        ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
+                                    target=target)
+    queue = run.queue
+    transaction.on_commit(lambda: dispatch_queue_soon(queue))
+    return run, True
+
+
+def advisory_lock(namespace: int, key: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
 def _existing_run(owner: User, sha: str, target: str, client_run_id: str | None) -> Run | None:
+    """The run this submit already has: by its clientRunId, else the same graph+target in
+    flight (coalesced; the clientRunId is then recorded for that run). Hold the owner's lock."""
     if client_run_id:
-        run = Run.objects.select_related("graph").filter(
-            owner=owner, client_run_id=client_run_id
+        key = ClientRunKey.objects.select_related("run").filter(
+            owner=owner, key=client_run_id
         ).first()
-        if run is not None:
-            if run.graph.sha256 != sha or run.target != target:
+        if key is not None:
+            if key.graph_sha256 != sha or key.target != target:
                 raise RunConflict(
                     f"clientRunId {client_run_id!r} was already used for a different graph or target"
                 )
-            return run
-    return Run.objects.filter(
+            return key.run
+    run = Run.objects.filter(
         owner=owner, graph__sha256=sha, target=target, status__in=IN_FLIGHT
     ).first()
+    if run is not None and client_run_id:
+        ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
+                                    target=target)
+    return run
+
+
+def _limits_of(owner: User) -> Any:
+    return getattr(owner, "limits", None)  # a UserLimits row, or None for the defaults
 
 
 def _limit_check(owner: User) -> None:
-    limits = getattr(owner, "limits", None)
+    limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     if Run.objects.filter(owner=owner, status__in=IN_FLIGHT).count() >= limit:
         raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
 
 
-@transaction.atomic
-def _run_create(
-    owner: User, graph: GraphDoc, sha: str, target: str,
-    client_run_id: str | None, priority: int, requirement: dict[str, Any],
-) -> Run:
-    stored, _ = Graph.objects.get_or_create(sha256=sha, defaults={"document": graph.model_dump()})
-    run = Run.objects.create(
-        owner=owner, graph=stored, target=target, client_run_id=client_run_id or None,
-        priority=priority, requirement=requirement, queue=queue_for(requirement),
-    )
-    transaction.on_commit(dispatch_soon)
-    return run
+def _priority_check(owner: User, priority: int) -> None:
+    """Priority sorts before fair share, so raising it is a privilege staff grant per user."""
+    if priority <= 0 or owner.is_staff:
+        return
+    limits = _limits_of(owner)
+    allowed = limits.max_priority if limits else 0
+    if priority > allowed:
+        raise RunPriorityNotAllowed(
+            f"priority {priority} is above the {allowed} you may use; ask staff to raise your "
+            "limit (user limits → max priority)"
+        )
 
 
 def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
     refs = list(param_refs(graph, order, "asset"))
+    if not refs:
+        return
     wanted = [str(value) for _, _, value in refs if is_uuid(value)]
     visible = assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted) if wanted else set()
     for node_id, param, value in refs:
@@ -139,9 +193,10 @@ def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
 
 def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
     """What a worker must offer: the node types and the model files the closure names."""
-    catalog = model_catalog()
+    refs = list(param_refs(graph, order, "model"))
+    catalog = model_catalog() if refs else {}
     models = []
-    for node_id, param, value in param_refs(graph, order, "model"):
+    for node_id, param, value in refs:
         folder = param.options_from or ""
         if value not in catalog.get(folder, []):
             raise GraphInvalid(
@@ -166,6 +221,8 @@ def run_cancel(*, run: Run) -> Run:
         )
         if cancelled:
             run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
+            queue = run.queue
+            transaction.on_commit(lambda: dispatch_queue_soon(queue))
     run.refresh_from_db()
     if not cancelled and run.status != RunStatus.CANCELLED:
         raise RunNotCancellable(f"run {run.pk} already {run.status}")
@@ -174,36 +231,128 @@ def run_cancel(*, run: Run) -> Run:
 
 # --- the worker's side ------------------------------------------------------------------------
 
+_CLAIM = """
+UPDATE runs_run AS r
+SET status = 'running', attempts = r.attempts + 1, lease_worker = %(worker)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    started_at = COALESCE(r.started_at, now()), dispatched_at = NULL, last_seq = r.last_seq + 1
+FROM graphs_graph AS g
+WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id
+RETURNING r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
+"""
+
+
 def run_claim(*, run_id: str, worker: str) -> Claim | None:
     """Take a queued run for `worker` (compare-and-set); None if someone else has it or it ended.
 
-    A duplicate delivery of a run id lands here and gets None: it never executes twice.
+    A duplicate delivery of a run id lands here and gets None: it never executes twice. One
+    statement moves the run, takes the lease, reserves the `status` event's seq and returns
+    the graph; the event insert commits with it.
     """
-    now = timezone.now()
+    edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
+    if not is_uuid(run_id):
+        return None
     with transaction.atomic():
-        won = run_move(
-            Run.objects.filter(pk=run_id), source=[RunStatus.QUEUED], to=RunStatus.RUNNING,
-            attempts=F("attempts") + 1, lease_worker=worker,
-            lease_expires_at=now + _lease(), started_at=Coalesce("started_at", now),
-            dispatched_at=None,
-        )
-        if not won:
+        with connection.cursor() as cursor:
+            cursor.execute(_CLAIM, {"worker": worker, "lease": settings.INLINE_LEASE_SECONDS,
+                                    "run": run_id})
+            row = cursor.fetchone()
+        if row is None:
             return None
-        run = Run.objects.select_related("graph").get(pk=run_id)
-        run_event_append(run_id=run.pk, type="status", payload={
-            "status": RunStatus.RUNNING, "attempt": run.attempts, "worker": worker,
-        })
-    return Claim(str(run.pk), run.attempts, run.owner_id, run.target, run.graph.sha256,
-                 run.graph.document)
+        attempt, owner_id, target, queue, seq, sha, document = row
+        events_insert(run_id=run_id, first_seq=seq, events=[("status", {
+            "status": RunStatus.RUNNING, "attempt": attempt, "worker": worker,
+        })])
+    if isinstance(document, str | bytes):
+        document = json.loads(document)
+    return Claim(str(run_id), attempt, owner_id, target, sha, document, queue)
 
 
-def run_lease_renew(*, run_id: str, attempt: int) -> bool:
-    """Extend the lease of our attempt; False means the run was cancelled or reassigned."""
-    return bool(
-        Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=attempt).update(
-            lease_expires_at=timezone.now() + _lease()
-        )
-    )
+def run_events_flush(
+    *, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft] = ()
+) -> dict[tuple[str, int], dict[str, Any]] | None:
+    """Write our attempt's buffered events and takes in one transaction; None (nothing written)
+    once the attempt no longer owns the run. Returns the kept takes' wire shapes by slot
+    (node id, index) — a slot a lost earlier attempt already filled answers that take."""
+    with transaction.atomic():
+        kept = _takes_write(claim, takes)
+        bound = [(t, _bind_takes(p, kept)) for t, p in events]
+        if run_events_append_fenced(run_id=claim.run_id, attempt=claim.attempt,
+                                    events=bound) is None:
+            transaction.set_rollback(True)
+            return None
+    return kept
+
+
+_FINISH = """
+UPDATE runs_run
+SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
+    error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
+    last_seq = last_seq + %(events)s
+WHERE id = %(run)s AND attempts = %(attempt)s AND status = 'running'
+RETURNING last_seq, queue
+"""
+
+
+def run_finish(
+    *, claim: Claim, status: str, error: dict[str, str] | None = None,
+    events: Sequence[tuple[str, dict[str, Any]]] = (), takes: Sequence[TakeDraft] = (),
+) -> bool:
+    """Record the outcome of our attempt with its last events and takes, all in one transaction
+    (fenced by `attempt`); False, and nothing written, if we no longer own the run."""
+    edge_check([RunStatus.RUNNING], status)
+    error = error or {}
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_FINISH, {
+                "status": status, "code": error.get("code", ""),
+                "message": error.get("message", ""), "node": error.get("nodeId") or "",
+                "events": len(events) + 1, "run": claim.run_id, "attempt": claim.attempt,
+            })
+            row = cursor.fetchone()
+        if row is None:
+            return False
+        last_seq, queue = row
+        kept = _takes_write(claim, takes)
+        done = {
+            "status": status, "error": run_error_of(error),
+            "takes": [take_to_wire(t) for t in _run_takes(claim.run_id)],
+        }
+        bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
+        events_insert(run_id=claim.run_id, first_seq=last_seq - len(bound) + 1, events=bound)
+        transaction.on_commit(lambda: dispatch_queue_soon(queue))
+    return True
+
+
+def run_error_of(error: dict[str, str]) -> dict[str, Any] | None:
+    """The wire shape of an outcome's error (as `run_error` shapes a stored run's)."""
+    if not error.get("code"):
+        return None
+    return {"code": error["code"], "message": error.get("message", ""),
+            "nodeId": error.get("nodeId") or None}
+
+
+def _takes_write(claim: Claim, takes: Sequence[TakeDraft]) -> dict[tuple[str, int], dict[str, Any]]:
+    if not takes:
+        return {}
+    return {slot: take_to_wire(t) for slot, t in takes_keep(
+        run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes).items()}
+
+
+def _run_takes(run_id: str) -> list[Any]:
+    from apps.takes.models import Take
+
+    return list(Take.objects.filter(run_id=run_id).order_by("created_at", "node_id", "index"))
+
+
+def _bind_takes(payload: dict[str, Any], kept: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """A buffered `node_done` names its takes by slot (`takeSlots`); put their wire shapes in."""
+    slots = payload.get("takeSlots")
+    if slots is None:
+        return payload
+    body = {k: v for k, v in payload.items() if k != "takeSlots"}
+    body["takes"] = [kept[(node, index)] for node, index in slots if (node, index) in kept]
+    return body
 
 
 def run_is_current(*, run_id: str, attempt: int) -> bool:
@@ -211,30 +360,40 @@ def run_is_current(*, run_id: str, attempt: int) -> bool:
     return Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=attempt).exists()
 
 
-def run_finish(
-    *, run_id: str, attempt: int, status: str, error: dict[str, str] | None = None
-) -> bool:
-    """Record the outcome of our attempt (fenced by `attempt`); False if we no longer own it."""
-    error = error or {}
+def run_hand_back(*, run_id: str, attempt: int, reason: str) -> bool:
+    """Put our running attempt back in the queue at once (worker stopping, or an infrastructure
+    fault during the attempt); the next attempt starts from the top. Fenced by `attempt`."""
     with transaction.atomic():
-        done = run_move(
-            Run.objects.filter(pk=run_id, attempts=attempt), source=[RunStatus.RUNNING], to=status,
-            finished_at=timezone.now(), lease_expires_at=None,
-            error_code=error.get("code", ""), error_message=error.get("message", ""),
-            error_node=error.get("nodeId") or "",
+        moved = run_move(
+            Run.objects.filter(pk=run_id, attempts=attempt), source=[RunStatus.RUNNING],
+            to=RunStatus.QUEUED, lease_expires_at=None, dispatched_at=None,
         )
-        if done:
-            run_event_append(run_id=run_id, type="run_done", payload=run_done_payload(run_id))
-            transaction.on_commit(dispatch_soon)
-    return bool(done)
+        if moved:
+            run_event_append(run_id=run_id, type="status",
+                             payload={"status": RunStatus.QUEUED, "reason": reason})
+            queue = Run.objects.values_list("queue", flat=True).get(pk=run_id)
+            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+    return bool(moved)
 
 
-def _lease() -> timedelta:
-    return timedelta(seconds=settings.INLINE_LEASE_SECONDS)
+def run_leases_renew(*, worker: str, held: Sequence[tuple[str, int]]) -> set[str]:
+    """Extend the leases of the attempts `worker` holds; returns the run ids still ours (a run
+    missing from the answer was cancelled, reaped or finished: its executor must stop)."""
+    if not held:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_run SET lease_expires_at = now() + make_interval(secs => %s) "
+            "WHERE status = 'running' AND lease_worker = %s AND (id, attempts) IN "
+            "(SELECT * FROM unnest(%s::uuid[], %s::int[])) RETURNING id",
+            [settings.INLINE_LEASE_SECONDS, worker, [r for r, _ in held], [a for _, a in held]],
+        )
+        return {str(row[0]) for row in cursor.fetchall()}
 
 
-def dispatch_soon() -> None:
-    """Run the dispatcher now (called after commit of a new or finished run)."""
-    from apps.runs.dispatch import runs_dispatch
+def dispatch_queue_soon(queue: str) -> None:
+    """Publish the next runs of `queue` now (after commit of a new, finished or requeued run)."""
+    from apps.runs.dispatch import queue_dispatch
 
-    runs_dispatch()
+    queue_dispatch(queue)
+

@@ -21,7 +21,13 @@ def run_move(runs: QuerySet[Run], *, source: Iterable[str], to: str, **fields: A
     who won. Every source → `to` edge must be declared in RUN_TRANSITIONS.
     """
     source = tuple(source)
+    edge_check(source, to)
+    return runs.filter(status__in=source).update(status=to, **fields)
+
+
+def edge_check(source: Iterable[str], to: str) -> None:
+    """Raise UndeclaredTransition unless every `source` → `to` edge is declared (for the hot
+    path's hand-written compare-and-set statements, which must obey the same table)."""
     for status in source:
         if to not in RUN_TRANSITIONS[status]:
             raise UndeclaredTransition(f"a run may not go from {status} to {to}")
-    return runs.filter(status__in=source).update(status=to, **fields)

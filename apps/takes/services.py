@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -113,6 +113,41 @@ def _blob_release(sha256: str) -> None:
         blob_lock(sha256, shared=False)
         if not _blob_referenced(sha256):
             blob_delete(sha256)
+
+
+@dataclass(frozen=True)
+class TakeDraft:
+    """A take the worker made and has not written yet: it keeps drafts and writes them with its
+    next event flush, bytes and row in the same transaction (`takes_keep`)."""
+
+    node_id: str
+    index: int
+    data: bytes
+    media_type: str
+    width: int | None
+    height: int | None
+    seed: int | None
+    lineage: dict[str, Any]
+
+
+def takes_keep(
+    *, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft]
+) -> dict[tuple[str, int], Take]:
+    """Store the drafts' bytes and insert their rows; a slot (node, index) that an earlier attempt
+    of the run already filled keeps that take (exactly once per slot). Returns the kept take of
+    every draft's slot. Call inside `transaction.atomic()` (the blob locks last until commit)."""
+    rows = []
+    for d in drafts:
+        digest = hashlib.sha256(d.data).hexdigest()
+        blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
+        blob_put(d.data)
+        rows.append(Take(run_id=run_id, owner_id=owner_id, node_id=d.node_id, index=d.index,
+                         sha256=digest, media_type=d.media_type, size=len(d.data), width=d.width,
+                         height=d.height, seed=d.seed, lineage=d.lineage))
+    Take.objects.bulk_create(rows, ignore_conflicts=True)
+    wanted = {(d.node_id, d.index) for d in drafts}
+    kept = Take.objects.filter(run_id=run_id, node_id__in={n for n, _ in wanted})
+    return {(t.node_id, t.index): t for t in kept if (t.node_id, t.index) in wanted}
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:

@@ -9,11 +9,25 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.utils import timezone
 
+from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs.dispatch import runs_dispatch
+from apps.runs.dispatch import capacity_forget, runs_dispatch
 from apps.runs.models import Run
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def slots():
+    """A live worker serving gpu.24g with `n` slots: the dispatcher fills free slots only."""
+
+    def serve(n: int) -> None:
+        Worker.objects.update_or_create(name="gpu0@host", defaults={
+            "queues": ["gpu.24g"], "slots": n, "last_heartbeat": timezone.now()})
+        capacity_forget()
+
+    yield serve
+    capacity_forget()
 
 
 @pytest.fixture
@@ -39,28 +53,73 @@ def _published(django_capture_on_commit_callbacks) -> set:
     return set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
 
 
-@override_settings(INLINE_DISPATCH_WINDOW=2)
-def test_a_user_with_nothing_running_goes_before_a_busy_user(make_run,
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_user_with_nothing_running_goes_before_a_busy_user(make_run, slots,
                                                               django_capture_on_commit_callbacks):
+    slots(2)  # one busy with the running run, one free
     make_run("busy", status="running")
     busy_old = make_run("busy", age=60)
-    idle_a, idle_b = make_run("idle", age=10), make_run("idle", age=5)
+    idle_a = make_run("idle", age=10)
+    make_run("idle", age=5)
     published = _published(django_capture_on_commit_callbacks)
-    assert published == {idle_a.pk, idle_b.pk} and busy_old.pk not in published
+    assert published == {idle_a.pk} and busy_old.pk not in published
 
 
-@override_settings(INLINE_DISPATCH_WINDOW=1)
-def test_priority_beats_fair_share_and_age(make_run, django_capture_on_commit_callbacks):
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_each_pick_counts_as_running_so_free_slots_go_round_the_owners(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(3)  # one busy, two free: idle gets one, then both have one running and age decides
+    make_run("busy", status="running")
+    busy_old = make_run("busy", age=60)
+    idle_a = make_run("idle", age=10)
+    make_run("idle", age=5)
+    assert _published(django_capture_on_commit_callbacks) == {idle_a.pk, busy_old.pk}
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_priority_beats_fair_share_and_age(make_run, slots, django_capture_on_commit_callbacks):
+    slots(2)
     make_run("busy", status="running")
     urgent = make_run("busy", priority=50)
     make_run("idle", age=600)
     assert _published(django_capture_on_commit_callbacks) == {urgent.pk}
 
 
-@override_settings(INLINE_DISPATCH_WINDOW=2)
-def test_the_window_bounds_unclaimed_messages_per_queue(make_run,
-                                                        django_capture_on_commit_callbacks):
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_the_free_slots_bound_unclaimed_messages_per_queue(make_run, slots,
+                                                           django_capture_on_commit_callbacks):
+    slots(2)
     for age in range(5):
         make_run("someone", age=age)
     assert len(_published(django_capture_on_commit_callbacks)) == 2
     assert len(_published(django_capture_on_commit_callbacks)) == 2  # still 2 outstanding
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=1)
+def test_the_window_adds_prefetch_beyond_the_free_slots(make_run, slots,
+                                                        django_capture_on_commit_callbacks):
+    slots(2)
+    for age in range(5):
+        make_run("someone", age=age)
+    assert len(_published(django_capture_on_commit_callbacks)) == 3
+
+
+def test_a_queue_nobody_serves_gets_no_messages(make_run, django_capture_on_commit_callbacks):
+    capacity_forget()
+    make_run("someone")
+    assert _published(django_capture_on_commit_callbacks) == set()
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_fair_share_holds_across_many_owners_and_a_deep_queue(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(4)
+    make_run("u0", status="running")
+    for user in range(6):
+        for age in range(5):
+            make_run(f"u{user}", age=100 - age)
+    published = Run.objects.filter(pk__in=_published(django_capture_on_commit_callbacks))
+    owners = sorted(published.values_list("owner__username", flat=True))
+    assert owners == ["u1", "u2", "u3"]  # one each, oldest owners' heads; u0 already runs one

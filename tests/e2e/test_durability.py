@@ -32,7 +32,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_run_finishes_once(farm, own
     assert Take.objects.filter(run_id=run_id).count() == 1
     requeued = [e for e in _events(run_id) if e["type"] == "status"
                 and e["payload"]["status"] == "queued"]
-    assert len(requeued) == 1 and "stopped renewing its lease" in requeued[0]["payload"]["reason"]
+    assert len(requeued) == 1 and "stopped heartbeating" in requeued[0]["payload"]["reason"]
 
 
 def test_state_events_and_takes_survive_a_restart_of_server_and_worker(farm, owner, db_access):

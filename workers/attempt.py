@@ -1,0 +1,106 @@
+"""One attempt of a run on this worker: claim, execute, record — or hand the run back.
+
+`workers/tasks.py` calls `attempt_run` for each delivered run id, on one of the worker's slots
+(Celery's threads pool: the slots share the process's loaded models, node cache and step
+batchers, which is the point of slots). Database writes on this path retry across a dropped
+connection; an attempt the infrastructure failed under is handed back to the queue, never
+reported as the user's failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from apps.runs.services import run_claim, run_finish, run_hand_back
+from workers import runtime
+from workers.executor import CancelCheck, Outcome, execute
+from workers.faults import db_retry, is_infrastructure_error
+from workers.heartbeat import Presence
+
+log = logging.getLogger(__name__)
+
+HAND_BACK_PATIENCE_S = 120.0  # how long to keep trying to record an outcome while the DB is down
+
+
+def attempt_run(run_id: str, me: Presence) -> str:
+    """Execute run `run_id` once on this worker; a duplicate delivery is a no-op."""
+    if me.stopping.is_set():
+        return "not-claimed"  # stopping: the dispatcher publishes it again for another worker
+    close_old_connections()
+    try:
+        claim = db_retry(lambda: run_claim(run_id=run_id, worker=me.lease_key))
+    except Exception as exc:
+        if not is_infrastructure_error(exc):
+            raise
+        log.warning("could not claim %s (%s); the dispatcher will publish it again", run_id, exc)
+        return "not-claimed"
+    if claim is None:
+        return "not-claimed"
+    held = me.hold(claim.run_id, claim.attempt)
+    try:
+        outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
+                          cancel=CancelCheck(claim, held.lost))
+        _record(claim, outcome)
+        me.stats[f"runs_{outcome.status}"] += 1
+        return outcome.status
+    finally:
+        me.release(claim.run_id)
+        close_old_connections()
+
+
+def _record(claim: object, outcome: Outcome) -> None:
+    from apps.runs.services import Claim
+
+    assert isinstance(claim, Claim)
+    if outcome.status == "cancelled":
+        return  # no longer ours: whoever took it wrote its end
+    if outcome.status == "fault":
+        reason = f"worker fault, retrying: {(outcome.error or {}).get('message', '')}"
+        _patiently(lambda: run_hand_back(run_id=claim.run_id, attempt=claim.attempt,
+                                         reason=reason))
+        return
+    _patiently(lambda: run_finish(claim=claim, status=outcome.status, error=outcome.error,
+                                  events=outcome.events, takes=outcome.takes))
+
+
+def _patiently(write: object) -> None:
+    """Retry a fenced write until the database answers (a restart takes seconds). Past
+    HAND_BACK_PATIENCE_S give up: the lease then expires and the reaper requeues the run."""
+    assert callable(write)
+    deadline = time.monotonic() + HAND_BACK_PATIENCE_S
+    while True:
+        try:
+            db_retry(write)
+            return
+        except Exception as exc:
+            if not is_infrastructure_error(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("recording an outcome failed (%s); retrying", type(exc).__name__)
+            time.sleep(1.0)
+
+
+def hand_back_after_grace(me: Presence) -> threading.Thread:
+    """SIGTERM: take no new run; runs still going after INLINE_WORKER_GRACE_SECONDS go back to
+    the queue at once (no lease wait) and their executors stop at the next check."""
+    me.stopping.set()
+
+    def wait_then_hand_back() -> None:
+        deadline = time.monotonic() + settings.INLINE_WORKER_GRACE_SECONDS
+        while me.held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for held in me.held():
+            try:
+                run_hand_back(run_id=held.run_id, attempt=held.attempt,
+                              reason=f"worker {me.name} is stopping; handed back")
+            except Exception:  # the lease and the reaper still cover it
+                log.warning("could not hand back %s", held.run_id, exc_info=True)
+            held.lost.set()
+
+    thread = threading.Thread(target=wait_then_hand_back, name="hand-back", daemon=True)
+    thread.start()
+    return thread
