@@ -34,3 +34,10 @@ def handler500(request: HttpRequest) -> HttpResponse:
         {"error": {"code": "internal", "message": "the farm hit an internal error; it was logged"}},
         status=500,
     )
+
+
+def handler400(request: HttpRequest, exception: Any = None) -> HttpResponse:
+    """A request Django refuses before routing (e.g. a Host not in ALLOWED_HOSTS), in the
+    API's error shape; the message never reads the request's host again (that raises)."""
+    message = str(exception) if exception is not None else "bad request"
+    return JsonResponse({"error": {"code": "bad_request", "message": message}}, status=400)

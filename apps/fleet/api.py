@@ -8,13 +8,15 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from apps.fleet.health import health_report
+from apps.fleet.schemas import HealthOut, WorkersOut
 from apps.fleet.selectors import workers_live
-from inline_farm.api import api
+from inline_farm.api import api, errors
 
 router = Router(tags=["health"])
 
 
-@router.get("health", auth=None, summary="Liveness and readiness")
+@router.get("health", auth=None, summary="Liveness and readiness",
+            response={200: HealthOut, 503: HealthOut})
 def health(request: HttpRequest) -> HttpResponse:
     """Each dependency's state (apps/fleet/health.py); 503 when the database, the broker or the
     channel layer is down. Live workers are counted, never a reason for 503."""
@@ -22,7 +24,8 @@ def health(request: HttpRequest) -> HttpResponse:
     return api.create_response(request, body, status=503 if body["down"] else 200)
 
 
-@router.get("workers", summary="Live workers: queues, device, models held")
+@router.get("workers", summary="Live workers: queues, device, models held",
+            response={200: WorkersOut, **errors(401)})
 def list_workers(request: HttpRequest) -> dict[str, Any]:
     return {"items": [
         {"name": w.name, "state": w.state, "queues": w.queues, "device": w.device,

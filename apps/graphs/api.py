@@ -7,13 +7,15 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from apps.graphs.schemas import DescriptorOut, RegistryOut
 from apps.graphs.selectors import descriptor_for_clients, registry_for_clients
-from inline_farm.api import ApiError, api
+from inline_farm.api import ApiError, api, errors
 
 router = Router(tags=["models"])
 
 
-@router.get("", summary="All node descriptors; ETag = registryVersion")
+@router.get("", summary="All node descriptors; ETag = registryVersion",
+            response={200: RegistryOut, 304: None, **errors(401)})
 def list_descriptors(request: HttpRequest) -> HttpResponse:
     body = registry_for_clients()
     etag = f'"{body["registryVersion"]}"'
@@ -24,7 +26,8 @@ def list_descriptors(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@router.get("/{path:node_type}", summary="One node descriptor")
+@router.get("/{path:node_type}", summary="One node descriptor",
+            response={200: DescriptorOut, **errors(401, 404)})
 def get_descriptor(request: HttpRequest, node_type: str) -> dict[str, Any]:
     body = descriptor_for_clients(node_type)
     if body is None:

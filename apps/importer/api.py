@@ -10,8 +10,9 @@ from ninja import Router
 
 from apps.fleet.selectors import model_catalog
 from apps.importer.report import ImportInvalid
+from apps.importer.schemas import ImportErrorOut, ImportOut
 from apps.importer.services import comfy_import, workflow_parse
-from inline_farm.api import ApiError, api
+from inline_farm.api import ApiError, api, errors
 
 router = Router(tags=["import"])
 
@@ -20,7 +21,8 @@ _BODY = {"requestBody": {"required": True, "content": {"application/json": {"sch
     "editor) or the API format (as exported for the API, or the body of ComfyUI's /prompt)."}}}}}
 
 
-@router.post("/comfy", summary="Import a ComfyUI workflow", response={200: dict, 422: dict},
+@router.post("/comfy", summary="Import a ComfyUI workflow",
+             response={200: ImportOut, 422: ImportErrorOut, **errors(401, 413)},
              openapi_extra=_BODY)
 def import_comfy(request: HttpRequest) -> Any:
     """`{graph, target, report}`; 422 `{error: {code, message, nodeId?}, report}` when the

@@ -1,11 +1,17 @@
-"""Request bodies of the runs API (responses are built by apps/runs/wire.py)."""
+"""Request and response schemas of the runs API (responses are built by apps/runs/wire.py and
+declared here, so the OpenAPI schema tells a generated client every shape)."""
 
 from __future__ import annotations
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt
 
-from apps.graphs.schema import GraphDoc
+from apps.graphs.schema import GraphDoc, Text
+from apps.runs.models import RunStatus
+from apps.takes.schemas import TakeOut
+from inline_farm.schemas import ErrorBody, WireOut
+
+MAX_OFFSET = 1_000_000_000  # far past any real listing, far below PostgreSQL's bigint
 
 
 class RunIn(Schema):
@@ -14,7 +20,52 @@ class RunIn(Schema):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
     graph: GraphDoc
-    target: str = Field(min_length=1, max_length=200)
-    client_run_id: str | None = Field(default=None, alias="clientRunId", min_length=1,
-                                      max_length=200)
-    priority: int = Field(default=0, ge=-100, le=100)
+    target: Text = Field(min_length=1, max_length=200)
+    client_run_id: Text | None = Field(default=None, alias="clientRunId", min_length=1,
+                                       max_length=200)
+    # Strict: JSON true/false and "5" are the wrong type, not a priority.
+    priority: StrictInt = Field(default=0, ge=-100, le=100)
+
+
+class RunListQuery(Schema):
+    """`GET /v1/runs` query: status filter and the page window."""
+
+    status: RunStatus | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
+
+
+class RunSubmitOut(WireOut):
+    """`POST /v1/runs` → the run (201 new; 200 the same run again: idempotent or coalesced)."""
+
+    runId: str
+    status: str = Field(json_schema_extra={"enum": list(RunStatus.values)})
+    created: bool
+
+
+class RunOut(WireOut):
+    """A run's durable state with its takes (wire shape in DESIGN.md)."""
+
+    id: str
+    status: str = Field(json_schema_extra={"enum": list(RunStatus.values)})
+    target: str
+    clientRunId: str | None
+    priority: int
+    queue: str
+    attempts: int
+    graphSha256: str | None
+    createdAt: str | None
+    startedAt: str | None
+    finishedAt: str | None
+    lastSeq: int
+    error: ErrorBody | None
+    takes: list[TakeOut]
+
+
+class RunListOut(WireOut):
+    """One page of the caller's runs, newest first; `nextOffset` is null on the last page."""
+
+    items: list[RunOut]
+    limit: int
+    offset: int
+    nextOffset: int | None

@@ -8,23 +8,30 @@ from django.http import HttpRequest, HttpResponse
 from ninja import File, Router
 from ninja.files import UploadedFile
 
+from apps.takes.schemas import AssetOut, TakeOut
 from apps.takes.selectors import asset_get_for_user, take_get_for_user
 from apps.takes.services import UploadRejected, asset_create
 from apps.takes.storage import BlobMissing, blob_read
 from apps.takes.wire import asset_to_wire, take_to_wire
-from inline_farm.api import ApiError, api, caller
+from inline_farm.api import ApiError, api, caller, errors
 from inline_farm.ids import is_uuid
 
 takes_router = Router(tags=["takes"])
 assets_router = Router(tags=["assets"])
 
 
-@takes_router.get("/{take_id}", summary="A take's metadata and lineage")
+@takes_router.get("/{take_id}", summary="A take's metadata and lineage",
+                  response={200: TakeOut, **errors(401, 404)})
 def get_take(request: HttpRequest, take_id: str) -> dict[str, Any]:
     return take_to_wire(_take_or_404(request, take_id))
 
 
-@takes_router.get("/{take_id}/bytes", summary="A take's bytes (ETag = sha256)")
+@takes_router.get("/{take_id}/bytes", summary="A take's bytes (ETag = sha256)",
+                  response={200: None, 304: None, **errors(401, 404)},
+                  openapi_extra={"responses": {200: {
+                      "description": "The take's bytes, with its media type",
+                      "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
+                  }}})
 def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponse:
     take = _take_or_404(request, take_id)
     etag = f'"{take.sha256}"'
@@ -41,7 +48,7 @@ def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponse:
 
 
 @assets_router.post("", summary="Upload an image asset (multipart field 'file')",
-                    response={200: dict, 201: dict})
+                    response={200: AssetOut, 201: AssetOut, **errors(400, 401, 413, 415, 422)})
 def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse:
     limit = _max_bytes()
     if file.size is not None and file.size > limit:
@@ -53,7 +60,8 @@ def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse
     return api.create_response(request, asset_to_wire(asset), status=201 if created else 200)
 
 
-@assets_router.get("/{asset_id}", summary="An asset's metadata")
+@assets_router.get("/{asset_id}", summary="An asset's metadata",
+                   response={200: AssetOut, **errors(401, 404)})
 def get_asset(request: HttpRequest, asset_id: str) -> dict[str, Any]:
     asset = asset_get_for_user(user=caller(request), asset_id=asset_id) if is_uuid(asset_id) else None
     if asset is None:

@@ -1,0 +1,33 @@
+"""Response schemas of /v1/health and /v1/workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inline_farm.schemas import WireOut
+
+
+class HealthOut(WireOut):
+    """`status` ok (200) or degraded (503: a dependency named in `down` is unreachable)."""
+
+    status: str
+    database: str
+    broker: str | None = None
+    channelLayer: str | None = None
+    workers: int | None
+    down: list[str] = []
+
+
+class WorkerOut(WireOut):
+    name: str
+    state: str
+    queues: list[str]
+    device: dict[str, Any]
+    models: list[Any]
+    lastHeartbeat: str | None
+
+
+class WorkersOut(WireOut):
+    """The live workers."""
+
+    items: list[WorkerOut]

@@ -1,0 +1,57 @@
+"""Response schemas of /v1/models (the shapes NodeDescriptor.to_wire builds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inline_farm.schemas import WireOut
+
+
+class InputPortOut(WireOut):
+    name: str
+    kind: str
+    required: bool
+
+
+class OutputPortOut(WireOut):
+    name: str
+    kind: str
+
+
+class ParamOut(WireOut):
+    """A node param; `choices` of a `model` param are the files live workers hold."""
+
+    name: str
+    type: str
+    default: Any = None
+    required: bool
+    min: int | float | None
+    max: int | float | None
+    choices: list[str] | None
+    optionsFrom: str | None
+    multipleOf: int | None
+    input: str | None
+    maxLength: int | None = None
+    description: str
+
+
+class DescriptorOut(WireOut):
+    """A node type as clients see it: ports, params, pickers."""
+
+    type: str
+    title: str
+    category: str
+    description: str
+    hidden: bool
+    runnable: bool
+    producesTakes: bool
+    inputs: list[InputPortOut]
+    outputs: list[OutputPortOut]
+    params: list[ParamOut]
+
+
+class RegistryOut(WireOut):
+    """Every node type and the registry's version (also the ETag)."""
+
+    registryVersion: str
+    nodes: list[DescriptorOut]
