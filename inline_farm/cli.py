@@ -216,6 +216,9 @@ class _Child:
     name: str
     process: subprocess.Popen[bytes]
     pump: threading.Thread = field(repr=False)
+    argv: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    quick_deaths: int = 0  # consecutive deaths soon after a start (a crash loop)
 
 
 _print_lock = threading.Lock()
@@ -246,7 +249,7 @@ def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> _Child:
     assert process.stdout is not None
     pump = threading.Thread(target=_pump, args=(name, process.stdout), daemon=True)
     pump.start()
-    return _Child(name=name, process=process, pump=pump)
+    return _Child(name=name, process=process, pump=pump, argv=list(argv))
 
 
 def worker_queues(env: dict[str, str]) -> str:
@@ -269,7 +272,10 @@ def _child_commands(
     celery = [py, "-m", "celery", "-A", "inline_farm"]
     commands = [("web", web)]
     for i in range(1, args.workers + 1):
-        worker = [*celery, "worker", "--pool=solo", "--concurrency=1", "-n", f"worker{i}@%h"]
+        # Celery's threads pool: the slots of one worker share its loaded models, node cache
+        # and step batchers (a process per slot would load every model once per slot).
+        worker = [*celery, "worker", "--pool=threads", f"--concurrency={args.slots}",
+                  "-n", f"worker{i}@%h"]
         commands.append((f"worker{i}", [*worker, "-Q", worker_queues(env), "-l", "INFO"]))
     control = [*celery, "worker", "--pool=threads", "--concurrency=2", "-n", "control@%h"]
     commands.append(("control", [*control, "-Q", "control", "-l", "INFO"]))
@@ -327,13 +333,16 @@ def _url(host: str, port: int, path: str) -> str:
 def _health_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
+            body = json.loads(response.read() or b"{}")
+            return bool(response.status == 200 and (body.get("workers") or 0) > 0)
+    except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
 def _wait_healthy(url: str, children: list[_Child]) -> None:
-    """Poll `url` until it answers 200; SystemExit if a child dies first or on timeout."""
+    """Poll `url` until it answers 200 and reports a live worker (one that heartbeated, so its
+    model files are known to the farm: a client's first submit finds them); SystemExit if a
+    child dies first or on timeout."""
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         dead = _first_dead(children)
@@ -343,7 +352,8 @@ def _wait_healthy(url: str, children: list[_Child]) -> None:
         if _health_ok(url):
             return
         time.sleep(0.5)
-    raise SystemExit(f"farm: {url} did not answer 200 within {HEALTH_TIMEOUT_S:.0f} s; stopping")
+    raise SystemExit(f"farm: {url} did not report a live worker within {HEALTH_TIMEOUT_S:.0f} s; "
+                     "stopping")
 
 
 def _banner(args: argparse.Namespace, data_dir: Path, models_dir: Path, env: dict[str, str]) -> str:
@@ -358,7 +368,8 @@ def _banner(args: argparse.Namespace, data_dir: Path, models_dir: Path, env: dic
             f"  Admin   {_url(host, args.port, '/admin/')}",
             f"  Data    {data_dir}",
             f"  Models  {models_dir}",
-            f"  Workers {args.workers} on queues {worker_queues(env)}, profile {args.profile}",
+            f"  Workers {args.workers} × {args.slots} slots on queues {worker_queues(env)}, "
+            f"profile {args.profile}",
             f"  Token   {token_hint}",
             "  Ctrl-C stops everything.",
             "",
@@ -384,14 +395,34 @@ def _profile(args: argparse.Namespace) -> str:
     return args.profile or os.environ.get("INLINE_PROFILE") or "auto"
 
 
-def _supervise(children: list[_Child]) -> int:
-    """Block until a signal (raises _Stop) or until a child exits (returns 1)."""
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+QUICK_DEATH_S = 30.0  # a child that dies sooner than this after its start is crash-looping
+MAX_QUICK_DEATHS = len(RESTART_BACKOFF_S)
+
+
+def _supervise(children: list[_Child], env: dict[str, str]) -> int:
+    """Block until a signal (raises _Stop). A child that dies is started again after a backoff
+    (as the systemd units do), so one lost worker never stops the farm; a child that keeps dying
+    right after its start (MAX_QUICK_DEATHS in a row) stops everything (returns 1)."""
     while True:
-        dead = _first_dead(children)
-        if dead is not None:
-            code = dead.process.returncode
-            print(f"farm: {dead.name} exited with code {code}; stopping everything", file=sys.stderr)
-            return 1
+        for i, child in enumerate(children):
+            code = child.process.poll()
+            if code is None:
+                continue
+            lived = time.monotonic() - child.started
+            quick = child.quick_deaths + 1 if lived < QUICK_DEATH_S else 0
+            if quick >= MAX_QUICK_DEATHS:
+                print(f"farm: {child.name} keeps exiting (code {code}, {quick} times within "
+                      f"{QUICK_DEATH_S:.0f} s of starting); stopping everything", file=sys.stderr)
+                return 1
+            wait = RESTART_BACKOFF_S[min(quick, len(RESTART_BACKOFF_S) - 1)]
+            print(f"farm: {child.name} exited with code {code}; restarting it in {wait:.0f} s",
+                  file=sys.stderr, flush=True)
+            time.sleep(wait)
+            child.pump.join(timeout=2)
+            with _signals_deferred():
+                children[i] = _spawn(child.name, child.argv, env)
+            children[i].quick_deaths = quick
         time.sleep(0.5)
 
 
@@ -418,7 +449,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             children = _start_children(args, data_dir, env, stack)
             _wait_healthy(_url(_local_host(args.listen), args.port, "/v1/health"), children)
             print(_banner(args, data_dir, models_dir, env), flush=True)
-            return _supervise(children)
+            return _supervise(children, env)
         except _Stop as stop:
             print(f"farm: {stop}: stopping", file=sys.stderr)
             return 0
@@ -569,6 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cpu-offload", action="store_true",
                     help="keep the text encoder and VAE in CPU memory between uses")
     up.add_argument("--workers", type=_positive, default=1, help="Celery workers (default 1)")
+    up.add_argument("--slots", type=_positive,
+                    default=int(os.environ.get("INLINE_WORKER_SLOTS") or 4),
+                    help="runs each worker executes at once (default: $INLINE_WORKER_SLOTS or 4)")
     _add_dirs(up)
 
     token = commands.add_parser("token", help="create USERNAME if needed, print a fresh token")

@@ -147,18 +147,33 @@ def test_farm_up_serves_the_api_and_ctrl_c_stops_every_process(scratch: Path) ->
             farm.kill()
 
 
-def test_when_a_worker_dies_farm_up_stops_everything_and_names_it(scratch: Path) -> None:
+def _workers(farm: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    return [c for c in psutil.Process(farm.pid).children() if "worker1@%h" in c.cmdline()]
+
+
+def test_when_a_worker_dies_farm_up_restarts_it_and_keeps_serving(scratch: Path) -> None:
     data_dir, log = scratch / "data", scratch / "up.log"
     farm, port = _start_farm(scratch)
     try:
         _wait_for_health(port, farm, log)
-        (worker,) = [
-            child for child in psutil.Process(farm.pid).children() if "worker1@%h" in child.cmdline()
-        ]
+        token = _run_token(data_dir, "alice")[-1]
+        (worker,) = _workers(farm)
         worker.kill()
 
-        assert farm.wait(timeout=60) == 1
-        assert "worker1 exited with code -9" in log.read_text()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert farm.poll() is None, log.read_text()[-4000:]
+            assert _get(f"http://127.0.0.1:{port}/v1/runs", token)[0] == 200  # still serving
+            restarted = [w for w in _workers(farm) if w.pid != worker.pid]
+            if restarted and "worker1@" in _get(f"http://127.0.0.1:{port}/v1/workers", token)[1].decode():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"worker1 never came back:\n{log.read_text()[-4000:]}")
+        assert "worker1 exited with code -9; restarting it" in log.read_text()
+
+        farm.send_signal(signal.SIGINT)
+        assert farm.wait(timeout=60) == 0, log.read_text()[-4000:]
         assert _processes_of(data_dir) == []
     finally:
         if farm.poll() is None:
