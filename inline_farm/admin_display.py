@@ -63,6 +63,16 @@ def age(when: datetime | None) -> str:
     return seconds_text(max((timezone.now() - when).total_seconds(), 0.0)) + " ago"
 
 
+def when(value: datetime | None) -> str:
+    """A compact local time: "14:03:07" today, "Nov 28 14:03" before."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    if local.date() == timezone.localdate():
+        return local.strftime("%H:%M:%S")
+    return local.strftime("%b %d %H:%M")
+
+
 def duration(start: datetime | None, end: datetime | None) -> str:
     """Wall time from `start` to `end` (to now while unfinished); "—" before it started."""
     if start is None:

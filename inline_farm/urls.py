@@ -6,6 +6,10 @@ from django.urls import path
 
 from inline_farm.api import api
 
+admin.site.site_header = admin.site.site_title = "Inline Farm"
+admin.site.index_title = "Runs, takes and the fleet"
+admin.site.enable_nav_sidebar = False  # the changelists need its 300 px (readable at 1280 px)
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", api.urls),

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import CharField, Count, F, Func, OuterRef, QuerySet, Subquery, Value
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -20,16 +20,19 @@ from django.utils.safestring import SafeString
 from apps.fleet.models import Worker
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import RunNotCancellable, run_cancel
-from inline_farm.admin_display import badge, duration, pretty_json, short_id
+from inline_farm.admin_display import badge, duration, pretty_json, short_id, when
 
 EVENTS_PER_PAGE = 50
+# A lease names "<worker>#<incarnation>"; the worker row is named "<worker>".
+_worker_name = Func(F("lease_worker"), Value("#"), Value(1), function="split_part",
+                    output_field=CharField())
 MILESTONES = ("status", "node_done", "run_done")  # the log without its progress ticks
 
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ("run_id", "owner", "status_badge", "target", "queue", "worker", "attempts",
-                    "run_duration", "take_count", "created_at")
+    list_display = ("run_id", "owner", "status_badge", "target", "queue", "worker",
+                    "run_duration", "take_count", "created")
     list_display_links = ("run_id",)
     list_filter = ("status", "queue", ("owner", admin.RelatedOnlyFieldListFilter))
     search_fields = ("id", "client_run_id", "owner__username", "target", "lease_worker")
@@ -49,9 +52,10 @@ class RunAdmin(admin.ModelAdmin):
                        "graph_readable", "requirement_pretty")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
-        worker_pk = Worker.objects.filter(name=OuterRef("lease_worker")).values("pk")[:1]
+        worker_pk = Worker.objects.filter(name=OuterRef("worker_name")).values("pk")[:1]
         return (super().get_queryset(request).select_related("owner", "graph")
-                .annotate(n_takes=Count("takes"), worker_pk=Subquery(worker_pk)))
+                .annotate(n_takes=Count("takes"), worker_name=_worker_name)
+                .annotate(worker_pk=Subquery(worker_pk)))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # runs are submitted over /v1, where they are validated
@@ -90,11 +94,17 @@ class RunAdmin(admin.ModelAdmin):
     def worker(self, run: Run) -> SafeString | str:
         if not run.lease_worker:
             return "—"
+        name = run.lease_worker.split("#")[0]  # "<worker name>#<incarnation>"
         worker_pk = getattr(run, "worker_pk", None)
         if worker_pk is None:
-            return run.lease_worker
-        return format_html('<a href="{}">{}</a>',
-                           reverse("admin:fleet_worker_change", args=[worker_pk]), run.lease_worker)
+            return format_html('<span title="{}">{}</span>', run.lease_worker, name)
+        return format_html('<a href="{}" title="{}">{}</a>',
+                           reverse("admin:fleet_worker_change", args=[worker_pk]),
+                           run.lease_worker, name)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: Run) -> str:
+        return when(run.created_at)
 
     @admin.display(description="duration")
     def run_duration(self, run: Run) -> str:

@@ -23,16 +23,17 @@ from django.utils.safestring import SafeString
 from apps.takes.models import Asset, Take, TakeRemoval
 from apps.takes.services import RemovalRefused, take_remove
 from apps.takes.storage import BlobMissing, blob_read
-from inline_farm.admin_display import ViewOnlyAdmin, pretty_json, short_id
+from inline_farm.admin_display import ViewOnlyAdmin, pretty_json, short_id, when
 
 
 def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString:
-    """A small preview of `take` linking to its admin page (`link="bytes"`: to the image)."""
+    """A preview of `take` in a `size` px box linking to its admin page (`link="bytes"`: to the
+    image). Small images are scaled up (pixelated) so a 64 px take is still readable."""
     src = reverse("admin:takes_take_bytes", args=[take.pk])
     href = src if link == "bytes" else reverse("admin:takes_take_change", args=[take.pk])
     return format_html(
-        '<a href="{}"><img class="take-thumb" src="{}" loading="lazy" '
-        'style="max-width:{}px;max-height:{}px;vertical-align:middle" alt="take {}"></a>',
+        '<a href="{}"><img class="take-thumb" src="{}" style="width:{}px;height:{}px;'
+        'object-fit:contain;image-rendering:pixelated;vertical-align:middle" alt="take {}"></a>',
         href, src, size, size, short_id(take.pk),
     )
 
@@ -56,7 +57,8 @@ class RemovalForm(forms.Form):
 @admin.register(Take)
 class TakeAdmin(ViewOnlyAdmin):
     list_display = ("thumbnail", "take_id", "owner", "run_link", "node_id", "dims", "seed",
-                    "created_at")
+                    "created")
+    ordering = ("-created_at",)
     list_display_links = ("take_id",)
     list_filter = (("owner", admin.RelatedOnlyFieldListFilter), "media_type", "created_at")
     search_fields = ("id", "sha256", "run__id", "node_id")
@@ -65,11 +67,11 @@ class TakeAdmin(ViewOnlyAdmin):
     fieldsets = (
         (None, {"fields": ("preview",)}),
         ("Take", {"fields": ("id", "run_link", "owner", "node_id", "index", "media_type", "dims",
-                             "size", "seed", "sha256", "created_at")}),
+                             "file_size", "seed", "sha256", "created_at")}),
         ("Lineage", {"fields": ("lineage_pretty",)}),
     )
     readonly_fields = ("preview", "id", "run_link", "owner", "node_id", "index", "media_type",
-                       "dims", "size", "seed", "sha256", "created_at", "lineage_pretty")
+                       "dims", "file_size", "seed", "sha256", "created_at", "lineage_pretty")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Take]:
         return super().get_queryset(request).select_related("owner", "run")
@@ -92,9 +94,17 @@ class TakeAdmin(ViewOnlyAdmin):
     def dims(self, take: Take) -> str:
         return f"{take.width}×{take.height}" if take.width and take.height else "—"
 
+    @admin.display(description="created", ordering="created_at")
+    def created(self, take: Take) -> str:
+        return when(take.created_at)
+
+    @admin.display(description="file size")
+    def file_size(self, take: Take) -> str:
+        return f"{take.size:,} bytes"
+
     @admin.display(description="image")
     def preview(self, take: Take) -> SafeString:
-        return take_thumbnail(take, size=512, link="bytes")
+        return take_thumbnail(take, size=384, link="bytes")
 
     @admin.display(description="lineage")
     def lineage_pretty(self, take: Take) -> SafeString:
@@ -190,7 +200,7 @@ class AssetAdmin(ViewOnlyAdmin):
 
     def _image(self, asset: Asset, size: int) -> SafeString:
         src = reverse("admin:takes_asset_bytes", args=[asset.pk])
-        return format_html('<img src="{}" loading="lazy" style="max-width:{}px;max-height:{}px" '
+        return format_html('<img src="{}" style="max-width:{}px;max-height:{}px" '
                            'alt="asset {}">', src, size, size, short_id(asset.pk))
 
     def get_urls(self) -> list[Any]:
