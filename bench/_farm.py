@@ -25,7 +25,10 @@ from tests.livefarm import LiveFarm, database_url  # noqa: E402 — after the pa
 
 
 @contextmanager
-def bench_farm(*, workers: int = 1, extra_env: dict[str, str] | None = None) -> Iterator[Any]:
+def bench_farm(
+    *, workers: int = 1, extra_env: dict[str, str] | None = None, beat: bool = False,
+    slots: int = 4,
+) -> Iterator[Any]:
     """Yield (farm, token, models_dir) for a fresh farm; everything is torn down afterwards."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
     import django
@@ -41,7 +44,7 @@ def bench_farm(*, workers: int = 1, extra_env: dict[str, str] | None = None) -> 
         d.mkdir()
     env = {**os.environ, "DATABASE_URL": database_url({**admin_db, "NAME": name}),
            "INLINE_DATA_DIR": str(dirs["data"]), "INLINE_MODELS_DIR": str(dirs["models"]),
-           "INLINE_PROFILE": "cpu", "INLINE_WORKER_HEARTBEAT": "1", **(extra_env or {})}
+           "INLINE_PROFILE": "cpu", **(extra_env or {})}
     farm = LiveFarm(env=env, logs=dirs["logs"])
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=REPO, env=env,
@@ -50,8 +53,10 @@ def bench_farm(*, workers: int = 1, extra_env: dict[str, str] | None = None) -> 
                                env=env, check=True, capture_output=True, text=True
                                ).stdout.strip().splitlines()[-1]
         farm.start_web()
-        for _ in range(workers):
-            farm.start_worker(wait=False)
+        for i in range(workers):
+            farm.start_worker(wait=False, slots=slots, proc=f"worker{i + 1}")
+        if beat:
+            farm.start_beat()
         yield farm, token, dirs["models"]
     finally:
         farm.stop_all()

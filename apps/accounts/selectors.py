@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
+from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken
+from apps.accounts.models import ApiToken, Team
 from apps.accounts.services import token_hash
 
 _TOUCH_EVERY = timedelta(minutes=1)
+# A token's user is remembered this long per process: every /v1 request authenticates, and the
+# lookup was one of the few round trips a request makes. A revoked token (or a deactivated
+# user) stops working within TOKEN_CACHE_SECONDS.
+TOKEN_CACHE_SECONDS = 5.0
+_tokens: dict[str, tuple[float, User]] = {}
+_tokens_lock = threading.Lock()
 
 
 def user_for_token(secret: str) -> User | None:
     """The active user holding the unrevoked token `secret`, or None."""
+    digest = token_hash(secret)
+    now = time.monotonic()
+    with _tokens_lock:
+        hit = _tokens.get(digest)
+    if hit is not None and now - hit[0] < TOKEN_CACHE_SECONDS:
+        return hit[1]
+    user = _user_for_token_digest(digest)
+    with _tokens_lock:
+        if len(_tokens) > 10_000:
+            _tokens.clear()
+        if user is None:
+            _tokens.pop(digest, None)
+        else:
+            _tokens[digest] = (now, user)
+    return user
+
+
+def _user_for_token_digest(digest: str) -> User | None:
     token = (
         ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits
-        .filter(key_sha256=token_hash(secret), revoked_at__isnull=True, user__is_active=True)
+        .filter(key_sha256=digest, revoked_at__isnull=True, user__is_active=True)
         .first()
     )
     if token is None:
@@ -29,11 +56,11 @@ def user_for_token(secret: str) -> User | None:
     return token.user
 
 
-def visible_owner_ids(user: User) -> list[int] | None:
-    """Ids of the owners whose work `user` may read: self and teammates; None means all (staff)."""
+def visible_owner_ids(user: User) -> QuerySet[User, Any] | None:
+    """The owners whose work `user` may read (self and teammates) as a lazy query of user ids —
+    `filter(owner_id__in=…)` makes it a subquery, so scoping costs no round trip of its own;
+    None means all (staff)."""
     if user.is_staff:
         return None
-    User = get_user_model()
-    ids = set(User.objects.filter(teams__members=user).values_list("pk", flat=True))
-    ids.add(user.pk)
-    return sorted(ids)
+    teams = Team.objects.filter(members=user).values("pk")
+    return User.objects.filter(Q(pk=user.pk) | Q(teams__in=teams)).values("pk")

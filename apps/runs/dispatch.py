@@ -47,19 +47,30 @@ CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's s
 
 def queue_dispatch(queue: str) -> int:
     """Publish the next runs of `queue` into its free slots; returns how many were published."""
+    if _queue_capacity(queue) <= 0:
+        return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    if not _eligible_exists(queue, fresh):
+        return 0  # the common case after a finish: nothing waits, no transaction needed
+    with transaction.atomic():
+        return queue_dispatch_locked(queue)
+
+
+def queue_dispatch_locked(queue: str) -> int:
+    """`queue_dispatch` inside the caller's transaction (a submit dispatches in its own): holds
+    the queue's dispatch lock until that transaction ends; messages go out after commit."""
     window = _queue_capacity(queue)
     if window <= 0:
-        return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
-    with transaction.atomic():
-        advisory_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue))
-        fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-        room = window - _busy(queue, fresh)
-        if room <= 0:
-            return 0
-        chosen = _pick(_heads(queue, fresh, room), room)
-        published = _mark_published(chosen)
-        for run_id in published:
-            publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
+        return 0
+    advisory_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue))
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    heads, busy = _heads(queue, fresh, window)
+    room = window - busy
+    if room <= 0 or not heads:
+        return 0
+    published = _mark_published(_pick(heads, room))
+    for run_id in published:
+        publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
     return len(published)
 
 
@@ -69,10 +80,9 @@ def runs_dispatch() -> int:
     return sum(queue_dispatch(queue) for queue in _queues_waiting())
 
 
-_BUSY = """
-SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s),
-       (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
-          AND dispatched_at >= %(fresh)s)
+_ELIGIBLE = """
+SELECT EXISTS (SELECT 1 FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+               AND (dispatched_at IS NULL OR dispatched_at < %(fresh)s))
 """
 
 # Per owner waiting in the queue (a loose index scan over run_queued_heads), their next `room`
@@ -87,7 +97,11 @@ WITH RECURSIVE owners AS (
     FROM owners WHERE owners.owner_id IS NOT NULL
 )
 SELECT head.id, owners.owner_id, head.priority, head.created_at,
-       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id)
+       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id),
+       -- the queue's busy count (running + published, unclaimed), computed once
+       (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
+       + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+            AND dispatched_at >= %(fresh)s)
 FROM owners CROSS JOIN LATERAL (
     SELECT q.id, q.priority, q.created_at FROM runs_run q
     WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
@@ -98,17 +112,19 @@ WHERE owners.owner_id IS NOT NULL
 """
 
 
-def _busy(queue: str, fresh: Any) -> int:
+def _eligible_exists(queue: str, fresh: Any) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_BUSY, {"q": queue, "fresh": fresh})
-        running, unclaimed = cursor.fetchone()
-    return int(running) + int(unclaimed)
+        cursor.execute(_ELIGIBLE, {"q": queue, "fresh": fresh})
+        return bool(cursor.fetchone()[0])
 
 
-def _heads(queue: str, fresh: Any, room: int) -> list[tuple[Any, ...]]:
+def _heads(queue: str, fresh: Any, room: int) -> tuple[list[tuple[Any, ...]], int]:
+    """(each waiting owner's next eligible runs with their running count, the queue's busy
+    count) in one round trip; no rows when nothing is eligible."""
     with connection.cursor() as cursor:
         cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "room": room})
-        return list(cursor.fetchall())
+        rows = list(cursor.fetchall())
+    return [row[:5] for row in rows], int(rows[0][5]) if rows else 0
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:

@@ -15,7 +15,8 @@ from apps.runs.wire import run_to_wire
 
 def _runs_for(user: User) -> QuerySet[Run]:
     owners = visible_owner_ids(user)
-    qs = Run.objects.select_related("graph").prefetch_related("takes")
+    # The graph's sha256 is on the wire; its document (KiBs of JSON) is not: never load it here.
+    qs = Run.objects.select_related("graph").defer("graph__document").prefetch_related("takes")
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 

@@ -29,7 +29,7 @@ from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.selectors import assets_visible_to_owner
-from apps.takes.services import TakeDraft, takes_keep
+from apps.takes.services import TakeDraft, takes_insert, takes_keep
 from apps.takes.wire import take_to_wire
 from inline_farm.ids import is_uuid
 
@@ -107,33 +107,48 @@ def _run_create_or_find(
     # One owner's submits take turns (a transaction-scoped advisory lock): the in-flight limit,
     # coalescing and clientRunId checks below then see every earlier submit of that owner.
     advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
-    existing = _existing_run(owner, sha, target, client_run_id)
+    existing, in_flight = _existing_run(owner, sha, target, client_run_id)
     if existing is not None:
         return existing, False
-    _limit_check(owner)
-    graph_id = Graph.objects.filter(sha256=sha).values_list("pk", flat=True).first()
-    if graph_id is None:
-        graph_id = Graph.objects.create(sha256=sha, document=graph.model_dump()).pk
+    _limit_check(owner, in_flight)
     run = Run.objects.create(
-        owner=owner, graph_id=graph_id, target=target, client_run_id=client_run_id or None,
-        priority=priority, requirement=requirement, queue=queue_for(requirement),
+        owner=owner, graph_id=_graph_id(sha, graph), target=target,
+        client_run_id=client_run_id or None, priority=priority, requirement=requirement,
+        queue=queue_for(requirement),
     )
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    queue = run.queue
-    transaction.on_commit(lambda: dispatch_queue_soon(queue))
+    # Dispatch in the same transaction (its per-queue lock is held until commit); the message
+    # goes out after commit. Should this process die in between, the run is published again
+    # after INLINE_REDISPATCH_SECONDS by beat's pass.
+    from apps.runs.dispatch import queue_dispatch_locked
+
+    queue_dispatch_locked(run.queue)
     return run, True
 
 
 def advisory_lock(namespace: int, key: int) -> None:
+    """Take a transaction-scoped advisory lock (call inside `transaction.atomic()`)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
-def _existing_run(owner: User, sha: str, target: str, client_run_id: str | None) -> Run | None:
-    """The run this submit already has: by its clientRunId, else the same graph+target in
-    flight (coalesced; the clientRunId is then recorded for that run). Hold the owner's lock."""
+_IN_FLIGHT = """
+SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
+        WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
+          AND r.status IN ('queued', 'running') LIMIT 1),
+       (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
+          AND status IN ('queued', 'running'))
+"""
+
+
+def _existing_run(
+    owner: User, sha: str, target: str, client_run_id: str | None
+) -> tuple[Run | None, int]:
+    """(the run this submit already has, the owner's runs in flight): the run of its
+    clientRunId, else the same graph+target in flight (coalesced; the clientRunId is then
+    recorded for that run). Hold the owner's lock."""
     if client_run_id:
         key = ClientRunKey.objects.select_related("run").filter(
             owner=owner, key=client_run_id
@@ -143,24 +158,45 @@ def _existing_run(owner: User, sha: str, target: str, client_run_id: str | None)
                 raise RunConflict(
                     f"clientRunId {client_run_id!r} was already used for a different graph or target"
                 )
-            return key.run
-    run = Run.objects.filter(
-        owner=owner, graph__sha256=sha, target=target, status__in=IN_FLIGHT
-    ).first()
-    if run is not None and client_run_id:
+            return key.run, 0
+    with connection.cursor() as cursor:
+        cursor.execute(_IN_FLIGHT, {"owner": owner.pk, "sha": sha, "target": target})
+        run_id, in_flight = cursor.fetchone()
+    if run_id is None:
+        return None, int(in_flight)
+    run = Run.objects.get(pk=run_id)
+    if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    return run
+    return run, int(in_flight)
+
+
+_GRAPH_UPSERT = """
+WITH kept AS (
+    INSERT INTO graphs_graph (sha256, document, created_at) VALUES (%(sha)s, %(doc)s::jsonb, now())
+    ON CONFLICT (sha256) DO NOTHING RETURNING id)
+SELECT id FROM kept UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s LIMIT 1
+"""
+
+
+def _graph_id(sha: str, graph: GraphDoc) -> int:
+    """The stored graph of content hash `sha`, inserted on first use (one round trip)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_GRAPH_UPSERT, {"sha": sha, "doc": json.dumps(graph.model_dump())})
+        row = cursor.fetchone()
+    if row is None:  # another transaction committed it after this statement's snapshot
+        return int(Graph.objects.values_list("pk", flat=True).get(sha256=sha))
+    return int(row[0])
 
 
 def _limits_of(owner: User) -> Any:
     return getattr(owner, "limits", None)  # a UserLimits row, or None for the defaults
 
 
-def _limit_check(owner: User) -> None:
+def _limit_check(owner: User, in_flight: int) -> None:
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
-    if Run.objects.filter(owner=owner, status__in=IN_FLIGHT).count() >= limit:
+    if in_flight >= limit:
         raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
 
 
@@ -182,7 +218,8 @@ def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
     if not refs:
         return
     wanted = [str(value) for _, _, value in refs if is_uuid(value)]
-    visible = assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted) if wanted else set()
+    visible = (assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted, owner=owner)
+               if wanted else set())
     for node_id, param, value in refs:
         if str(value) not in visible:
             raise GraphInvalid(
@@ -313,11 +350,11 @@ def run_finish(
         if row is None:
             return False
         last_seq, queue = row
-        kept = _takes_write(claim, takes)
-        done = {
-            "status": status, "error": run_error_of(error),
-            "takes": [take_to_wire(t) for t in _run_takes(claim.run_id)],
-        }
+        if takes:
+            takes_insert(run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes)
+        every = [take_to_wire(t) for t in _run_takes(claim.run_id)]
+        kept = {(t["nodeId"], t["index"]): t for t in every}
+        done = {"status": status, "error": run_error_of(error), "takes": every}
         bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
         events_insert(run_id=claim.run_id, first_seq=last_seq - len(bound) + 1, events=bound)
         transaction.on_commit(lambda: dispatch_queue_soon(queue))

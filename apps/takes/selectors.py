@@ -24,10 +24,11 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
     return _scoped(Asset.objects.all(), user).filter(pk=asset_id).first()
 
 
-def assets_visible_to_owner(*, owner_id: int, asset_ids: list[str]) -> set[str]:
-    """The subset of `asset_ids` that the run owner may use."""
-    from django.contrib.auth import get_user_model
-
-    owner = get_user_model().objects.get(pk=owner_id)
+def assets_visible_to_owner(
+    *, owner_id: int, asset_ids: list[str], owner: User | None = None
+) -> set[str]:
+    """The subset of `asset_ids` that the run owner may use (pass `owner` when you have it)."""
+    if owner is None:
+        owner = User.objects.get(pk=owner_id)
     found = _scoped(Asset.objects.filter(pk__in=asset_ids), owner).values_list("pk", flat=True)
     return {str(pk) for pk in found}

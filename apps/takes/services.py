@@ -136,6 +136,14 @@ def takes_keep(
     """Store the drafts' bytes and insert their rows; a slot (node, index) that an earlier attempt
     of the run already filled keeps that take (exactly once per slot). Returns the kept take of
     every draft's slot. Call inside `transaction.atomic()` (the blob locks last until commit)."""
+    takes_insert(run_id=run_id, owner_id=owner_id, drafts=drafts)
+    wanted = {(d.node_id, d.index) for d in drafts}
+    kept = Take.objects.filter(run_id=run_id, node_id__in={n for n, _ in wanted})
+    return {(t.node_id, t.index): t for t in kept if (t.node_id, t.index) in wanted}
+
+
+def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft]) -> None:
+    """`takes_keep` without reading the kept takes back (the caller reads the run's takes)."""
     rows = []
     for d in drafts:
         digest = hashlib.sha256(d.data).hexdigest()
@@ -145,9 +153,6 @@ def takes_keep(
                          sha256=digest, media_type=d.media_type, size=len(d.data), width=d.width,
                          height=d.height, seed=d.seed, lineage=d.lineage))
     Take.objects.bulk_create(rows, ignore_conflicts=True)
-    wanted = {(d.node_id, d.index) for d in drafts}
-    kept = Take.objects.filter(run_id=run_id, node_id__in={n for n, _ in wanted})
-    return {(t.node_id, t.index): t for t in kept if (t.node_id, t.index) in wanted}
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
