@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))
 from bench._farm import bench_farm  # noqa: E402
 from bench.hotpath import _graph, _png, more_tokens, wait_done, wait_for_worker  # noqa: E402
 
-
 # A model no live worker holds: the reroute pass leaves these runs where they wait.
-NEEDS_A_GPU = '{"nodeTypes": ["zimage/turbo"], "models": [{"folder": "diffusion_models", "name": "z.safetensors"}]}'
+NEEDS_A_GPU = ('{"nodeTypes": ["zimage/turbo"], '
+               '"models": [{"folder": "diffusion_models", "name": "z.safetensors"}]}')
 
 
 def backlog(database_url: str, count: int, users: int = 100) -> None:
