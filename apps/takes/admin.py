@@ -155,7 +155,7 @@ class TakeAdmin(ViewOnlyAdmin):
 class TakeRemovalAdmin(ViewOnlyAdmin):
     list_display = ("removed_at", "take", "owner", "node_id", "removed_by", "reason",
                     "blob_released")
-    list_filter = ("removed_by", "blob_released", "removed_at")
+    list_filter = (("removed_by", admin.RelatedOnlyFieldListFilter), "blob_released", "removed_at")
     search_fields = ("take_id", "run_id", "sha256", "reason", "owner__username")
     readonly_fields = ("take_id", "run_id", "owner", "node_id", "sha256", "media_type", "size",
                        "take_created_at", "removed_by", "reason", "removed_at", "blob_released",

@@ -170,3 +170,35 @@ def test_ops_drain_and_resume_a_worker_from_its_page(admin, farm, renders, perso
         for w in live:
             w.refresh_from_db()
             worker_resume(worker=w)
+
+
+def test_a_run_with_takes_cannot_be_deleted_and_a_take_goes_only_through_retention(
+    admin, farm, renders, db_access
+):
+    from apps.takes.models import Take, TakeRemoval
+    from apps.takes.storage import blob_path
+
+    run_id = renders["runs"][2]  # the 120×40 resize: bytes no other take shares
+    take = Take.objects.get(run_id=run_id)
+    admin.goto(f"{farm.url}/admin/runs/run/{run_id}/delete/")
+    look(admin, "run-delete-refused")
+    assert "Cannot delete run" in admin.inner_text("#content")
+    assert admin.locator("input[type=submit]").count() == 0
+
+    admin.goto(f"{farm.url}/admin/takes/take/")
+    admin.check(f"input[name=_selected_action][value='{take.pk}']")
+    admin.select_option("select[name=action]", "remove_for_retention")
+    admin.click("button[name=index]")
+    admin.wait_for_selector("textarea[name=reason]")
+    look(admin, "retention-confirm")
+    admin.fill("textarea[name=reason]", "test render, the client never saw it")
+    admin.click("input[value='Remove these takes']")
+    admin.wait_for_selector("ul.messagelist li.success")
+
+    assert not Take.objects.filter(pk=take.pk).exists()
+    removal = TakeRemoval.objects.get(take_id=take.pk)
+    assert removal.removed_by.username == "browser-lead" and removal.blob_released
+    assert not blob_path(take.sha256).exists()
+    admin.goto(f"{farm.url}/admin/takes/takeremoval/")
+    look(admin, "take-removals")
+    assert "test render, the client never saw it" in admin.inner_text("#result_list")
