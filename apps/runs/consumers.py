@@ -130,7 +130,7 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
             await self.close(code)
 
     async def _send_json(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(event, separators=(",", ":")))
+        await self.send(text_data=encoded(event))
 
     async def _refuse(self, code: int, subprotocol: str | None) -> None:
         # Accept first: a close before the handshake becomes an HTTP 403 and the code is lost.
@@ -144,6 +144,24 @@ class Refused(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+_ENCODED: dict[tuple[Any, Any], str] = {}  # (runId, seq) → JSON text, oldest first
+_ENCODED_MAX = 4096
+
+
+def encoded(event: dict[str, Any]) -> str:
+    """The event as a JSON text frame, encoded once per process for all the sockets of its run
+    (a log entry never changes; a snapshot is per client and never cached)."""
+    if event["type"] == "snapshot":
+        return json.dumps(event, separators=(",", ":"))
+    key = (event["runId"], event["seq"])
+    text = _ENCODED.get(key)
+    if text is None:
+        text = _ENCODED[key] = json.dumps(event, separators=(",", ":"))
+        if len(_ENCODED) > _ENCODED_MAX:
+            del _ENCODED[next(iter(_ENCODED))]
+    return text
 
 
 def credentials(scope: dict[str, Any], query: dict[str, list[str]]) -> tuple[str | None, str | None]:
