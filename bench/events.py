@@ -13,7 +13,9 @@ that database, starts its own uvicorn on a free port, and cleans its runs up aft
   `--client-procs` processes; each reads until the server closes after `run_done`.
 - Printed: events published/s, events delivered/s over all sockets, publish→receive latency
   (p50/p99; "publish" = just before `run_event_append`, so the Postgres commit is included), and
-  whether every socket got every milestone in order (progress may be coalesced for slow readers).
+  whether every socket got every milestone in order (progress may be coalesced for slow readers);
+  then that latency split in two: `run_event_append` itself (the publishers' Postgres write) and
+  commit→receive (the publisher's channel-layer send, Redis, the web process, the socket).
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ async def follow(url: str, token: str, ready: asyncio.Event) -> dict[str, Any]:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    got: dict[str, Any] = {"seqs": [], "milestones": [], "latencies": [], "code": None}
+    got: dict[str, Any] = {"seqs": [], "milestones": [], "latencies": [], "arrivals": [],
+                           "code": None}
     async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
                        open_timeout=60, max_size=None) as ws:
         json.loads(await ws.recv())  # the snapshot
@@ -138,6 +141,7 @@ async def follow(url: str, token: str, ready: asyncio.Event) -> dict[str, Any]:
                 now = time.time()
                 event = json.loads(raw)
                 got["seqs"].append(event["seq"])
+                got["arrivals"].append(now)
                 if event["type"] != "progress":
                     got["milestones"].append(event["seq"])
                 if "t" in event:
@@ -175,7 +179,10 @@ def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, 
     go.wait()
     start_at = start.value
     counts: list[int] = []
-    threads = [threading.Thread(target=publish_run, args=(rid, rate, seconds, start_at, counts))
+    appends: list[float] = []  # seconds each run_event_append took (row lock + insert + commit)
+    committed: dict[tuple[str, int], float] = {}  # (run, seq) → when its append returned
+    threads = [threading.Thread(target=publish_run,
+                                args=(rid, rate, seconds, start_at, counts, appends, committed))
                for rid in run_ids]
     for t in threads:
         t.start()
@@ -183,11 +190,12 @@ def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, 
         t.join()
     finished = time.time()
     time.sleep(1.0)  # let effects.py's publisher thread send the last run_done before we exit
-    out.put((sum(counts), finished))
+    out.put((sum(counts), finished, appends, committed))
 
 
 def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
-                counts: list[int]) -> None:
+                counts: list[int], appends: list[float],
+                committed: dict[tuple[str, int], float]) -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
@@ -201,10 +209,13 @@ def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
         node = f"n{int((now - start_at) * 4 / seconds)}"  # four "nodes", one after the other
         if step % 10 == 0:
             body = {"nodeId": node, "nodeType": "bench", "cached": False, "takes": []}
-            run_event_append(run_id=run_id, type="node_done", payload={**body, "t": time.time()})
+            event = run_event_append(run_id=run_id, type="node_done", payload={**body, "t": now})
         else:
-            payload = {"nodeId": node, "step": step, "t": time.time()}
-            run_event_append(run_id=run_id, type="progress", payload=payload)
+            payload = {"nodeId": node, "step": step, "t": now}
+            event = run_event_append(run_id=run_id, type="progress", payload=payload)
+        appends.append(time.time() - now)
+        if event is not None:
+            committed[(run_id, event.seq)] = appends[-1] + now
         if rate:
             time.sleep(max(0.0, start_at + step / rate - time.time()))
     with transaction.atomic():
@@ -306,8 +317,10 @@ def main() -> None:
         go.set()
         say("publishing")
         counted = [published_q.get(timeout=args.seconds + 300) for _ in publishers]
-        published = sum(count for count, _ in counted)
-        publish_seconds = max(finished for _, finished in counted) - started
+        published = sum(count for count, *_ in counted)
+        publish_seconds = max(finished for _, finished, *_ in counted) - started
+        appends = [x for _, _, durations, _ in counted for x in durations]
+        commits = {key: t for *_, times in counted for key, t in times.items()}
         say(f"published {published} events; waiting for the subscribers")
         gathered = sorted(out.get(timeout=300) for _ in clients)
         client_cpu = sum(cpu for _, _, cpu in gathered)
@@ -328,6 +341,16 @@ def main() -> None:
         ).values_list("run_id", "seq", "type"):
             logs[str(rid)].append((seq, kind))
         report(args, results, hot, logs, run_ids, published, started, publish_seconds)
+        after_commit = [
+            arrived - commits[(rid, seq)]
+            for rid, r in zip(follows, results, strict=True) if "last" in r
+            for seq, arrived in zip(r["seqs"], r["arrivals"], strict=True) if (rid, seq) in commits
+        ]
+        print(f"fan-out:     commit→receive p50 {percentile(after_commit, 0.5) * 1000:.1f} ms, "
+              f"p99 {percentile(after_commit, 0.99) * 1000:.1f} ms (the part after Postgres)")
+        print(f"append:      run_event_append (row lock + insert + commit) p50 "
+              f"{percentile(appends, 0.5) * 1000:.1f} ms, p99 {percentile(appends, 0.99) * 1000:.1f}"
+              f" ms in {args.publishers} processes × {len(run_ids) // args.publishers} threads")
         print(f"cpu:         server (uvicorn) {server_cpu:.1f} s, subscriber processes "
               f"{client_cpu:.1f} s, on {os.cpu_count()} cores")
     finally:
