@@ -93,7 +93,7 @@ def test_the_turbo_node_renders_exactly_what_the_diffusers_pipeline_renders(owne
     run = owner.wait_run(owner.post("/v1/runs", json=turbo_graph(stack)).json()["runId"])
     pixels, take = take_pixels(owner, run)
     assert np.array_equal(pixels, reference())
-    assert take["seed"] == SEED and take["graphSha256"]
+    assert take["seed"] == SEED and take.get("graphSha256"), take
     assert set(take["models"]) == {f"diffusion_models/{stack['model']}", f"vae/{stack['vae']}",
                                    f"text_encoders/{stack['text_encoder']}"}
 
