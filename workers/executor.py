@@ -57,13 +57,13 @@ class Outcome:
 class CancelCheck:
     """`check()` raises RunCancelled once the attempt is no longer ours (cancelled, reaped).
 
-    `lost` is set by the worker's presence thread (a cancel notification, or a lease renewal
-    that no longer finds the attempt), so a check is usually free; a query confirms ownership
-    at most every FRESH_SECONDS in case a notification was missed. A fenced write that just
-    succeeded confirms it too (`confirm()`).
+    `lost` is set by the worker's presence thread (a cancel NOTIFY, or a lease renewal that no
+    longer finds the attempt), so a check is free and a cancel stops the run at its next step;
+    a query confirms ownership at most every FRESH_SECONDS in case a notification was missed.
+    A fenced write that just succeeded confirms it too (`confirm()`).
     """
 
-    FRESH_SECONDS = 0.25
+    FRESH_SECONDS = 1.0
 
     def __init__(self, claim: Claim, lost: threading.Event | None = None) -> None:
         self.claim = claim
@@ -157,7 +157,8 @@ class _RunState:
             run_id=self.claim.run_id, node_id=node_id, node_type=spec.type,
             graph_sha256=self.claim.graph_sha256, models_dir=Path(settings.INLINE_MODELS_DIR),
             owner_id=self.claim.owner_id, policy=self.policy, check_cancelled=self.cancel.check,
-            report_progress=lambda step, total, preview: self._progress(node_id, step, total, preview),
+            report_progress=lambda step, total, preview, batch: self._progress(
+                node_id, step, total, preview, batch),
         )
         inputs = {name: self.outputs[ref.node][ref.port] for name, ref in spec.inputs.items()}
         try:
@@ -190,8 +191,11 @@ class _RunState:
         ))
         return [node_id, index]
 
-    def _progress(self, node_id: str, step: int, total: int, preview: bytes | None) -> None:
+    def _progress(self, node_id: str, step: int, total: int, preview: bytes | None,
+                  batch: int | None = None) -> None:
         payload: dict[str, Any] = {"nodeId": node_id, "step": step, "total": total}
+        if batch is not None:
+            payload["batch"] = batch  # how many runs shared the forward that made this step
         if preview:
             import base64
 

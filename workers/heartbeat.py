@@ -7,10 +7,15 @@ renewal's answer was cancelled, reaped or finished elsewhere: its `lost` event i
 executor stops at the next check. A failed beat (database restarting, session terminated) is
 logged and retried at the next beat: the farm declares a worker lost only after
 INLINE_WORKER_LOST_SECONDS without any beat, several beats' worth.
+
+Between beats the thread LISTENs on PostgreSQL's `inline_run_stop` channel: a cancel (or the
+reaper taking a run away) NOTIFYs the run id as it commits, so the executor holding it stops at
+its very next step instead of at its next ownership query.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -116,13 +121,74 @@ class Presence:
                 "batchSizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}
 
     def _loop(self) -> None:
-        while not self._stop.wait(settings.INLINE_WORKER_HEARTBEAT):
+        listener = _StopListener()
+        try:
+            while not self._stop.is_set():
+                listener.wait(settings.INLINE_WORKER_HEARTBEAT, self._stopped, self._stop)
+                if self._stop.is_set():
+                    break
+                try:
+                    self.beat()
+                except Exception:  # retried at the next beat; only a long silence means lost
+                    log.warning("heartbeat of %s failed; retrying next beat", self.name,
+                                exc_info=True)
+                    connection.close()
+        finally:
+            listener.close()
+            connection.close()
+
+    def _stopped(self, run_id: str) -> None:
+        with self._lock:
+            held = self._held.get(run_id)
+        if held is not None:
+            held.lost.set()
+
+
+STOP_CHANNEL = "inline_run_stop"
+
+
+class _StopListener:
+    """A connection of its own LISTENing on STOP_CHANNEL (reconnected when it breaks)."""
+
+    def __init__(self) -> None:
+        self._conn: Any = None
+
+    def wait(self, seconds: float, on_stop: Any, stop: threading.Event) -> None:
+        """Deliver notified run ids to `on_stop` for `seconds` (or until `stop`)."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            conn = self._connect()
+            if conn is None:
+                stop.wait(min(left, 1.0))
+                continue
             try:
-                self.beat()
-            except Exception:  # retried at the next beat; only a long silence means lost
-                log.warning("heartbeat of %s failed; retrying next beat", self.name, exc_info=True)
-                connection.close()
-        connection.close()
+                for note in conn.notifies(timeout=min(left, 0.5)):
+                    on_stop(note.payload)
+            except Exception:  # a dropped connection: the next round reconnects
+                log.info("stop listener lost its connection; reconnecting", exc_info=True)
+                self.close()
+
+    def _connect(self) -> Any:
+        if self._conn is not None:
+            return self._conn
+        import psycopg
+
+        try:
+            params = connection.get_connection_params()
+            self._conn = psycopg.connect(**{**params, "autocommit": True, "connect_timeout": 2})
+            self._conn.execute(f"LISTEN {STOP_CHANNEL}")
+        except Exception:  # the database is away: beats (and leases) still tell
+            log.info("stop listener cannot connect yet", exc_info=True)
+            self.close()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                self._conn.close()
+            self._conn = None
 
 
 _presence: list[Presence] = []

@@ -32,7 +32,7 @@ from apps.fleet.models import WorkerState
 from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
-from apps.runs.services import LOCK_QUEUE_DISPATCH, advisory_lock
+from apps.runs.services import LOCK_QUEUE_DISPATCH, advisory_lock, run_stop_notify
 from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
@@ -258,6 +258,7 @@ def _reap_one(run_id: str, worker: str) -> int:
     lost = (f"worker {name} stopped heartbeating and renewing its lease "
             f"(attempt {run.attempts})")
     fence = Run.objects.filter(pk=run.pk, attempts=run.attempts)
+    run_stop_notify(run_id=run.pk)  # a worker that is only slow stops its stale attempt now
     if run.attempts >= settings.INLINE_MAX_ATTEMPTS:
         run_move(
             fence, source=[RunStatus.RUNNING], to=RunStatus.FAILED,

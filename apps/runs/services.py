@@ -258,12 +258,21 @@ def run_cancel(*, run: Run) -> Run:
         )
         if cancelled:
             run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
+            run_stop_notify(run_id=run.pk)
             queue = run.queue
             transaction.on_commit(lambda: dispatch_queue_soon(queue))
     run.refresh_from_db()
     if not cancelled and run.status != RunStatus.CANCELLED:
         raise RunNotCancellable(f"run {run.pk} already {run.status}")
     return run
+
+
+def run_stop_notify(*, run_id: Any) -> None:
+    """Tell the worker holding `run_id` to stop now (NOTIFY, delivered when the caller's
+    transaction commits; workers/heartbeat.py listens). Call inside the transaction that took
+    the run away from its attempt."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify('inline_run_stop', %s)", [str(run_id)])
 
 
 # --- the worker's side ------------------------------------------------------------------------
