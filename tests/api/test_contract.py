@@ -110,3 +110,23 @@ def test_cookies_are_secure_behind_tls_when_configured(farm, strict_web):
     login = httpx.get(f"{strict_web.url}/admin/", headers={"X-Forwarded-Proto": "https"})
     assert login.status_code == 302
     assert login.headers["location"].startswith("/admin/login/")
+
+
+# --- response models never drop a field -------------------------------------------------------
+
+def test_declared_response_models_keep_fields_they_do_not_declare(owner):
+    """DESIGN.md: fields are added freely, never removed: a take's lineage (graphSha256,
+    nodeType, params…) is not in TakeOut, and must still reach clients everywhere."""
+    asset = upload(owner, png(12, 12, (9, 9, 9))).json()["id"]
+    body = {"graph": {"nodes": {
+        "src": {"type": "image/load", "params": {"asset": asset}},
+        "out": {"type": "image/save", "params": {"label": "kept"},
+                "inputs": {"image": {"node": "src", "port": "image"}}},
+    }}, "target": "out"}
+    run = owner.wait_run(owner.post("/v1/runs", json=body).json()["runId"])
+    assert run["status"] == "succeeded", run
+    take = run["takes"][0]
+    assert take.get("graphSha256") and take.get("nodeType") == "image/save", take
+    assert owner.get(f"/v1/takes/{take['id']}").json() == take
+    listed = owner.get("/v1/runs", params={"limit": 200}).json()["items"]
+    assert next(r for r in listed if r["id"] == run["id"])["takes"] == [take]
