@@ -127,7 +127,8 @@ class _RunState:
         spec = self.doc.nodes[node_id]
         descriptor = descriptor_get(spec.type)
         assert descriptor is not None  # validated at submit
-        key = node_key(spec, self.keys, scope=self.claim.owner_id)
+        key = node_key(spec, self.keys, scope=self.claim.owner_id,
+                       content=_model_contents(spec, descriptor))
         upstream = _merge(self.lineage[ref.node] for ref in spec.inputs.values())
         cacheable = not descriptor.produces_takes and descriptor.category not in UNCACHED_CATEGORIES
         hit = self.cache.get(key) if cacheable else None
@@ -139,8 +140,6 @@ class _RunState:
             outputs, own, slots = self._compute(node_id, spec, upstream)
             if cacheable:
                 self.cache.put(key, outputs, own)
-        if descriptor.category in UNCACHED_CATEGORIES:
-            key = _with_content(key, own)  # downstream keys change with the file's bytes
         self.keys[node_id] = key
         self.outputs[node_id] = outputs
         self.lineage[node_id] = {**upstream, **own}
@@ -230,11 +229,15 @@ class _RunState:
         self.cancel.confirm()
 
 
-def node_key(spec: NodeSpec, keys: dict[str, str], *, scope: Any = None) -> str:
-    """Merkle key of a node: its type, params, the keys + ports of what feeds it, and the scope
-    (owner) whose cache it may hit."""
+def node_key(
+    spec: NodeSpec, keys: dict[str, str], *, scope: Any = None, content: dict[str, str] | None = None
+) -> str:
+    """Merkle key of a node: its type, params, the keys + ports of what feeds it, the content
+    hashes of the model files it names (other bytes under the same file name are another key),
+    and the scope (owner) whose cache it may hit."""
     body = {
         "scope": scope,
+        "content": content or {},
         "type": spec.type,
         "params": spec.params,
         "inputs": {name: [keys[ref.node], ref.port] for name, ref in sorted(spec.inputs.items())},
@@ -243,10 +246,22 @@ def node_key(spec: NodeSpec, keys: dict[str, str], *, scope: Any = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _with_content(key: str, lineage: dict[str, Any]) -> str:
-    """A loader's key extended with the content hashes it noted (`models: {name: sha256}`)."""
-    models = json.dumps(lineage.get("models", {}), sort_keys=True)
-    return hashlib.sha256(f"{key}:{models}".encode()).hexdigest()
+def _model_contents(spec: NodeSpec, descriptor: Any) -> dict[str, str]:
+    """sha256 of each model file the node's params name (cached by path, size and mtime, so
+    this stats files, it does not re-read them); a missing file is left to the runner's error."""
+    from workers.models.catalog import ModelFileMissing, file_sha256, resolve
+
+    hashes = {}
+    for param in descriptor.params:
+        value = spec.params.get(param.name)
+        if param.type != "model" or not param.options_from or not isinstance(value, str):
+            continue
+        try:
+            path = resolve(Path(settings.INLINE_MODELS_DIR), param.options_from, value)
+            hashes[f"{param.options_from}/{value}"] = file_sha256(path)
+        except (ModelFileMissing, OSError, ValueError):
+            continue
+    return hashes
 
 
 def png_bytes(image: Image.Image, lineage: dict[str, Any]) -> bytes:
