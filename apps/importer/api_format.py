@@ -9,6 +9,7 @@ report with its reason.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -20,6 +21,9 @@ from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 
 CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text"})
+
+# A LoadImage file name → the id of the asset it names for the caller, or None.
+AssetResolver = Callable[[str], str | None]
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,17 @@ class _State:
     report: Report
     mapped: dict[str, _Mapped] = field(default_factory=dict)
     unmapped: dict[str, str] = field(default_factory=dict)  # id → reason
+    resolve_asset: AssetResolver | None = None
 
 
 def prompt_to_graph(
-    prompt: dict[str, Any], *, catalog: dict[str, list[str]], report: Report
+    prompt: dict[str, Any], *, catalog: dict[str, list[str]], report: Report,
+    resolve_asset: AssetResolver | None = None,
 ) -> tuple[GraphDoc, str]:
-    """Our graph and its target for a prompt; raises ImportInvalid when nothing can run."""
-    state = _State(_read_prompt(prompt), catalog, report)
+    """Our graph and its target for a prompt; raises ImportInvalid when nothing can run.
+    `resolve_asset` turns a LoadImage file name into the caller's asset id (the ComfyUI front
+    door's uploads); names it cannot resolve stay as they are, reported under `assets`."""
+    state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset)
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
     for node in state.mapped.values():
@@ -205,9 +213,7 @@ def _set_param(state: _State, node: _Mapped, name: str, value: Any) -> None:
     if mapping.folder is not None:
         value = _model(state, node, mapping.folder, str(value))
     elif node.rule.type == "image/load":
-        state.report.assets.append({"id": node.id, "type": node.comfy_type, "file": str(value)})
-        state.report.warn(node.id, node.comfy_type, f"loads {value!r}: upload it (POST /v1/assets) "
-                          "and set this node's param 'asset' to the asset id")
+        value = _asset(state, node, str(value))
     try:
         node.params[mapping.name] = mapping.convert(value)
     except (TypeError, ValueError):
@@ -226,6 +232,18 @@ def _model(state: _State, node: _Mapped, folder: str, requested: str) -> str:
     if not held:
         state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
                           f"the file in the models dir under {folder}/")
+    return name
+
+
+def _asset(state: _State, node: _Mapped, name: str) -> str:
+    asset_id = state.resolve_asset(name) if state.resolve_asset is not None else None
+    entry = {"id": node.id, "type": node.comfy_type, "file": name}
+    if asset_id is not None:
+        state.report.assets.append({**entry, "asset": asset_id})
+        return asset_id
+    state.report.assets.append(entry)
+    state.report.warn(node.id, node.comfy_type, f"loads {name!r}: upload it (POST /v1/assets) "
+                      "and set this node's param 'asset' to the asset id")
     return name
 
 

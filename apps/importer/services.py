@@ -10,7 +10,7 @@ from django.conf import settings
 
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, graph_validate
-from apps.importer.api_format import prompt_to_graph
+from apps.importer.api_format import AssetResolver, prompt_to_graph
 from apps.importer.report import ImportInvalid, Report
 from apps.importer.ui_format import workflow_to_prompt
 
@@ -36,9 +36,12 @@ def workflow_parse(raw: bytes | str) -> Any:
         raise ImportInvalid("not_json", f"the workflow is not JSON: {exc}") from None
 
 
-def comfy_import(*, workflow: Any, catalog: dict[str, list[str]]) -> Imported:
+def comfy_import(
+    *, workflow: Any, catalog: dict[str, list[str]], resolve_asset: AssetResolver | None = None
+) -> Imported:
     """Map `workflow` onto our graph and validate it. `catalog`: models folder → names the
     fleet holds (model names resolve against it; a name nobody holds is reported, not refused).
+    `resolve_asset`: LoadImage file names → the caller's asset ids (see `prompt_to_graph`).
 
     Raises ImportInvalid (with `.report` set) when the result cannot run: not a workflow, no
     output, a dangling link, an output that needs an unmapped node, or an invalid graph.
@@ -47,7 +50,8 @@ def comfy_import(*, workflow: Any, catalog: dict[str, list[str]]) -> Imported:
     try:
         try:
             prompt = _prompt_of(workflow, report)
-            graph, target = prompt_to_graph(prompt, catalog=catalog, report=report)
+            graph, target = prompt_to_graph(prompt, catalog=catalog, report=report,
+                                            resolve_asset=resolve_asset)
         except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
             # A hand-edited or truncated file: say so instead of answering a 500.
             raise ImportInvalid("bad_workflow", f"the workflow is malformed ({type(exc).__name__}:"
