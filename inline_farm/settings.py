@@ -65,6 +65,7 @@ MIGRATION_MODULES = {
     "runs": "migrations.runs",
     "takes": "migrations.takes",
     "fleet": "migrations.fleet",
+    "importer": "migrations.importer",
 }
 
 MIDDLEWARE = [

@@ -1,0 +1,79 @@
+"""The ComfyUI front door's own records: client keys, queued prompts, uploaded input names."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ComfyKey(models.Model):
+    """A per-user key carried in a base URL (`/comfy/k/<key>/`) for ComfyUI clients that cannot
+    send an `Authorization` header; only its sha256 is stored, the secret is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="comfy_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, help_text="The first characters, to recognise it.")
+    key_sha256 = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "ComfyUI client key"
+        indexes = [models.Index(fields=["user", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class ComfyPrompt(models.Model):
+    """One `POST /prompt`: the workflow as the client sent it and the run it became.
+
+    Several prompts may share a run (an identical workflow still in flight is coalesced);
+    `number` is ComfyUI's queue counter, `id` its `prompt_id`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    number = models.BigIntegerField(unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="comfy_prompts")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="comfy_prompts")
+    client_id = models.CharField(max_length=200, blank=True)
+    prompt = models.JSONField(help_text="The API-format workflow as the client sent it.")
+    extra_data = models.JSONField(default=dict, blank=True)
+    outputs = models.JSONField(default=list, help_text="The output node ids it executes.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "client_id", "number"]),
+            models.Index(fields=["owner", "number"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"prompt {self.number} ({self.id})"
+
+
+class ComfyUpload(models.Model):
+    """A name a user gave an image through `POST /upload/image`; LoadImage resolves the newest
+    row of that (subfolder, name) to its asset."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="comfy_uploads")
+    subfolder = models.CharField(max_length=200, blank=True)
+    name = models.CharField(max_length=255)
+    asset = models.ForeignKey("takes.Asset", on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "subfolder", "name", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(condition=~Q(name=""), name="comfy_upload_named"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subfolder}/{self.name}" if self.subfolder else self.name
