@@ -49,7 +49,9 @@ class UploadSizeLimit:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.method in ("POST", "PUT", "PATCH", "DELETE"):
-            if request.path.rstrip("/") == "/v1/assets":
+            if request.path.rstrip("/") == "/v1/assets" or (
+                request.path.startswith("/comfy/") and request.path.endswith("/upload/image")
+            ):
                 limit, what = settings.INLINE_ASSET_MAX_BYTES, "upload"
                 allowed = limit + MULTIPART_SLACK
             else:

@@ -2,7 +2,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import path
+from django.urls import include, path
 
 from inline_farm.api import api
 
@@ -13,6 +13,7 @@ admin.site.enable_nav_sidebar = False  # the changelists need its 300 px (readab
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
+    path("", include("apps.importer.comfy_urls")),  # ComfyUI's API under /comfy/
 ]
 
 

@@ -1,0 +1,261 @@
+"""ComfyUI's HTTP API on the farm (front door only: parse, call comfy_door, shape ComfyUI's way).
+
+Mounted twice (apps/importer/comfy_urls.py): under `/comfy/` with the farm's API token as
+`Authorization: Bearer <token>`, and under `/comfy/k/<key>/` with a client key in the URL for
+clients that cannot send headers. Each also answers under `api/` as ComfyUI's newer frontend
+calls it (`/comfy/api/prompt`). Refusals use ComfyUI's error shape, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.accounts.selectors import user_for_token
+from apps.fleet.selectors import model_catalog, workers_live
+from apps.importer.comfy_door import (
+    PromptIn,
+    comfy_history_for_user,
+    comfy_input_asset,
+    comfy_interrupt,
+    comfy_prompt_get_for_user,
+    comfy_prompt_queue,
+    comfy_queue_delete,
+    comfy_queue_for_user,
+    comfy_queue_remaining,
+    comfy_upload_keep,
+    comfy_upload_names,
+    user_for_comfy_key,
+)
+from apps.importer.comfy_object_info import object_info
+from apps.importer.comfy_shapes import (
+    ComfyRefused,
+    error,
+    history_entry,
+    queue_item,
+    unmapped_node_errors,
+)
+from apps.takes.selectors import take_get_for_user
+from apps.takes.services import UploadRejected
+from apps.takes.storage import BlobMissing, blob_read
+from inline_farm.ids import is_uuid
+
+View = Callable[..., HttpResponse]
+VERSION = "0.3.64"  # the ComfyUI API this door speaks
+MAX_HISTORY = 1000
+
+
+def _refusal(status: int, type: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": error(type, message, message), "node_errors": {}},
+                        status=status)
+
+
+def comfy_user(request: HttpRequest, key: str | None) -> User | None:
+    """The caller: the client key of the base URL, else the Bearer token."""
+    if key is not None:
+        return user_for_comfy_key(key)
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secret.strip():
+        return user_for_token(secret.strip())
+    return None
+
+
+def door(*methods: str) -> Callable[[View], View]:
+    """Authenticate, allow `methods`, and never answer a refusal outside ComfyUI's shape."""
+
+    def wrap(view: View) -> View:
+        @csrf_exempt
+        def handle(request: HttpRequest, key: str | None = None, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                response = _refusal(405, "method_not_allowed", f"{request.method} is not allowed")
+                response["Allow"] = ", ".join(methods)
+                return response
+            user = comfy_user(request, key)
+            if user is None:
+                return _refusal(401, "unauthorized", "send 'Authorization: Bearer <token>' or "
+                                "use a base URL with a client key (/comfy/k/<key>/)")
+            try:
+                return view(request, user, **kwargs)
+            except RequestDataTooBig:
+                return _refusal(413, "too_large", "the request body is over the size limit")
+
+        handle.__name__ = view.__name__
+        handle.__doc__ = view.__doc__
+        return handle
+
+    return wrap
+
+
+def _json_body(request: HttpRequest) -> Any:
+    try:
+        return json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+@door("GET", "POST")
+def prompt(request: HttpRequest, user: User) -> HttpResponse:
+    """POST: queue a workflow (API format) → {prompt_id, number, node_errors}. GET: the queue
+    size, as ComfyUI's `GET /prompt` answers it."""
+    if request.method == "GET":
+        return JsonResponse({"exec_info": {"queue_remaining": comfy_queue_remaining(user=user)}})
+    body = _json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), dict):
+        return JsonResponse({"error": error("no_prompt", "No prompt provided",
+                                            "No prompt provided"), "node_errors": {}}, status=400)
+    pid = body.get("prompt_id")
+    if pid is not None and not is_uuid(pid):
+        return _refusal(400, "invalid_prompt", "prompt_id must be a UUID")
+    extra = body.get("extra_data")
+    try:
+        queued, unmapped = comfy_prompt_queue(owner=user, body=PromptIn(
+            prompt=body["prompt"], client_id=str(body.get("client_id") or "")[:200],
+            extra_data=extra if isinstance(extra, dict) else None,
+            prompt_id=str(pid) if pid is not None else None))
+    except ComfyRefused as refused:
+        return JsonResponse(refused.body(), status=refused.status)
+    return JsonResponse({"prompt_id": str(queued.id), "number": queued.number,
+                         "node_errors": unmapped_node_errors(unmapped)})
+
+
+@door("GET", "POST")
+def history(request: HttpRequest, user: User) -> HttpResponse:
+    """GET: finished prompts, oldest first (`max_items`, `offset`). POST (clear / delete) is
+    accepted and changes nothing: takes are immutable and runs are the farm's record."""
+    if request.method == "POST":
+        return HttpResponse(status=200)
+    try:
+        limit = min(int(request.GET.get("max_items") or MAX_HISTORY), MAX_HISTORY)
+        offset = max(int(request.GET.get("offset") or 0), 0)
+    except ValueError:
+        return _refusal(400, "bad_request", "max_items and offset must be integers")
+    prompts = comfy_history_for_user(user=user, max_items=max(limit, 0), offset=offset)
+    return JsonResponse({str(p.id): history_entry(p) for p in prompts})
+
+
+@door("GET")
+def history_one(request: HttpRequest, user: User, prompt_id: str) -> HttpResponse:
+    """One prompt's history once it finished; `{}` while it runs or when it is not yours."""
+    found = comfy_prompt_get_for_user(user=user, prompt_id=prompt_id)
+    if found is None or found.run.status in ("queued", "running"):
+        return JsonResponse({})
+    return JsonResponse({str(found.id): history_entry(found)})
+
+
+@door("GET")
+def view(request: HttpRequest, user: User) -> HttpResponse:
+    """An output image (a take, by the id in its file name) or an uploaded input's bytes."""
+    filename = request.GET.get("filename", "")
+    kind = request.GET.get("type", "output")
+    if not filename or filename.startswith("/") or ".." in filename:
+        return HttpResponse(status=400 if filename else 404)
+    if kind == "input":
+        asset = comfy_input_asset(user=user, filename=filename,
+                                  subfolder=request.GET.get("subfolder", ""))
+        found = (asset.sha256, asset.media_type) if asset is not None else None
+    else:
+        stem = os.path.splitext(os.path.basename(filename))[0]
+        take = take_get_for_user(user=user, take_id=stem) if is_uuid(stem) else None
+        found = (take.sha256, take.media_type) if take is not None else None
+    if found is None:
+        return HttpResponse(status=404)
+    try:
+        data = blob_read(found[0])
+    except BlobMissing:
+        return HttpResponse(status=404)
+    return HttpResponse(data, content_type=found[1], headers={
+        "Content-Disposition": f'filename="{os.path.basename(filename)}"',
+        "ETag": f'"{found[0]}"', "Cache-Control": "private, max-age=31536000, immutable"})
+
+
+@door("POST")
+def upload_image(request: HttpRequest, user: User) -> HttpResponse:
+    """Multipart `image` (+ `subfolder`, `overwrite`, `type`) → `{name, subfolder, type}`;
+    LoadImage can then name it."""
+    image = request.FILES.get("image")
+    if image is None or not image.name:
+        return HttpResponse(status=400)
+    try:
+        upload = comfy_upload_keep(
+            owner=user, data=image.read(), filename=image.name,
+            subfolder=request.POST.get("subfolder", ""),
+            overwrite=request.POST.get("overwrite") in ("true", "1"))
+    except UploadRejected as exc:
+        return _refusal(exc.status, exc.code, exc.message)
+    return JsonResponse({"name": upload.name, "subfolder": upload.subfolder, "type": "input"})
+
+
+@door("GET", "POST")
+def queue(request: HttpRequest, user: User) -> HttpResponse:
+    """GET: running and pending prompts. POST {delete: [ids]} / {clear: true}: drop pending."""
+    if request.method == "POST":
+        body = _json_body(request)
+        if isinstance(body, dict):
+            delete = body.get("delete")
+            comfy_queue_delete(user=user, prompt_ids=[str(i) for i in delete]
+                               if isinstance(delete, list) else None,
+                               clear=body.get("clear") is True)
+        return HttpResponse(status=200)
+    running, pending = comfy_queue_for_user(user=user)
+    return JsonResponse({"queue_running": [queue_item(p) for p in running],
+                         "queue_pending": [queue_item(p) for p in pending]})
+
+
+@door("POST")
+def interrupt(request: HttpRequest, user: User) -> HttpResponse:
+    """Stop the caller's executing prompts, or only `{prompt_id}`'s."""
+    body = _json_body(request)
+    pid = body.get("prompt_id") if isinstance(body, dict) else None
+    comfy_interrupt(user=user, prompt_id=str(pid) if pid else None)
+    return HttpResponse(status=200)
+
+
+@door("GET")
+def object_info_all(request: HttpRequest, user: User) -> HttpResponse:
+    return JsonResponse(object_info(catalog=model_catalog(), uploads=comfy_upload_names(user=user)))
+
+
+@door("GET")
+def object_info_one(request: HttpRequest, user: User, node_class: str) -> HttpResponse:
+    info = object_info(catalog=model_catalog(), uploads=comfy_upload_names(user=user))
+    return JsonResponse({node_class: info[node_class]} if node_class in info else {})
+
+
+@door("GET")
+def system_stats(request: HttpRequest, user: User) -> HttpResponse:
+    """This web host's system, and one device per live worker (the farm's GPUs)."""
+    devices = []
+    for index, worker in enumerate(workers_live().order_by("name")):
+        device = worker.device or {}
+        vram = int(float(device.get("vram_gb") or 0) * 2**30)
+        devices.append({
+            "name": f"{worker.name}: {device.get('device_name', 'cpu')}",
+            "type": str(device.get("device", "cpu")).split(":")[0], "index": index,
+            "vram_total": vram, "vram_free": vram, "torch_vram_total": vram,
+            "torch_vram_free": vram})
+    return JsonResponse({"system": {
+        "os": os.name, "ram_total": _ram("SC_PHYS_PAGES"), "ram_free": _ram("SC_AVPHYS_PAGES"),
+        "comfyui_version": VERSION, "python_version": sys.version, "pytorch_version": "",
+        "embedded_python": False, "argv": [], "platform": platform.platform(),
+        "farm": "inline-farm"}, "devices": devices})
+
+
+def _ram(pages: str) -> int:
+    try:
+        return int(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+@door("GET")
+def embeddings(request: HttpRequest, user: User) -> HttpResponse:
+    return JsonResponse([], safe=False)

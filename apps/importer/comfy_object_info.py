@@ -1,0 +1,117 @@
+"""`/object_info`: the ComfyUI node types the farm runs, described as ComfyUI describes them.
+
+Derived from the importer's tables (comfy_nodes.RULES, WIDGETS) and our descriptors; model
+lists come from the fleet's catalog, LoadImage's list from the caller's uploads. Widgets the
+farm accepts but ignores (a sampler name, a dtype) list the values ComfyUI offers, so a client
+that validates against this answer still sends its workflow unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.graphs.descriptors import Param, Port
+from apps.graphs.registry import descriptor_get
+from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
+
+KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
+         "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING"}
+
+# Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
+SPECS: dict[str, list[Any]] = {
+    "weight_dtype": [["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]],
+    "type": [["lumina2", "stable_diffusion", "qwen_image", "flux2"]],
+    "device": [["default", "cpu"], {"advanced": True}],
+    "batch_size": ["INT", {"default": 1, "min": 1, "max": 4096}],
+    "cfg": ["FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}],
+    "sampler_name": [["euler"]],
+    "scheduler": [["simple", "normal"]],
+    "upscale_method": [list(RESAMPLE)],
+    "crop": [["disabled", "center"]],
+    "add_noise": [["enable", "disable"]],
+    "return_with_leftover_noise": [["disable", "enable"]],
+    "start_at_step": ["INT", {"default": 0, "min": 0, "max": 10000}],
+    "end_at_step": ["INT", {"default": 10000, "min": 0, "max": 10000}],
+    "filename_prefix": ["STRING", {"default": "ComfyUI"}],
+    "text": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+}
+SEEDS = {"seed", "noise_seed"}
+DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
+           "UNETLoader": "Load Diffusion Model", "CLIPLoader": "Load CLIP",
+           "VAELoader": "Load VAE", "LoadImage": "Load Image", "SaveImage": "Save Image",
+           "PreviewImage": "Preview Image", "ImageScale": "Upscale Image"}
+EXTRA_TYPES: dict[str, dict[str, Any]] = {  # folded / cut on the farm, still accepted
+    "ModelSamplingAuraFlow": {"required": {"model": ["MODEL"], "shift": [
+        "FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]},
+        "output": ["MODEL"], "category": "advanced/model"},
+    "ConditioningZeroOut": {"required": {"conditioning": ["CONDITIONING"]},
+                            "output": ["CONDITIONING"], "category": "advanced/conditioning"},
+}
+
+
+def object_info(*, catalog: dict[str, list[str]], uploads: list[str]) -> dict[str, Any]:
+    """Every ComfyUI type the farm accepts → ComfyUI's node_info shape."""
+    info = {name: _mapped(name, rule, catalog, uploads) for name, rule in RULES.items()}
+    for name, spec in EXTRA_TYPES.items():
+        info[name] = _info(name, {"required": spec["required"]}, spec["output"],
+                           spec["output"], spec["category"], output_node=False)
+    return info
+
+
+def _mapped(name: str, rule: Rule, catalog: dict[str, list[str]],
+            uploads: list[str]) -> dict[str, Any]:
+    descriptor = descriptor_get(rule.type)
+    assert descriptor is not None  # tests/apps/importer/test_mapping.py: every rule has one
+    required: dict[str, list[Any]] = {}
+    for comfy, port in rule.inputs.items():
+        required[comfy] = [_kind(descriptor.input(port))]
+    for widget in WIDGETS.get(name, ()):
+        if widget in (CONTROL, "upload") or widget in required:
+            continue
+        mapping = rule.params.get(widget)
+        param = descriptor.param(mapping.name) if mapping is not None else None
+        required[widget] = _widget(widget, param, catalog, uploads)
+    outputs = [_kind(descriptor.output(p)) if p else "MASK" for p in rule.outputs]
+    return _info(name, {"required": required}, outputs, outputs, descriptor.category,
+                 output_node=descriptor.produces_takes)
+
+
+def _kind(port: Port | None) -> str:
+    return KINDS.get(port.kind, "*") if port is not None else "*"
+
+
+def _widget(widget: str, param: Param | None, catalog: dict[str, list[str]],
+            uploads: list[str]) -> list[Any]:
+    if widget in SPECS:
+        return SPECS[widget]
+    if param is None:
+        return ["*"]
+    if param.type == "model":
+        return [catalog.get(param.options_from or "", []), {}]
+    if param.type == "asset":
+        return [uploads, {"image_upload": True}]
+    if param.type == "enum":
+        return [list(param.choices or ()), {"default": param.default}]
+    if param.type in ("int", "float"):
+        opts: dict[str, Any] = {"default": param.default if param.default is not None else 0}
+        if param.min is not None:
+            opts["min"] = param.min
+        if param.max is not None:
+            opts["max"] = param.max
+        if widget in SEEDS:
+            opts["control_after_generate"] = True
+        return ["INT" if param.type == "int" else "FLOAT", opts]
+    if param.type == "bool":
+        return ["BOOLEAN", {"default": bool(param.default)}]
+    return ["STRING", {"default": param.default or ""}]
+
+
+def _info(name: str, inputs: dict[str, Any], output: list[str], names: list[str],
+          category: str, *, output_node: bool) -> dict[str, Any]:
+    return {
+        "input": inputs,
+        "input_order": {k: list(v) for k, v in inputs.items()},
+        "output": output, "output_is_list": [False] * len(output), "output_name": names,
+        "name": name, "display_name": DISPLAY.get(name, name), "description": "",
+        "python_module": "nodes", "category": category, "output_node": output_node,
+    }

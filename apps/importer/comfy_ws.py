@@ -1,0 +1,187 @@
+"""ComfyUI's `GET /ws?clientId=` on the farm: the events of a client's prompts as ComfyUI's
+messages (front door only; the translation lives in comfy_messages.py).
+
+A socket follows the prompts its owner queued with the same `client_id`: those in flight when it
+connects, and every later one. Each prompt's run is followed from its durable event log, the
+way /v1 websockets follow a run (apps/runs/stream.py: ordered, no gap, replayed from seq 1, so
+a prompt that finished before the socket heard of it still tells its whole story). New prompts
+are announced on a channel-layer group per (owner, client id) after commit; the socket also
+looks for them every `POLL_SECONDS`, so a lost announcement or a channel-layer outage only
+delays them.
+
+Auth: `Authorization: Bearer <token>`, a client key in the URL (`/comfy/k/<key>/ws`), or the
+/v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`). Refused: close 4401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+
+from apps.accounts.selectors import user_for_token
+from apps.importer.comfy_door import (
+    client_group,
+    comfy_client_prompts,
+    comfy_queue_remaining,
+    user_for_comfy_key,
+)
+from apps.importer.comfy_messages import Message, PromptMessages, status_message
+from apps.runs.consumers import credentials
+from apps.runs.fanout import run_fanout
+from apps.runs.selectors import run_events_wire_after, run_snapshot
+from apps.runs.stream import RunEventStream
+
+log = logging.getLogger(__name__)
+
+_db = partial(database_sync_to_async, thread_sensitive=False)
+
+POLL_SECONDS = 2.0
+CLOSE_INTERNAL = 1011
+CLOSE_UNAUTHORIZED = 4401
+
+
+def _user(key: str | None, token: str | None) -> User | None:
+    if key is not None:
+        return user_for_comfy_key(key)
+    return user_for_token(token) if token else None
+
+
+class ComfyWsConsumer(AsyncWebsocketConsumer):
+    """One ComfyUI client (`clientId`) of one user."""
+
+    # No automatic channel: this socket manages its own group membership (see `_wait`) and
+    # follows runs through the process's fan-out, so a channel-layer outage never drops it.
+    channel_layer_alias = "comfy-door (own channel)"
+
+    user: User
+    client_id = ""
+    main: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        token, subprotocol = credentials(self.scope, query)
+        key = self.scope["url_route"]["kwargs"].get("key")
+        try:
+            user = await _db(_user)(key, token)
+        except Exception:
+            log.exception("opening a ComfyUI socket failed")
+            user = None
+        await self.accept(subprotocol)
+        if user is None:
+            await self.close(CLOSE_UNAUTHORIZED)
+            return
+        self.user = user
+        self.client_id = (query.get("clientId") or [""])[0][:200] or uuid.uuid4().hex
+        self.layer, self.channel, self.joined = get_channel_layer(), "", False
+        self.followers: dict[Any, asyncio.Task[None]] = {}
+        self.send_lock = asyncio.Lock()
+        self.main = asyncio.create_task(self._serve())
+
+    async def disconnect(self, code: int) -> None:
+        tasks = [self.main, *getattr(self, "followers", {}).values()]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+        if getattr(self, "joined", False) and self.layer is not None:
+            with contextlib.suppress(Exception):
+                await self.layer.group_discard(self._group(), self.channel)
+
+    def _group(self) -> str:
+        return client_group(self.user.pk, self.client_id)
+
+    async def _serve(self) -> None:
+        try:
+            await self._join()  # before the first read: no prompt falls between the two
+            prompts, cursor = await _db(comfy_client_prompts)(
+                owner_id=self.user.pk, client_id=self.client_id, after=None)
+            await self._status(sid=self.client_id)
+            while True:
+                for prompt in prompts:
+                    self._follow(prompt)
+                if prompts:
+                    await self._status()
+                await self._wait()
+                prompts, cursor = await _db(comfy_client_prompts)(
+                    owner_id=self.user.pk, client_id=self.client_id, after=cursor)
+        except (OSError, asyncio.CancelledError):
+            return
+        except Exception:
+            log.exception("ComfyUI socket of client %s failed", self.client_id)
+            with contextlib.suppress(OSError):
+                await self.close(CLOSE_INTERNAL)
+
+    async def _join(self) -> None:
+        if self.layer is None:
+            return
+        try:
+            async with asyncio.timeout(2.0):
+                self.channel = self.channel or await self.layer.new_channel()
+                await self.layer.group_add(self._group(), self.channel)
+            self.joined = True
+        except Exception:
+            log.warning("joining %s failed; polling for prompts", self._group(), exc_info=True)
+            self.joined = False
+
+    async def _wait(self) -> None:
+        """Until a new prompt is announced, or `POLL_SECONDS` pass."""
+        if not self.joined:
+            await asyncio.sleep(POLL_SECONDS)
+            await self._join()
+            return
+        try:
+            async with asyncio.timeout(POLL_SECONDS):
+                await self.layer.receive(self.channel)
+        except TimeoutError:
+            pass
+        except Exception:
+            log.warning("reading %s failed; polling for prompts", self._group(), exc_info=True)
+            self.joined = False
+
+    def _follow(self, prompt: Any) -> None:
+        if prompt.pk not in self.followers:
+            self.followers[prompt.pk] = asyncio.create_task(self._follow_run(prompt))
+
+    async def _follow_run(self, prompt: Any) -> None:
+        messages = PromptMessages(prompt_id=str(prompt.pk), workflow=prompt.prompt)
+        run_id = str(prompt.run_id)
+
+        async def send(event: dict[str, Any]) -> None:
+            for message in messages.of(event):
+                await self._send(message)
+
+        stream = RunEventStream(
+            run_id=run_id, after=0, send=send,
+            load_snapshot=partial(_db(run_snapshot), run_id=run_id),
+            load_events=partial(_db(run_events_wire_after), run_id=run_id))
+        await run_fanout().subscribe(run_id, stream)
+        try:
+            await stream.run()
+            await self._status()
+        except (OSError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("following run %s for a ComfyUI client failed", run_id)
+        finally:
+            await run_fanout().unsubscribe(run_id, stream)
+
+    async def _status(self, sid: str | None = None) -> None:
+        remaining = await _db(comfy_queue_remaining)(user=self.user)
+        await self._send(status_message(remaining, sid))
+
+    async def _send(self, message: Message) -> None:
+        async with self.send_lock:
+            if isinstance(message, bytes):
+                await self.send(bytes_data=message)
+            else:
+                await self.send(text_data=json.dumps(message, separators=(",", ":")))
