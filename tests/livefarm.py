@@ -73,12 +73,12 @@ class LiveFarm:
         raise RuntimeError(f"web did not come up; see {self.logs / 'web.log'}")
 
     def start_worker(self, queues: str = "cpu,control", wait: bool = True, slots: int = 4,
-                     proc: str = "worker") -> str:
+                     proc: str = "worker", env: dict[str, str] | None = None) -> str:
         self.worker_count += 1
         name = f"w{self.worker_count}@test"
         self._spawn(proc, [sys.executable, "-m", "celery", "-A", "inline_farm", "worker",
                            "--pool=threads", f"--concurrency={slots}", "-Q", queues, "-n", name,
-                           "--without-mingle", "--without-gossip", "--loglevel=INFO"])
+                           "--without-mingle", "--without-gossip", "--loglevel=INFO"], env)
         if wait:
             self.wait_for_worker(name)
         return name
