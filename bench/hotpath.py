@@ -71,10 +71,10 @@ def wait_done(client: httpx.Client, run_id: str) -> tuple[dict[str, Any], float]
             return run, time.time()
 
 
-def sequential(client: httpx.Client, asset: str, runs: int) -> list[dict[str, float]]:
+def sequential(client: httpx.Client, asset: str, runs: int) -> list[dict[str, Any]]:
     from datetime import datetime
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in range(runs):
         t0 = time.time()
         submitted = client.post("/v1/runs", json=_graph(asset, n))
