@@ -11,6 +11,18 @@ class Team(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    weight = models.PositiveIntegerField(
+        default=1, help_text="Fair share: a team with weight 3 gets about 3× the free slots of "
+        "a team with weight 1 while both wait.",
+    )
+    max_inflight_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Queued + running runs of all members at once (empty: "
+        "no team limit).",
+    )
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(weight__gte=1),
+                                              name="team_weight_positive")]
 
     def __str__(self) -> str:
         return self.name

@@ -28,28 +28,43 @@ def model_catalog() -> dict[str, list[str]]:
 
 
 def queue_for(requirement: dict[str, Any]) -> str:
-    """The capability queue a run with `requirement` should go to.
+    """The capability queue a run with `requirement` should go to (apps/fleet/routing.py):
+    the smallest live GPU class that fits its memory estimate and holds its model files, else
+    `cpu` when a CPU worker holds them, else `gpu` (waits for a capable worker). Raises
+    RunCannotFit when the workers holding the files could never fit the run."""
+    from apps.fleet.routing import route
 
-    Pillow-only graphs go to `cpu`. Model graphs go to the smallest `gpu.<N>g` queue served by a
-    live worker holding every model file they name, else to `cpu` when a live CPU worker holds
-    them (slow, but correct), else to `gpu` (waits for a capable worker to appear).
-    """
     if not requirement.get("models"):
         return "cpu"
-    needed = {(m["folder"], m["name"]) for m in requirement["models"]}
-    queues: set[str] = set()
-    for worker in workers_live().exclude(state=WorkerState.DRAINING):
-        held = {(m["folder"], m["name"]) for m in worker.model_files}
-        if needed <= held:
-            queues.update(q for q in worker.queues if q.startswith("gpu.") or q == "cpu")
-    gpu = sorted((q for q in queues if q.startswith("gpu.")), key=_vram_of_queue)
-    if gpu:
-        return gpu[0]
-    return "cpu" if "cpu" in queues else "gpu"
+    return route(requirement, list(workers_live().only(
+        "name", "queues", "device", "model_files", "state")))
 
 
-def _vram_of_queue(queue: str) -> float:
-    try:
-        return float(queue.removeprefix("gpu.").rstrip("g"))
-    except ValueError:
-        return float("inf")
+def model_sizes() -> dict[tuple[str, str], int]:
+    """(folder, name) → size in bytes, for the model files live workers hold."""
+    sizes: dict[tuple[str, str], int] = {}
+    for files in workers_live().values_list("model_files", flat=True):
+        for entry in files:
+            sizes[(entry["folder"], entry["name"])] = int(entry.get("size") or 0)
+    return sizes
+
+
+def queue_wait_reasons(queues: set[str]) -> dict[str, str]:
+    """Why runs queued on each of `queues` are waiting, in words (one query for all)."""
+    serving: dict[str, list[Any]] = {q: [] for q in queues}
+    for worker in workers_live().only("queues", "state", "slots", "running"):
+        for q in worker.queues:
+            if q in serving:
+                serving[q].append(worker)
+    reasons = {}
+    for queue, workers in serving.items():
+        online = [w for w in workers if w.state != WorkerState.DRAINING]
+        if not workers:
+            reasons[queue] = f"no live worker serves {queue}; it waits for one to join"
+        elif not online:
+            reasons[queue] = f"every worker serving {queue} is draining; it waits for a resume"
+        else:
+            busy = sum(len(w.running) for w in online)
+            slots = sum(w.slots for w in online)
+            reasons[queue] = f"waiting for a free slot on {queue} ({busy} of {slots} busy)"
+    return reasons

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Query, Router
 
 from apps.runs.schemas import RunIn, RunListOut, RunListQuery, RunOut, RunSubmitOut
-from apps.runs.selectors import run_get_for_user, run_list_for_user
+from apps.runs.selectors import run_get_for_user, run_list_for_user, runs_to_wire
 from apps.runs.services import (
     RunConflict,
     RunLimitReached,
@@ -48,7 +48,7 @@ def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any
     page = list(qs[query.offset : query.offset + query.limit + 1])
     more = len(page) > query.limit
     return {
-        "items": [run_to_wire(r) for r in page[: query.limit]],
+        "items": runs_to_wire(page[: query.limit]),
         "limit": query.limit,
         "offset": query.offset,
         "nextOffset": query.offset + query.limit if more else None,
@@ -58,7 +58,7 @@ def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any
 @router.get("/{run_id}", summary="Get a run's durable state",
             response={200: RunOut, **errors(401, 404)})
 def get_run(request: HttpRequest, run_id: str) -> dict[str, Any]:
-    return run_to_wire(_run_or_404(request, run_id))
+    return runs_to_wire([_run_or_404(request, run_id)])[0]
 
 
 @router.delete("/{run_id}", summary="Cancel a queued or running run",

@@ -3,7 +3,8 @@
 Runs wait in Postgres as `queued`. A queue gets messages only for free slots: its window is
 the slots of the live, non-draining workers serving it (+ INLINE_DISPATCH_WINDOW), less its
 running runs, less its published-but-unclaimed ones. The next runs are chosen by priority,
-then fair share (owners with the fewest running runs first), then age.
+then the team's fair share (fewest running per unit of Team.weight), then the owner's (fewest
+running), then age.
 
 Cost: `queue_dispatch` runs after every submit, finish, cancel and requeue, and reads only what it
 selects — one probe per owner waiting in the queue (a loose index scan), never one per queued
@@ -29,6 +30,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.fleet.models import WorkerState
+from apps.fleet.routing import RunCannotFit
 from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
@@ -98,11 +100,20 @@ WITH RECURSIVE owners AS (
 )
 SELECT head.id, owners.owner_id, head.priority, head.created_at,
        (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id),
+       team.id, COALESCE(team.weight, 1),
+       (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
+         WHERE x.status = 'running' AND m.team_id = team.id),
        -- the queue's busy count (running + published, unclaimed), computed once
        (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
        + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
             AND dispatched_at >= %(fresh)s)
-FROM owners CROSS JOIN LATERAL (
+FROM owners
+LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
+    SELECT t.id, t.weight FROM accounts_team t
+    WHERE t.id = (SELECT min(tm.team_id) FROM accounts_team_members tm
+                  WHERE tm.user_id = owners.owner_id)
+) team ON true
+CROSS JOIN LATERAL (
     SELECT q.id, q.priority, q.created_at FROM runs_run q
     WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
       AND (q.dispatched_at IS NULL OR q.dispatched_at < %(fresh)s)
@@ -124,22 +135,38 @@ def _heads(queue: str, fresh: Any, room: int) -> tuple[list[tuple[Any, ...]], in
     with connection.cursor() as cursor:
         cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "room": room})
         rows = list(cursor.fetchall())
-    return [row[:5] for row in rows], int(rows[0][5]) if rows else 0
+    return [row[:8] for row in rows], int(rows[0][8]) if rows else 0
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
-    """Choose up to `room` runs: highest priority, then the owner with the fewest running (each
-    pick counts as running), then the oldest. `heads` holds each owner's next runs in order."""
+    """Choose up to `room` runs: highest priority first; then the share (the owner's team, or
+    the owner alone) with the fewest running runs per unit of weight; then the owner with the
+    fewest running; then the oldest. Each pick counts as running, so free slots go round.
+    `heads` holds each owner's next runs in order, with their owner's and team's counts."""
     waiting: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     running: dict[int, int] = {}
-    for run_id, owner, priority, created, owner_running in heads:
+    share_of: dict[int, tuple[str, int]] = {}
+    share_running: dict[tuple[str, int], int] = {}
+    weight: dict[tuple[str, int], int] = {}
+    for run_id, owner, priority, created, owner_running, team, team_weight, team_running in heads:
         waiting[owner].append((run_id, priority, created))
         running[owner] = int(owner_running)
+        share = ("team", team) if team is not None else ("user", owner)
+        share_of[owner] = share
+        share_running[share] = int(team_running if team is not None else owner_running)
+        weight[share] = max(int(team_weight), 1)
+
+    def order(o: int) -> tuple[Any, ...]:
+        share = share_of[o]
+        return (-waiting[o][0][1], share_running[share] / weight[share], running[o],
+                waiting[o][0][2])
+
     chosen: list[str] = []
     while len(chosen) < room and waiting:
-        owner = min(waiting, key=lambda o: (-waiting[o][0][1], running[o], waiting[o][0][2]))
+        owner = min(waiting, key=order)
         chosen.append(str(waiting[owner].pop(0)[0]))
         running[owner] += 1
+        share_running[share_of[owner]] += 1
         if not waiting[owner]:
             del waiting[owner]
     return chosen
@@ -208,15 +235,22 @@ def _reroute_orphans() -> None:
     run must not wait forever on a queue nobody listens to. One `queue_for` per distinct
     requirement, one UPDATE per group: cheap however many runs wait.
     """
-    served = {q for queues in workers_live().values_list("queues", flat=True) for q in queues}
-    if not served:
+    live = workers_live()
+    if not live.exists():
         return  # no live worker at all: nothing better to choose, keep the submit-time choice
+    # A queue whose workers are all draining counts as unserved: its runs move to another pool
+    # when one fits them (else they stay, and their wait reason says the pool is draining).
+    served = {q for queues in live.exclude(state=WorkerState.DRAINING).values_list(
+        "queues", flat=True) for q in queues}
     orphans = (
         Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
         .values_list("queue", "requirement").distinct()
     )
     for queue, requirement in orphans.order_by()[:50]:
-        better = queue_for(requirement)
+        try:
+            better = queue_for(requirement)
+        except RunCannotFit:
+            continue  # its files' holders are too small now: it waits for a bigger worker
         if better != queue and better in served:
             Run.objects.filter(status=RunStatus.QUEUED, queue=queue,
                                requirement=requirement).update(queue=better, dispatched_at=None)

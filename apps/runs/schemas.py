@@ -60,6 +60,7 @@ class RunOut(WireOut):
     lastSeq: int
     error: ErrorBody | None
     takes: list[TakeOut]
+    waiting: str | None = Field(default=None, description="Why a queued run has not started.")
 
 
 class RunListOut(WireOut):

@@ -20,7 +20,8 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.fleet.selectors import model_catalog, queue_for
+from apps.fleet.routing import RunCannotFit, need_estimate
+from apps.fleet.selectors import model_catalog, model_sizes, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
@@ -36,6 +37,7 @@ from inline_farm.ids import is_uuid
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)).
 LOCK_OWNER_SUBMIT = 1
 LOCK_QUEUE_DISPATCH = 2
+LOCK_TEAM_SUBMIT = 3
 
 
 class RunConflict(Exception):
@@ -194,10 +196,31 @@ def _limits_of(owner: User) -> Any:
 
 
 def _limit_check(owner: User, in_flight: int) -> None:
+    """The owner's in-flight limit, then each of their teams' (under the team's lock)."""
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     if in_flight >= limit:
         raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
+    for team_id, name, team_limit in _team_limits(owner):
+        advisory_lock(LOCK_TEAM_SUBMIT, team_id)
+        busy = Run.objects.filter(owner__teams=team_id, status__in=IN_FLIGHT).count()
+        if busy >= team_limit:
+            raise RunLimitReached(
+                f"team {name!r} has {team_limit} runs in flight; wait for some to finish"
+            )
+
+
+def _team_limits(owner: User) -> list[tuple[int, str, int]]:
+    """(id, name, limit) of the owner's teams that have an in-flight limit. Remembered on the
+    user object, which the token lookup itself remembers for a few seconds."""
+    cached = getattr(owner, "_farm_team_limits", None)
+    if cached is None:
+        from apps.accounts.models import Team
+
+        cached = list(Team.objects.filter(members=owner, max_inflight_runs__isnull=False)
+                      .values_list("pk", "name", "max_inflight_runs"))
+        owner._farm_team_limits = cached  # type: ignore[attr-defined]
+    return cached
 
 
 def _priority_check(owner: User, priority: int) -> None:
@@ -229,9 +252,14 @@ def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
 
 
 def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
-    """What a worker must offer: the node types and the model files the closure names."""
+    """What a worker must offer: the node types, the model files the closure names, and the
+    memory it needs (apps/fleet/routing.py). Checked against the live fleet: a file no live
+    worker holds, or a run no live worker holding its files could fit, is a 422."""
     refs = list(param_refs(graph, order, "model"))
-    catalog = model_catalog() if refs else {}
+    types = sorted({graph.nodes[n].type for n in order})
+    if not refs:
+        return {"nodeTypes": types, "models": []}
+    catalog, sizes = model_catalog(), model_sizes()
     models = []
     for node_id, param, value in refs:
         folder = param.options_from or ""
@@ -243,8 +271,26 @@ def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
                 node_id,
             )
         models.append({"folder": folder, "name": value})
-    types = sorted({graph.nodes[n].type for n in order})
-    return {"nodeTypes": types, "models": models}
+    unique = {(m["folder"], m["name"]) for m in models}
+    need = need_estimate(model_sizes=[sizes.get(m, 0) for m in sorted(unique)],
+                         pixels=_largest_image(graph, order))
+    requirement = {"nodeTypes": types, "models": models, "need": need.to_wire()}
+    try:
+        queue_for(requirement)
+    except RunCannotFit as exc:
+        raise GraphInvalid("run_cannot_fit", str(exc), refs[0][0]) from None
+    return requirement
+
+
+def _largest_image(graph: GraphDoc, order: list[str]) -> int:
+    """The most pixels any node of the closure asks for (its width × height params)."""
+    largest = 0
+    for node_id in order:
+        params = graph.nodes[node_id].params
+        width, height = params.get("width"), params.get("height")
+        if isinstance(width, int) and isinstance(height, int):
+            largest = max(largest, width * height)
+    return largest
 
 
 # --- cancel -----------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ def run_error(run: Run) -> dict[str, Any] | None:
     return {"code": run.error_code, "message": run.error_message, "nodeId": run.error_node or None}
 
 
-def run_to_wire(run: Run) -> dict[str, Any]:
-    """The run as clients see it; takes come from a prefetch when the caller made one."""
+def run_to_wire(run: Run, *, waiting: str | None = None) -> dict[str, Any]:
+    """The run as clients see it; takes come from a prefetch when the caller made one.
+    `waiting` says, for a queued run, why it has not started (apps/runs/selectors.py)."""
     return {
         "id": str(run.id),
         "status": run.status,
@@ -35,6 +36,7 @@ def run_to_wire(run: Run) -> dict[str, Any]:
         "lastSeq": run.last_seq,
         "error": run_error(run),
         "takes": [take_to_wire(t) for t in run.takes.all()],
+        "waiting": waiting if run.status == "queued" else None,
     }
 
 

@@ -63,7 +63,9 @@ def test_runs_wait_while_no_worker_is_up_and_cancel_works_while_queued(farm, own
     # Two extra deliveries of the same id: a duplicate must never execute twice.
     for _ in range(2):
         app.send_task("workers.tasks.execute_run", args=[waiting], queue="cpu")
-    assert owner.get(f"/v1/runs/{waiting}").json()["status"] == "queued"
+    queued = owner.get(f"/v1/runs/{waiting}").json()
+    assert queued["status"] == "queued"
+    assert "no live worker serves cpu" in queued["waiting"]  # the run says why it waits
     cancelled = owner.delete(f"/v1/runs/{doomed}")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 

@@ -129,3 +129,21 @@ def test_new_weights_under_the_same_file_name_are_never_served_from_the_cache(
     model = f"diffusion_models/{cache_stack['model']}"
     assert old["models"][model] != new["models"][model]  # the lineage names the new bytes
     assert old["sha256"] != new["sha256"]  # and the image was rendered with them
+
+
+def test_a_team_limit_holds_for_all_its_members_with_retry_after(farm, db_access):
+    from apps.accounts.models import Team
+    from apps.accounts.services import user_get_or_create
+
+    team = Team.objects.create(name="small-team", max_inflight_runs=2)
+    team.members.add(user_get_or_create(username="member1"), user_get_or_create(username="member2"))
+    with _persona(farm, "member1") as one, _persona(farm, "member2") as two:
+        a = upload(one, png(8, 8, (11, 12, 13))).json()["id"]
+        b = upload(two, png(8, 8, (14, 15, 16))).json()["id"]
+        first = one.post("/v1/runs", json=delay_graph(a, 20))
+        second = two.post("/v1/runs", json=delay_graph(b, 20))
+        third = two.post("/v1/runs", json=delay_graph(b, 21))
+        assert (first.status_code, second.status_code, third.status_code) == (201, 201, 429)
+        assert third.headers["Retry-After"] and "team 'small-team'" in third.json()["error"]["message"]
+        one.delete(f"/v1/runs/{first.json()['runId']}")
+        two.delete(f"/v1/runs/{second.json()['runId']}")

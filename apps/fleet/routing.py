@@ -1,0 +1,108 @@
+"""Where a run can go: its memory estimate and the cheapest live queue that fits (torch-free).
+
+The estimate is deliberately simple and explained in every refusal: the weights are the model
+files' sizes (stored in the dtype the device policy computes in — bf16 files on bf16 GPUs), plus
+activations that grow with the image (a diffusion transformer's attention over the latent
+tokens, the VAE decode at full size): ACTIVATION_BASE_GB + ACTIVATION_GB_PER_MPX per megapixel.
+A `gpu-max` worker must hold everything at once; a `lowvram` worker offloads, so it needs the
+largest single model plus the activations. CPU workers run anything (slowly) in host memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from apps.fleet.capability import GPU_CLASSES_GB
+
+ACTIVATION_BASE_GB = 1.0
+ACTIVATION_GB_PER_MPX = 3.0
+
+
+class RunCannotFit(Exception):
+    """No live worker that holds the run's files could ever fit it (a 422 at submit)."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """A run's memory estimate in GB."""
+
+    weights_gb: float
+    largest_gb: float
+    activations_gb: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.activations_gb
+
+    @property
+    def offloaded_gb(self) -> float:
+        return self.largest_gb + self.activations_gb
+
+    def to_wire(self) -> dict[str, float]:
+        return {"weightsGb": round(self.weights_gb, 2), "largestGb": round(self.largest_gb, 2),
+                "activationsGb": round(self.activations_gb, 2), "vramGb": round(self.total_gb, 2)}
+
+
+def need_estimate(*, model_sizes: list[int], pixels: int) -> Need:
+    """The memory a run with these model files (bytes) at `pixels` output pixels needs."""
+    weights = sum(model_sizes) / 1e9
+    largest = max(model_sizes, default=0) / 1e9
+    activations = ACTIVATION_BASE_GB + ACTIVATION_GB_PER_MPX * pixels / 1e6 if model_sizes else 0
+    return Need(weights, largest, activations)
+
+
+def worker_fits(device: dict[str, Any], need: dict[str, Any]) -> bool:
+    """Whether a worker with `device` (its heartbeat's description) can hold a run of `need`."""
+    profile = device.get("profile", "cpu")
+    if profile == "cpu" or not need:
+        return True
+    vram = float(device.get("vram_gb") or 0)
+    if profile == "lowvram" or device.get("cpu_offload"):
+        return float(need.get("largestGb", 0)) + float(need.get("activationsGb", 0)) <= vram
+    return float(need.get("vramGb", 0)) <= vram
+
+
+def route(requirement: dict[str, Any], workers: list[Any]) -> str:
+    """The queue for `requirement` among live `workers` (name, queues, device, model_files,
+    state): the smallest GPU class that fits and holds the files (non-draining first), else
+    `cpu` when a CPU worker holds them, else `gpu` (wait for a capable worker). Raises
+    RunCannotFit when workers hold the files but none could ever fit the run."""
+    if not requirement.get("models"):
+        return "cpu"
+    needed = {(m["folder"], m["name"]) for m in requirement["models"]}
+    need = requirement.get("need") or {}
+    holders = [w for w in workers
+               if needed <= {(m["folder"], m["name"]) for m in w.model_files}]
+    fitting = [w for w in holders if worker_fits(w.device, need)]
+    if holders and not fitting:
+        raise RunCannotFit(_why_not(need, holders))
+    for pool in ([w for w in fitting if w.state != "draining"], fitting):
+        gpu = sorted({q for w in pool for q in w.queues if q.startswith("gpu.")}, key=_vram_of)
+        if gpu:
+            return gpu[0]
+        if any("cpu" in w.queues for w in pool):
+            return "cpu"
+    return "gpu"
+
+
+def _why_not(need: dict[str, Any], holders: list[Any]) -> str:
+    biggest = max(float(w.device.get("vram_gb") or 0) for w in holders)
+    total, offloaded = float(need.get("vramGb", 0)), float(need.get("largestGb", 0)) + float(
+        need.get("activationsGb", 0))
+    fits = next((gb for gb in GPU_CLASSES_GB if gb >= total), None)
+    would = f"a gpu-max worker with {math.ceil(total)} GB (gpu.{fits}g)" if fits else (
+        f"no single GPU class ({GPU_CLASSES_GB[-1]} GB at most)")
+    return (f"this run needs about {total:.1f} GB of GPU memory ({need.get('weightsGb', 0):.1f} GB "
+            f"of weights + {need.get('activationsGb', 0):.1f} GB for its resolution); the live "
+            f"workers holding its model files have at most {biggest:.0f} GB. It would fit "
+            f"{would}, or a lowvram worker with {math.ceil(offloaded)} GB; or lower the "
+            "resolution")
+
+
+def _vram_of(queue: str) -> float:
+    try:
+        return float(queue.removeprefix("gpu.").rstrip("g"))
+    except ValueError:
+        return float("inf")

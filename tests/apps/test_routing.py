@@ -1,0 +1,70 @@
+"""VRAM-aware routing: a run goes to the cheapest live queue that fits and holds its files."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from apps.fleet.models import Worker
+from apps.fleet.routing import RunCannotFit, need_estimate
+from apps.fleet.selectors import queue_for, queue_wait_reasons
+
+pytestmark = pytest.mark.django_db
+
+GB = 10**9
+BIG = {"folder": "diffusion_models", "name": "big.safetensors"}
+SMALL = {"folder": "diffusion_models", "name": "small.safetensors"}
+
+
+def _host(name: str, vram: float, queue: str, files: list[dict], profile: str = "gpu-max",
+          state: str = "online") -> Worker:
+    return Worker.objects.create(
+        name=name, queues=[queue], state=state, last_heartbeat=timezone.now(), slots=2,
+        device={"profile": profile, "vram_gb": vram},
+        model_files=[{**f, "kind": "file", "size": size} for f, size in files],
+    )
+
+
+def _requirement(model: dict, size_gb: float, pixels: int) -> dict:
+    need = need_estimate(model_sizes=[int(size_gb * GB)], pixels=pixels)
+    return {"models": [model], "need": need.to_wire()}
+
+
+def test_the_estimate_is_weights_plus_activations_that_grow_with_the_image():
+    small, large = (need_estimate(model_sizes=[12 * GB, 8 * GB], pixels=p)
+                    for p in (512 * 512, 2048 * 2048))
+    assert small.weights_gb == 20 and small.largest_gb == 12
+    assert large.activations_gb > small.activations_gb > 0
+    assert large.total_gb == large.weights_gb + large.activations_gb
+
+
+def test_a_run_goes_to_the_smallest_gpu_class_that_fits_and_holds_its_files():
+    _host("l40s@a", 48, "gpu.48g", [(BIG, 20 * GB), (SMALL, 2 * GB)])
+    _host("h200@b", 141, "gpu.141g", [(BIG, 20 * GB), (SMALL, 2 * GB)])
+    _host("4090@c", 24, "gpu.24g", [(SMALL, 2 * GB)])
+    assert queue_for(_requirement(SMALL, 2, 1024 * 1024)) == "gpu.24g"
+    assert queue_for(_requirement(BIG, 20, 1024 * 1024)) == "gpu.48g"  # 4090 lacks the file
+    assert queue_for(_requirement(BIG, 20, 4096 * 4096)) == "gpu.141g"  # too big for the L40S
+
+
+def test_a_run_no_live_worker_could_fit_is_refused_with_what_would_fit():
+    _host("4090@c", 24, "gpu.24g", [(BIG, 20 * GB)])
+    with pytest.raises(RunCannotFit) as refused:
+        queue_for(_requirement(BIG, 20, 2048 * 2048))
+    message = str(refused.value)
+    assert "needs about" in message and "at most 24 GB" in message and "(gpu.40g)" in message
+
+
+def test_a_lowvram_worker_offloads_so_the_largest_model_must_fit_not_all_of_them():
+    _host("3060@d", 12, "gpu.12g", [(BIG, 9 * GB)], profile="lowvram")
+    assert queue_for(_requirement(BIG, 9, 512 * 512)) == "gpu.12g"
+
+
+def test_draining_pools_are_the_last_resort_and_the_wait_reason_says_so():
+    _host("l40s@a", 48, "gpu.48g", [(BIG, 20 * GB)], state="draining")
+    _host("h200@b", 141, "gpu.141g", [(BIG, 20 * GB)])
+    assert queue_for(_requirement(BIG, 20, 1024 * 1024)) == "gpu.141g"
+    reasons = queue_wait_reasons({"gpu.48g", "gpu.141g", "gpu.80g"})
+    assert "draining" in reasons["gpu.48g"]
+    assert "free slot" in reasons["gpu.141g"]
+    assert "no live worker serves gpu.80g" in reasons["gpu.80g"]
