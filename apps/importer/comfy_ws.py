@@ -126,7 +126,9 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
             return
         try:
             async with asyncio.timeout(2.0):
-                self.channel = self.channel or await self.layer.new_channel()
+                # A channel of its own Redis key, not a process-local "specific.…!" one: the
+                # run fan-out pops this process's local key in bulk and would swallow ours.
+                self.channel = self.channel or f"comfy-door.{uuid.uuid4().hex}"
                 await self.layer.group_add(self._group(), self.channel)
             self.joined = True
         except Exception:
