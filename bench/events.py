@@ -6,15 +6,17 @@ It uses the farm's configured services (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_
 that database, starts its own uvicorn on a free port, and cleans its runs up afterwards.
 
 - `--runs` runs are made `running` by hand (no worker needed); `--publishers` processes append to
-  their logs through the real path (`run_event_append`: Postgres row lock + insert, then
-  `group_send` after commit), `--rate` events/s per run for `--seconds`: progress events with
+  their logs through the worker's path (`--append flush`, the default: buffered like the
+  executor and written in one fenced transaction per flush, `run_events_append_fenced`; or
+  `--append single`: one `run_event_append` transaction per event, as before batching), then
+  `group_send` after commit, `--rate` events/s per run for `--seconds`: progress events with
   every 10th a `node_done`, then a `run_done`.
 - `--subscribers` websockets follow run 0 and one more follows each other run, spread over
   `--client-procs` processes; each reads until the server closes after `run_done`.
 - Printed: events published/s, events delivered/s over all sockets, publish→receive latency
-  (p50/p99; "publish" = just before `run_event_append`, so the Postgres commit is included), and
+  (p50/p99; "publish" = when the event is made, before any buffering and the Postgres commit), and
   whether every socket got every milestone in order (progress may be coalesced for slow readers);
-  then that latency split in two: `run_event_append` itself (the publishers' Postgres write) and
+  then that latency split in two: event made → committed (the publishers' buffering and write) and
   commit→receive (the publisher's channel-layer send, Redis, the web process, the socket).
 """
 
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +174,7 @@ def subscriber_proc(index: int, base: str, token: str, run_ids: list[str], ready
 # --- publishers (their own processes, one thread per run) ------------------------------------
 
 def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, go: Any,
-                   start: Any, out: Any) -> None:
+                   start: Any, out: Any, mode: str = "flush") -> None:
     django_setup()
     import apps.runs.events  # noqa: F401 — import before the clock starts
 
@@ -179,10 +182,11 @@ def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, 
     go.wait()
     start_at = start.value
     counts: list[int] = []
-    appends: list[float] = []  # seconds each run_event_append took (row lock + insert + commit)
+    appends: list[float] = []  # seconds from each event's making to its commit
     committed: dict[tuple[str, int], float] = {}  # (run, seq) → when its append returned
     threads = [threading.Thread(target=publish_run,
-                                args=(rid, rate, seconds, start_at, counts, appends, committed))
+                                args=(rid, rate, seconds, start_at, counts, appends, committed,
+                                      mode))
                for rid in run_ids]
     for t in threads:
         t.start()
@@ -195,12 +199,33 @@ def publisher_proc(run_ids: list[str], rate: float, seconds: float, ready: Any, 
 
 def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
                 counts: list[int], appends: list[float],
-                committed: dict[tuple[str, int], float]) -> None:
+                committed: dict[tuple[str, int], float], mode: str = "flush") -> None:
+    """Publish one run's events as a worker would: `flush` buffers them like the executor
+    (written when the oldest has waited INLINE_EVENT_FLUSH_SECONDS or a node ends, in one fenced
+    transaction: `run_events_append_fenced`); `single` appends each in its own transaction
+    (`run_event_append`, the worker's path before batching)."""
+    from django.conf import settings
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from apps.runs.events import run_event_append
-    from apps.runs.models import Run, RunStatus
+    from apps.runs.events import run_event_append, run_events_append_fenced
+    from apps.runs.models import Run, RunEvent, RunStatus
+
+    buffer: list[tuple[str, dict[str, Any]]] = []
+
+    def write(events: list[tuple[str, dict[str, Any]]]) -> None:
+        rows: Sequence[RunEvent | None]
+        if mode == "single":
+            rows = [run_event_append(run_id=run_id, type=t, payload=p) for t, p in events]
+        else:
+            with transaction.atomic():
+                rows = run_events_append_fenced(run_id=run_id, attempt=1, events=events) or []
+        done = time.time()
+        for (_, payload), row in zip(events, rows, strict=False):
+            if row is not None:
+                appends.append(done - payload["t"])  # event made → committed
+                committed[(run_id, row.seq)] = done
+        events.clear()
 
     time.sleep(max(0.0, start_at - time.time()))
     step = 0
@@ -209,21 +234,22 @@ def publish_run(run_id: str, rate: float, seconds: float, start_at: float,
         node = f"n{int((now - start_at) * 4 / seconds)}"  # four "nodes", one after the other
         if step % 10 == 0:
             body = {"nodeId": node, "nodeType": "bench", "cached": False, "takes": []}
-            event = run_event_append(run_id=run_id, type="node_done", payload={**body, "t": now})
+            buffer.append(("node_done", {**body, "t": now}))
+            write(buffer)  # a node that took longer than the flush period: written as it ends
         else:
-            payload = {"nodeId": node, "step": step, "t": now}
-            event = run_event_append(run_id=run_id, type="progress", payload=payload)
-        appends.append(time.time() - now)
-        if event is not None:
-            committed[(run_id, event.seq)] = appends[-1] + now
+            buffer.append(("progress", {"nodeId": node, "step": step, "t": now}))
+            if mode == "single" or now - buffer[0][1]["t"] >= settings.INLINE_EVENT_FLUSH_SECONDS:
+                write(buffer)
         if rate:
             time.sleep(max(0.0, start_at + step / rate - time.time()))
+    write(buffer)
     with transaction.atomic():
         Run.objects.filter(pk=run_id).update(
             status=RunStatus.SUCCEEDED, finished_at=timezone.now(), lease_expires_at=None
         )
-        payload = {"status": "succeeded", "takes": [], "error": None, "t": time.time()}
-        run_event_append(run_id=run_id, type="run_done", payload=payload)
+        ended: dict[str, Any] = {"status": "succeeded", "takes": [], "error": None,
+                                 "t": time.time()}
+        run_event_append(run_id=run_id, type="run_done", payload=ended)
     counts.append(step + 1)
     connection.close()
 
@@ -273,6 +299,9 @@ def main() -> None:
                         help="events/s per run (0: as fast as each publisher can)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--publishers", type=int, default=5, help="publishing processes")
+    parser.add_argument("--append", choices=("flush", "single"), default="flush",
+                        help="flush: buffered like the executor, one transaction per flush; "
+                        "single: one transaction per event (before batching)")
     parser.add_argument("--client-procs", type=int, default=4, help="subscriber processes")
     args = parser.parse_args()
 
@@ -306,7 +335,8 @@ def main() -> None:
 
         published_q, go, start = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
         publishers = [ctx.Process(target=publisher_proc, args=(
-            run_ids[i::args.publishers], args.rate, args.seconds, ready, go, start, published_q))
+            run_ids[i::args.publishers], args.rate, args.seconds, ready, go, start, published_q,
+            args.append))
             for i in range(args.publishers)]
         for proc in publishers:
             proc.start()
@@ -348,9 +378,12 @@ def main() -> None:
         ]
         print(f"fan-out:     commit→receive p50 {percentile(after_commit, 0.5) * 1000:.1f} ms, "
               f"p99 {percentile(after_commit, 0.99) * 1000:.1f} ms (the part after Postgres)")
-        print(f"append:      run_event_append (row lock + insert + commit) p50 "
-              f"{percentile(appends, 0.5) * 1000:.1f} ms, p99 {percentile(appends, 0.99) * 1000:.1f}"
-              f" ms in {args.publishers} processes × {len(run_ids) // args.publishers} threads")
+        how = {"flush": "buffered, one transaction per flush",
+               "single": "one transaction per event"}[args.append]
+        print(f"written:     event made → committed ({args.append}: {how}) "
+              f"p50 {percentile(appends, 0.5) * 1000:.1f} ms, "
+              f"p99 {percentile(appends, 0.99) * 1000:.1f} ms in {args.publishers} processes × "
+              f"{len(run_ids) // args.publishers} threads")
         print(f"cpu:         server (uvicorn) {server_cpu:.1f} s, subscriber processes "
               f"{client_cpu:.1f} s, on {os.cpu_count()} cores")
     finally:
