@@ -216,3 +216,21 @@ def test_a_client_key_in_the_base_url_stands_for_its_user_until_revoked(farm, ow
         assert json.loads(ws.recv(timeout=10))["type"] == "status"
     comfy_key_revoke(key_id=key_id)
     assert keyed.http.get("/queue").status_code == 401
+
+
+def test_interrupting_a_prompt_ends_it_as_comfyui_reports_an_interruption(comfy, stack):
+    uploaded = comfy.upload(png(W, H, (10, 200, 60)), "slow.png").json()
+    workflow = img2img(stack, uploaded["name"], denoise=1.0)
+    workflow["10"]["inputs"]["steps"] = 100
+    client_id = uuid.uuid4().hex
+    with comfy.socket(client_id) as ws:
+        ws.recv(timeout=10)
+        queued = comfy.queue(workflow, client_id).json()
+        assert comfy.http.get("/queue").json() != {"queue_running": [], "queue_pending": []}
+        assert comfy.http.post("/interrupt", json={"prompt_id": queued["prompt_id"]}
+                               ).status_code == 200
+        types = [m["type"] for m in comfy.messages_until_done(ws, queued["prompt_id"])]
+    assert "execution_interrupted" in types and "execution_success" not in types
+    entry = comfy.history(queued["prompt_id"])[queued["prompt_id"]]
+    assert entry["status"] == {**entry["status"], "status_str": "error", "completed": False}
+    assert entry["status"]["messages"][-1][0] == "execution_interrupted"
