@@ -62,7 +62,7 @@ def _record(claim: object, outcome: Outcome) -> None:
     if outcome.status == "fault":
         reason = f"worker fault, retrying: {(outcome.error or {}).get('message', '')}"
         _patiently(lambda: run_hand_back(run_id=claim.run_id, attempt=claim.attempt,
-                                         reason=reason))
+                                         reason=reason, fault=True))
         return
     _patiently(lambda: run_finish(claim=claim, status=outcome.status, error=outcome.error,
                                   events=outcome.events, takes=outcome.takes))

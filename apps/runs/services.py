@@ -452,9 +452,18 @@ def run_is_current(*, run_id: str, attempt: int) -> bool:
     return Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=attempt).exists()
 
 
-def run_hand_back(*, run_id: str, attempt: int, reason: str) -> bool:
+def run_hand_back(*, run_id: str, attempt: int, reason: str, fault: bool = False) -> bool:
     """Put our running attempt back in the queue at once (worker stopping, or an infrastructure
-    fault during the attempt); the next attempt starts from the top. Fenced by `attempt`."""
+    `fault` during the attempt); the next attempt starts from the top. Fenced by `attempt`.
+
+    A fault on the last allowed attempt (INLINE_MAX_ATTEMPTS) fails the run with the reason
+    instead: an error that repeats on every attempt (a statement timeout, a full disk) must not
+    requeue it forever. A stopping worker's hand-back is the operator's doing, never capped.
+    """
+    if fault and attempt >= settings.INLINE_MAX_ATTEMPTS:
+        error = {"code": "worker_fault", "message": f"{reason}; gave up after {attempt} attempts"}
+        claim = Claim(run_id, attempt, 0, "", "", {})
+        return run_finish(claim=claim, status=RunStatus.FAILED, error=error)
     with transaction.atomic():
         moved = run_move(
             Run.objects.filter(pk=run_id, attempts=attempt), source=[RunStatus.RUNNING],
