@@ -197,6 +197,10 @@ CELERY_RESULT_BACKEND = None
 # broker-specific redelivery delays (Redis visibility timeout, RabbitMQ consumer_timeout).
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A worker whose slots are all busy takes no message (Redis): otherwise, acked at start, it
+# reserves the next one while another worker's slot stands free (measured: a run waited a whole
+# run's length behind a free slot, tests/e2e/test_batching.py). RabbitMQ ignores it.
+CELERY_WORKER_DISABLE_PREFETCH = True
 CELERY_TASK_DEFAULT_QUEUE = "cpu"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -28,7 +28,7 @@ class Recorder:
     progress: list[tuple[int, int]] = field(default_factory=list)
     cancel_after_step: int | None = None
 
-    def report(self, step: int, total: int, preview: bytes | None) -> None:
+    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
         self.progress.append((step, total))
 
     def check_cancelled(self) -> None:

@@ -32,6 +32,20 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class BatchBounds:
+    """The most one batched forward may hold: `items` (a CFG job counts 2) and latent `tokens`
+    (an item of W×H pixels is (W/16)·(H/16) tokens)."""
+
+    items: int
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.items < 1 or self.tokens < 1:
+            raise ValueError(f"batch bounds must be >= 1, got {self.items} items, "
+                             f"{self.tokens} tokens")
+
+
+@dataclass(frozen=True)
 class DevicePolicy:
     """How this worker runs models. Built once per worker process (`detect.policy_from_env()`).
 
@@ -48,6 +62,8 @@ class DevicePolicy:
     cpu_offload: bool = False
     device_name: str = "cpu"
     vram_gb: float = 0.0
+    batch_items: int = 0  # items per denoiser forward (a CFG job is 2); 0: the profile's default
+    batch_tokens: int = 0  # latent tokens per forward (2×2 patches, all items); 0: default
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -69,6 +85,22 @@ class DevicePolicy:
         # The denoiser stays resident: it runs every step. Encoders and the VAE visit the GPU.
         offload = self.cpu_offload and role != "denoiser"
         return Placement(device=self.device, dtype=dtype, offload=offload)
+
+    def batch_bounds(self) -> BatchBounds:
+        """How much one batched forward (denoiser step, text encode, VAE decode) may hold.
+
+        Defaults: CPU 16 items / 32k latent tokens (16 images of 512², cheap on RAM); a GPU
+        ~1k tokens per usable GB (measured: the full-size transformer's transient activations
+        are ~0.25 GB per 1024² item in bf16, so this leaves the weights and the VAE room);
+        lowvram 4 items / 8k tokens. A job bigger than the budget alone still runs, alone.
+        """
+        if self.profile == "cpu":
+            items, tokens = 16, 32 * 1024
+        elif self.profile == "lowvram":
+            items, tokens = 4, 8 * 1024
+        else:
+            items, tokens = 32, max(8 * 1024, int(self.vram_gb * 1024))
+        return BatchBounds(self.batch_items or items, self.batch_tokens or tokens)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary for worker reports (profile, device name, VRAM GB, flags)."""

@@ -59,16 +59,18 @@ class NodeContext:
     owner_id: int
     policy: Any  # workers.device.policy.DevicePolicy (typed loosely: imported lazily)
     check_cancelled: Callable[[], None]
-    report_progress: Callable[[int, int, bytes | None], None]
+    report_progress: Callable[[int, int, bytes | None, int | None], None]
     lineage: dict[str, Any] = field(default_factory=dict)
     takes: list[TakeRequest] = field(default_factory=list)
 
-    def progress(self, step: int, total: int, preview_png: bytes | None = None) -> None:
+    def progress(self, step: int, total: int, preview_png: bytes | None = None,
+                 batch: int | None = None) -> None:
         """Report `step` of `total` for this node; raises RunCancelled once the run is not ours.
 
+        `batch`: how many jobs (runs) shared the forward that made this step, for samplers.
         (The executor's report is fenced by the attempt, so it is also the cancellation check.)
         """
-        self.report_progress(step, total, preview_png)
+        self.report_progress(step, total, preview_png, batch)
 
     def note_lineage(self, **facts: Any) -> None:
         """Record facts (seed, model file hashes, …) that end up in every downstream take."""

@@ -44,11 +44,9 @@ def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str
 
 @runner("encode/text")
 def encode_text(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    from workers.models.zimage import engine
-
     encoder = _expect(inputs, "encoder", TextEncoder)
     text = str(inputs.get("text", params.get("text", "")))
-    return {"conditioning": Conditioning(engine.encode_prompt(encoder, text), text, encoder)}
+    return {"conditioning": Conditioning(_encode(encoder, text), text, encoder)}
 
 
 @runner("latent/empty")
@@ -92,10 +90,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 
 @runner("vae/decode")
 def vae_decode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    from workers.models.zimage import engine
-
     vae, latent = _expect(inputs, "vae", Vae), _expect(inputs, "latent", Latent)
-    return {"image": engine.decode_latents(vae, latent.samples)}
+    return {"image": _decode(vae, latent.samples)}
 
 
 @runner("vae/encode")
@@ -124,8 +120,8 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     width, height, guidance = int(params["width"]), int(params["height"]), float(params["guidance"])
     shape = _checked(lambda: engine.latent_shape(width, height))
 
-    positive = engine.encode_prompt(encoder, prompt)
-    negative = engine.encode_prompt(encoder, params["negative_prompt"]) if guidance > 0 else None
+    positive = _encode(encoder, prompt)
+    negative = _encode(encoder, params["negative_prompt"]) if guidance > 0 else None
     generator, device = torch.Generator("cpu").manual_seed(seed), model.placement.device
     if inputs.get("image") is None:
         sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height))
@@ -142,7 +138,7 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
         start = engine.renoise(init.to(device), engine.noise(shape, generator, device), sigmas[0])
     ctx.note_lineage(seed=seed)
     out = _denoise(ctx, model, start, sigmas, timesteps, positive, negative, guidance, preview=vae)
-    return {"image": engine.decode_latents(vae, out)}
+    return {"image": _decode(vae, out)}
 
 
 def _denoise(
@@ -196,7 +192,7 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
             from workers.models.zimage.preview import preview_png
 
             png, last[0] = preview_png(vae, job.latents, job.sigmas[done], job.velocity), now
-        ctx.progress(done, total, png)
+        ctx.progress(done, total, png, batch=job.batch)
 
     return report
 
@@ -216,12 +212,30 @@ def _negative_embeds(positive: Conditioning, negative: Any, guidance: float) -> 
     if guidance <= 0:
         return None
     if negative is None:
-        from workers.models.zimage import engine
-
-        return engine.encode_prompt(positive.encoder, "")
+        return _encode(positive.encoder, "")
     if not isinstance(negative, Conditioning):
         raise NodeFailed(f"input 'negative' must be conditioning, got {type(negative).__name__}")
     return negative.embeds
+
+
+def _encode(encoder: TextEncoder, text: str) -> Any:
+    """Caption embeds [L, D] of `text`, in one encoder call with other slots' texts that are
+    waiting at the same moment (the worker's batched encoder); alone, the pipeline's call."""
+    from workers.models.zimage import engine
+
+    if encoder.batched is None:
+        return engine.encode_prompt(encoder, text)
+    return encoder.batched.call(text)
+
+
+def _decode(vae: Vae, latents: Any) -> Any:
+    """The image of latents [1, 16, h, w], decoded together with same-size latents of other
+    slots waiting at the same moment; alone, the pipeline's decode."""
+    from workers.models.zimage import engine
+
+    if vae.batched is None:
+        return engine.decode_latents(vae, latents)
+    return vae.batched.call(latents)
 
 
 def _load(ctx: NodeContext, load: Callable[..., Any], folder: str, name: str) -> Any:

@@ -1,76 +1,205 @@
 """The step batcher: one denoiser forward per iteration over every ready job.
 
-Threads that want an image call `batcher.run(job)`. Each iteration takes the ready jobs (up to
-`max_batch`, first come first served), runs ONE `predict(jobs)` call over them (for Z-Image one
-transformer forward over per-item lists: different prompts, sizes and step positions), then
-applies each job's own Euler update. A job becomes ready again only after its owner thread has
-reported progress and checked cancellation, so jobs join and leave at step boundaries and a
-cancelled job never runs more than the step already in flight.
+Threads that want an image call `batcher.run(job)` (the worker's run slots, each its own run).
+Each iteration takes the ready jobs that fit the bounds — at most `max_items` forward items (a
+CFG job is two) and `max_tokens` latent tokens; a job that does not fit waits at the head of the
+line for the next iteration — runs ONE `predict(jobs)` call over them (for Z-Image one
+transformer forward over per-item lists: different prompts, sizes, step positions and guidance,
+each job with its own sigmas), then applies each job's own Euler update. A job becomes ready
+again only after its owner thread has reported progress and checked cancellation, so jobs join
+and leave at step boundaries and a cancelled job never runs more than the step already in flight.
 
-Whichever waiting thread gets the forward lock drives the next iteration; there is no
-background thread. A lone job is stepped exactly as the diffusers pipeline steps it (bit for
-bit); batched jobs differ from their solo runs only by float rounding.
+Admission: whichever waiting thread finds nobody driving drives the next iteration (there is no
+background thread). Before it takes the batch it waits for the jobs stepped by the previous
+iteration to come back (their owners are reporting progress), at most `gather_seconds`; a new
+job never waits for anyone. A lone job therefore never waits at all: it is stepped exactly as
+the diffusers pipeline steps it, bit for bit. Batched jobs differ from their solo runs only by
+float rounding (the kernels' reduction order changes with the batch's shapes).
+
+Isolation: a forward that raises is retried on each half of its batch (an out-of-memory first
+lowers the item bound for the following iterations), down to single jobs; only a job that fails
+alone gets the error, so one bad or oversized job never fails the others.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from workers.sampling.job import SampleJob
 
+log = logging.getLogger(__name__)
+
 Tensor = Any  # torch.Tensor
 # predict(jobs) -> one velocity per job, each [1, C, H, W] float32 (already guided).
 Predict = Callable[[list[SampleJob]], list[Tensor]]
+GATHER_SECONDS = 0.02  # the most an iteration waits for the last batch's jobs to come back
+OOM_RECOVERY_FORWARDS = 50  # forwards after an out-of-memory before the item bound is lifted
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover — workers always have torch
+        return False
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def release_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class StepBatcher:
-    """Owns one denoiser; steps the jobs of every thread that calls `run`."""
+    """Owns one denoiser; steps the jobs of every thread that calls `run`.
 
-    def __init__(self, predict: Predict, max_batch: int = 4) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    `observe(jobs)` is called after every successful forward with how many jobs shared it
+    (the worker's heartbeat stats); `forwards` and `sizes` count the same here.
+    """
+
+    def __init__(
+        self,
+        predict: Predict,
+        max_items: int = 16,
+        max_tokens: int = 1 << 30,
+        *,
+        max_batch: int | None = None,  # older name of max_items
+        gather_seconds: float = GATHER_SECONDS,
+        observe: Callable[[int], None] | None = None,
+    ) -> None:
+        max_items = max_batch if max_batch is not None else max_items
+        if max_items < 1 or max_tokens < 1:
+            raise ValueError(f"batch bounds must be >= 1, got {max_items} items, {max_tokens} tokens")
         self._predict = predict
-        self.max_batch = max_batch
-        self._forward = threading.Lock()  # one forward at a time on the device
-        self._mutex = threading.Lock()  # guards _ready
-        self._ready: list[SampleJob] = []
-        self.forwards = 0  # iterations run so far (for tests and worker reports)
+        self.max_items, self.max_tokens = max_items, max_tokens
+        self.gather_seconds = gather_seconds
+        self._observe = observe
+        self._cond = threading.Condition()  # guards everything below
+        self._active: set[SampleJob] = set()  # jobs inside run()
+        self._ready: list[SampleJob] = []  # jobs waiting for their next step, oldest first
+        self._driving = False
+        self._oom_items: int | None = None  # a lowered item bound after an out-of-memory
+        self._since_oom = 0
+        self.forwards = 0  # successful forwards so far
+        self.sizes: Counter[int] = Counter()  # successful forwards by how many jobs shared them
+
+    # --- a job's thread ----------------------------------------------------------------------
 
     def run(self, job: SampleJob) -> Tensor:
         """Denoise `job` to the end and return its latents [1, C, H, W] float32.
 
         Calls `job.on_progress(done, total)` then `job.check_cancelled()` after every step;
-        an exception from either (RunCancelled) or from the forward propagates here.
+        an exception from either (RunCancelled) or the job's own forward error propagates here.
         """
         job.check_cancelled()
-        while not job.done:
-            before = job.step
-            with self._mutex:
-                self._ready.append(job)
-            with self._forward:
-                if job.step == before and job.error is None:  # nobody stepped it meanwhile
-                    self._iterate()
-            if job.error is not None:
-                raise job.error
-            job.on_progress(job.step, job.total)
-            job.check_cancelled()
-        return job.latents
+        with self._cond:
+            self._active.add(job)
+        try:
+            while not job.done:
+                self._await_step(job)
+                if job.error is not None:
+                    raise job.error
+                job.on_progress(job.step, job.total)
+                job.check_cancelled()
+            return job.latents
+        finally:
+            with self._cond:
+                self._active.discard(job)
+                if job in self._ready:
+                    self._ready.remove(job)
+                self._cond.notify_all()
+
+    def _await_step(self, job: SampleJob) -> None:
+        """Make `job` ready and return once an iteration stepped it (or failed it)."""
+        before = job.step
+
+        def stepped() -> bool:
+            return job.step != before or job.error is not None
+
+        with self._cond:
+            self._ready.append(job)
+            self._cond.notify_all()
+        while True:
+            with self._cond:
+                while self._driving and not stepped():
+                    self._cond.wait()
+                if stepped():
+                    return
+                self._driving = True
+            try:
+                self._iterate()
+            finally:
+                with self._cond:
+                    self._driving = False
+                    self._cond.notify_all()
+
+    # --- the driving thread ------------------------------------------------------------------
 
     def _iterate(self) -> None:
-        """One forward over the first `max_batch` ready jobs, then each job's Euler update."""
-        with self._mutex:
-            batch, self._ready = self._ready[: self.max_batch], self._ready[self.max_batch :]
-        self.forwards += 1
+        """One batch: gather, take what fits, forward (split on failure), step each job."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._ready) >= len(self._active),
+                                timeout=self.gather_seconds)
+            batch = self._take()
+        if batch:
+            self._forward(batch)
+
+    def _take(self) -> list[SampleJob]:
+        """The ready jobs that fit the bounds, oldest first; the first one always fits (a job
+        over the budget on its own runs alone). Call holding the condition."""
+        max_items = min(self.max_items, self._oom_items or self.max_items)
+        batch: list[SampleJob] = []
+        items = tokens = 0
+        for job in self._ready:
+            if batch and (items + job.items > max_items or tokens + job.tokens > self.max_tokens):
+                continue  # waits at the head of the line: first in the next iteration
+            batch.append(job)
+            items, tokens = items + job.items, tokens + job.tokens
+        for job in batch:
+            self._ready.remove(job)
+        return batch
+
+    def _forward(self, batch: list[SampleJob]) -> None:
         try:
             velocities = self._predict(batch)
-            for job, v in zip(batch, velocities, strict=True):
-                euler_step(job, v)
-        # Not swallowed: each owner thread re-raises it from run(). noqa: the catch is the hand-off.
+        # Not swallowed: a job that fails alone gets it, and its owner re-raises it from run().
         except Exception as exc:  # noqa: BLE001
-            for job in batch:
-                job.error = exc
+            self._split_after(batch, exc)
+            return
+        for job, velocity in zip(batch, velocities, strict=True):
+            euler_step(job, velocity)
+            job.batch = len(batch)
+        self._count(len(batch))
+
+    def _split_after(self, batch: list[SampleJob], exc: Exception) -> None:
+        """A failed forward: retry each half (an OOM also lowers the item bound); a job that
+        fails alone gets the error."""
+        if is_out_of_memory(exc):
+            release_cached_memory()
+            items = sum(job.items for job in batch)
+            self._oom_items, self._since_oom = max(1, items // 2), 0
+            log.warning("out of memory at %d jobs (%d items); retrying smaller", len(batch), items)
+        if len(batch) == 1:
+            batch[0].error = exc
+            return
+        half = len(batch) // 2
+        self._forward(batch[:half])
+        self._forward(batch[half:])
+
+    def _count(self, jobs: int) -> None:
+        self.forwards += 1
+        self.sizes[jobs] += 1
+        if self._oom_items is not None:
+            self._since_oom += 1
+            if self._since_oom >= OOM_RECOVERY_FORWARDS:
+                self._oom_items = None
+        if self._observe is not None:
+            self._observe(jobs)
 
 
 def euler_step(job: SampleJob, velocity: Tensor) -> None:

@@ -40,6 +40,7 @@ class SampleJob:
     on_progress: Callable[[int, int], None] = _no_progress
     check_cancelled: Callable[[], None] = _never_cancelled
     step: int = 0  # steps done so far; the batcher advances it
+    batch: int = 0  # how many jobs shared the forward that made the last step
     velocity: Tensor | None = field(default=None, repr=False)  # the last step's v (previews)
     error: BaseException | None = field(default=None, repr=False)
 
@@ -57,6 +58,16 @@ class SampleJob:
     @property
     def total(self) -> int:
         return len(self.timesteps)
+
+    @property
+    def items(self) -> int:
+        """Items this job puts in a forward: 2 with CFG (positive and negative), else 1."""
+        return 2 if self.cfg else 1
+
+    @property
+    def tokens(self) -> int:
+        """Latent tokens this job puts in a forward (2×2 patches of [C, H, W], per item)."""
+        return self.items * (self.latents.shape[-2] // 2) * (self.latents.shape[-1] // 2)
 
     @property
     def cfg(self) -> bool:

@@ -48,18 +48,30 @@ def on_device(module: Any, placement: Placement) -> Iterator[Any]:
         module.to("cpu")
 
 
-@torch.no_grad()
 def encode_prompt(encoder: TextEncoder, text: str) -> torch.Tensor:
     """Caption embeddings [L, D] of `text` (the second-to-last hidden state, padding dropped)."""
+    return encode_prompts(encoder, [text])[0]
+
+
+@torch.no_grad()
+def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[torch.Tensor]:
+    """Caption embeddings [L_i, D] of each text, from ONE encoder forward over [B, 512].
+
+    Every caption is padded to 512 tokens as in the pipeline, so an item's embeddings do not
+    depend on its batch-mates beyond float rounding; one text is exactly the pipeline's call.
+    """
     tok = encoder.tokenizer
-    chat = tok.apply_chat_template(
-        [{"role": "user", "content": text}],
-        tokenize=False,
-        add_generation_prompt=True,
-        enable_thinking=True,
-    )
+    chats = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=True,
+        )
+        for text in texts
+    ]
     inputs = tok(
-        [chat],
+        chats,
         padding="max_length",
         max_length=MAX_SEQUENCE_LENGTH,
         truncation=True,
@@ -67,11 +79,11 @@ def encode_prompt(encoder: TextEncoder, text: str) -> torch.Tensor:
     )
     with on_device(encoder.model, encoder.placement) as model:
         device = encoder.placement.device
-        ids = inputs.input_ids.to(device)  # [1, 512]
-        mask = inputs.attention_mask.to(device).bool()  # [1, 512]
+        ids = inputs.input_ids.to(device)  # [B, 512]
+        mask = inputs.attention_mask.to(device).bool()  # [B, 512]
         hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-        embeds = hidden.hidden_states[-2]  # [1, 512, D]
-    return embeds[0][mask[0]]  # [L, D]
+        embeds = hidden.hidden_states[-2]  # [B, 512, D]
+    return [embeds[i][mask[i]] for i in range(len(texts))]  # each [L_i, D]
 
 
 @cache
@@ -169,14 +181,19 @@ def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None
     return ((latents - cfg.shift_factor) * cfg.scaling_factor).float()
 
 
-@torch.no_grad()
 def decode_latents(vae: Vae, latents: torch.Tensor) -> Image.Image:
     """The RGB image of latents [1, 16, H/8, W/8]."""
+    return decode_latents_batch(vae, [latents])[0]
+
+
+@torch.no_grad()
+def decode_latents_batch(vae: Vae, latents: list[torch.Tensor]) -> list[Image.Image]:
+    """The RGB images of same-shape latents [1, 16, H/8, W/8], from ONE VAE decode [B, …]."""
     with on_device(vae.module, vae.placement) as module:
-        x = latents.to(device=vae.placement.device, dtype=module.dtype)
+        x = torch.cat(latents).to(device=vae.placement.device, dtype=module.dtype)  # [B, 16, h, w]
         x = (x / module.config.scaling_factor) + module.config.shift_factor
-        pixels = module.decode(x, return_dict=False)[0]  # [1, 3, H, W] in ±1
-        return _image_processor().postprocess(pixels, output_type="pil")[0]
+        pixels = module.decode(x, return_dict=False)[0]  # [B, 3, H, W] in ±1
+        return list(_image_processor().postprocess(pixels, output_type="pil"))
 
 
 @torch.no_grad()

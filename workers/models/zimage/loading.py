@@ -14,6 +14,7 @@ Transformer files may use the diffusers key layout or the original / ComfyUI one
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +25,10 @@ import torch
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
+from workers.models.zimage import engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
 from workers.models.zimage.values import DiffusionModel, TextEncoder, Vae
-from workers.sampling.batcher import StepBatcher
+from workers.sampling import Coalescer, StepBatcher
 
 
 class ModelLoadError(Exception):
@@ -43,7 +45,9 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
         transformer = _load_transformer(path, placement)
         if policy.attention != "native":
             transformer.set_attention_backend(policy.attention)
-        batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs))
+        bounds = policy.batch_bounds()
+        batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs), bounds.items,
+                              bounds.tokens, observe=_observer("forwards", batch_sizes=True))
         return DiffusionModel(name, sha, transformer, batcher, placement)
 
     return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
@@ -60,7 +64,13 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
             module.enable_tiling()
         if policy.vae_slicing:
             module.enable_slicing()
-        return Vae(name, sha, module, placement)
+        vae = Vae(name, sha, module, placement)
+        bounds = policy.batch_bounds()
+        decoder = Coalescer(lambda latents: engine.decode_latents_batch(vae, latents),
+                            max_items=bounds.items, max_cost=bounds.tokens,
+                            cost=_latent_tokens, key=lambda latents: tuple(latents.shape),
+                            observe=_observer("vae_decodes"))
+        return Vae(name, sha, module, placement, decoder)
 
     key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
     return MODEL_CACHE.get_or_load(key, load)
@@ -74,9 +84,40 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
 
     def load() -> TextEncoder:
         model, tokenizer = _load_text_encoder(path, placement)
-        return TextEncoder(name, sha, model, tokenizer, placement)
+        te = TextEncoder(name, sha, model, tokenizer, placement)
+        batched: Coalescer[str, Any] = Coalescer(
+            lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
+            observe=_observer("text_encodes"))
+        return TextEncoder(name, sha, model, tokenizer, placement, batched)
 
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
+
+
+def _latent_tokens(latents: Any) -> int:
+    return int(latents.shape[-2] // 2 * (latents.shape[-1] // 2))
+
+
+_stats_lock = threading.Lock()
+
+
+def _observer(name: str, *, batch_sizes: bool = False) -> Any:
+    """A batcher's `observe(jobs)`: counts calls under `name` (and, for the denoiser, the
+    batch sizes) in this worker process's heartbeat stats; nothing outside a worker."""
+
+    def observe(jobs: int) -> None:
+        from workers.heartbeat import presence
+
+        me = presence()
+        if me is None:
+            return
+        with _stats_lock:  # several models' batchers may count at once
+            me.stats[name] += 1
+            if jobs > 1:
+                me.stats[f"{name}_batched"] += 1
+            if batch_sizes:
+                me.batch_sizes[jobs] += 1
+
+    return observe
 
 
 def sidecar(path: Path, suffix: str) -> Path:

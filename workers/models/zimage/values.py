@@ -3,7 +3,7 @@ latent ports). Images between nodes are PIL RGB images."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workers.device.policy import Placement
@@ -30,6 +30,8 @@ class Vae:
     sha256: str
     module: Any  # diffusers.AutoencoderKL
     placement: Placement
+    # workers.sampling.Coalescer of latents -> images: decodes that arrive together share a call
+    batched: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +43,8 @@ class TextEncoder:
     model: Any  # transformers.Qwen3Model
     tokenizer: Any
     placement: Placement
+    # workers.sampling.Coalescer of text -> embeds: encodes that arrive together share a call
+    batched: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, eq=False)

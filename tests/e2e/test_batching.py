@@ -1,0 +1,274 @@
+"""Runs of different users batched on one worker (issue 8), with real processes on a private farm.
+
+A worker with 8 slots renders 8 Z-Image runs of mixed sizes, steps, seeds and guidance at once:
+they share transformer forwards (and text encodes / VAE decodes), yet each take is its solo
+render; cancelling one leaves the others untouched. Then 2 workers × 4 slots take 20 queued
+runs: never more than 8 at once, and no run waits while a slot is free.
+
+Private farm (its own database and Redis, tests/e2e/recovery_helpers.py) so that worker layouts
+can change; events are written as they happen (INLINE_EVENT_FLUSH_SECONDS=0) so the test sees
+each step, and a fenced progress write notices a cancel at the next step.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+import torch
+from django.conf import settings
+from PIL import Image
+
+from tests.conftest import delay_graph, png, upload
+from tests.e2e.recovery_helpers import (
+    RECOVERY_ENV,
+    TERMINAL,
+    PrivateRedis,
+    RecoveryFarm,
+    wait_until,
+)
+from tests.livefarm import REPO, Client, database_url
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass
+class BatchFarm(RecoveryFarm):
+    """The private farm and the smoke stack's file names in its models dir."""
+
+    stack: dict[str, str] = field(default_factory=dict)
+
+
+BATCH_ENV = {**RECOVERY_ENV, "INLINE_EVENT_FLUSH_SECONDS": "0", "INLINE_WORKER_HEARTBEAT": "0.5",
+             "INLINE_PREVIEW_SECONDS": "-1"}
+# 8 runs: sizes, step counts, seeds and guidance all differ (two use CFG: two forward items).
+MIXED: list[dict[str, Any]] = [
+    {"width": 64, "height": 48, "steps": 6, "seed": 1},
+    {"width": 32, "height": 32, "steps": 4, "seed": 2},
+    {"width": 48, "height": 64, "steps": 5, "seed": 3, "guidance": 2.0},
+    {"width": 96, "height": 64, "steps": 8, "seed": 4},
+    {"width": 64, "height": 48, "steps": 6, "seed": 5},
+    {"width": 32, "height": 64, "steps": 3, "seed": 6, "guidance": 1.5},
+    {"width": 128, "height": 96, "steps": 7, "seed": 7},
+    {"width": 64, "height": 64, "steps": 4, "seed": 8, "prompt": "rain on a window at night"},
+]
+PROMPT = "a lighthouse at dusk, oil painting"
+# Batched vs solo: the same float32 math over differently shaped matmuls, so only reduction order
+# differs (latents within ~1e-6, tests/workers/test_batching.py); an 8-bit pixel can then round
+# the other way, so a take may differ from its solo render by at most one level per channel.
+PIXEL_TOLERANCE = 1
+RUN_SECONDS = 5.0  # the delay runs of the slots test: 20 runs on 8 slots are 3 waves
+_unique = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def batch_farm(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[BatchFarm]:
+    from workers.models.zimage.tiny import write_smoke_stack
+
+    db = dict(settings.DATABASES["default"])
+    name = f"{db['NAME']}_batching"
+    root = tmp_path_factory.mktemp("batching")
+    with psycopg.connect(database_url(db), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    redis = PrivateRedis(root / "redis")
+    redis.start()
+    for folder in ("data", "models", "logs"):
+        (root / folder).mkdir(exist_ok=True)
+    dsn = database_url({**db, "NAME": name})
+    env = {**os.environ, **BATCH_ENV, "DATABASE_URL": dsn,
+           "BROKER_URL": f"{redis.url}/0", "CHANNEL_REDIS_URL": f"{redis.url}/1",
+           "INLINE_DATA_DIR": str(root / "data"), "INLINE_MODELS_DIR": str(root / "models")}
+    farm = BatchFarm(env=env, logs=root / "logs", dsn=dsn, redis=redis,
+                     stack=write_smoke_stack(root / "models"))
+    try:
+        migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert migrate.returncode == 0, migrate.stderr[-3000:]
+        farm.start_worker(queues="control", wait=False, slots=2, proc="control")
+        farm.current["worker8"] = farm.start_worker(queues="cpu", wait=False, slots=8,
+                                                    proc="worker8")
+        farm.start_beat()
+        farm.start_web()
+        farm.wait_for_worker(farm.current["worker8"])
+        yield farm
+    finally:
+        farm.stop_all()
+        redis.stop()
+        with psycopg.connect(database_url(db), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def alice(batch_farm: BatchFarm) -> Iterator[Client]:
+    with batch_farm.client("alice") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def stack(batch_farm: BatchFarm, alice: Client) -> dict[str, str]:
+    names = batch_farm.stack
+    wait_until("the worker reporting the smoke stack", lambda: names["model"] in next(
+        p for p in alice.get("/v1/models/zimage/turbo").json()["params"] if p["name"] == "model"
+    )["choices"], 60, every=0.2)
+    return names
+
+
+def turbo(stack: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    params = {"prompt": PROMPT, "guidance": 0.0, **spec, "model": stack["model"],
+              "vae": stack["vae"], "text_encoder": stack["text_encoder"]}
+    return {"graph": {"nodes": {
+        "gen": {"type": "zimage/turbo", "params": params},
+        "out": {"type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}},
+    }}, "target": "out"}
+
+
+def submit_all(client: Client, bodies: list[dict[str, Any]]) -> list[str]:
+    ids = []
+    for body in bodies:
+        response = client.post("/v1/runs", json=body)
+        assert response.status_code == 201, response.text
+        ids.append(str(response.json()["runId"]))
+    return ids
+
+
+def wait_all(client: Client, run_ids: list[str], timeout: float = 120) -> list[dict[str, Any]]:
+    def finished() -> list[dict[str, Any]] | None:
+        runs = [client.get(f"/v1/runs/{r}").json() for r in run_ids]
+        return runs if all(run["status"] in TERMINAL for run in runs) else None
+
+    return list(wait_until(f"{len(run_ids)} runs finishing", finished, timeout, every=0.2))
+
+
+def take_pixels(client: Client, run: dict[str, Any]) -> np.ndarray:
+    assert run["status"] == "succeeded", run
+    data = client.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").content
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.int16)
+
+
+def solo_render(spec: dict[str, Any]) -> np.ndarray:
+    """What ZImagePipeline renders for the spec alone (a lone farm run is bit-identical to it:
+    tests/e2e/test_generation.py)."""
+    from workers.models.zimage.tiny import smoke_pipeline
+
+    image = smoke_pipeline()(
+        spec.get("prompt", PROMPT), width=spec["width"], height=spec["height"],
+        num_inference_steps=spec["steps"], guidance_scale=spec.get("guidance", 0.0),
+        generator=torch.Generator("cpu").manual_seed(spec["seed"])).images[0]
+    return np.asarray(image.convert("RGB")).astype(np.int16)
+
+
+def progress_of(farm: RecoveryFarm, run_id: str) -> list[dict[str, Any]]:
+    return [p for kind, p in farm.events_of(run_id) if kind == "progress"]
+
+
+def worker_stats(farm: RecoveryFarm, name: str) -> dict[str, Any]:
+    (row,) = farm.sql("SELECT stats FROM fleet_worker WHERE name = %s", name)
+    return dict(row[0])
+
+
+def test_eight_mixed_runs_share_forwards_and_each_take_equals_its_solo_render(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    worker = batch_farm.current["worker8"]
+    before = worker_stats(batch_farm, worker)
+    ids = submit_all(alice, [turbo(stack, spec) for spec in MIXED])
+    runs = wait_all(alice, ids)
+    # The heartbeat after the last run reports the forwards that rendered them.
+    done = before.get("runs_succeeded", 0) + len(MIXED)
+    after = wait_until("a heartbeat counting the 8 runs", lambda: (
+        s := worker_stats(batch_farm, worker)).get("runs_succeeded", 0) >= done and s, 30)
+
+    worst = 0
+    for spec, run in zip(MIXED, runs, strict=True):
+        diff = int(np.abs(take_pixels(alice, run) - solo_render(spec)).max())
+        worst = max(worst, diff)
+        assert diff <= PIXEL_TOLERANCE, (spec, diff)
+    forwards = after.get("forwards", 0) - before.get("forwards", 0)
+    steps = sum(spec["steps"] for spec in MIXED)
+    batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
+    print(f"\n8 runs, {steps} steps in {forwards} forwards; batch sizes {sorted(batches)}; "
+          f"worst pixel difference from solo {worst}; worker stats {after}")
+    assert len(batches) == steps and max(batches) > 1
+    assert forwards < steps
+    assert any(int(size) > 1 for size in after["batchSizes"])
+    assert after.get("text_encodes_batched", 0) + after.get("vae_decodes_batched", 0) >= 1
+
+
+def test_cancelling_one_run_mid_batch_leaves_the_others_unchanged(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    specs = [{"width": 256, "height": 256, "steps": 40, "seed": 20 + i} for i in range(4)]
+    ids = submit_all(alice, [turbo(stack, spec) for spec in specs])
+    victim, survivors = ids[0], ids[1:]
+
+    def all_batched() -> bool:
+        return all(any(p["batch"] == 4 for p in progress_of(batch_farm, r)) for r in ids)
+
+    wait_until("all four runs sharing forwards", all_batched, 60, every=0.02)
+    assert alice.delete(f"/v1/runs/{victim}").status_code in (200, 202, 204)
+    # Steps the survivors had made when the cancel committed (every step is written at once).
+    seen = {r: max(p["step"] for p in progress_of(batch_farm, r)) for r in survivors}
+    runs = wait_all(alice, ids)
+    assert runs[0]["status"] == "cancelled"
+    for run_id, run, spec in zip(survivors, runs[1:], specs[1:], strict=True):
+        assert np.abs(take_pixels(alice, run) - solo_render(spec)).max() <= PIXEL_TOLERANCE
+        later = [p for p in progress_of(batch_farm, run_id) if p["step"] > seen[run_id] + 1]
+        # The step in flight at the cancel may still include the victim; none after it does.
+        assert later and all(p["batch"] <= 3 for p in later), later[:3]
+
+
+def test_two_workers_of_four_slots_run_at_most_eight_and_leave_no_slot_idle(
+    batch_farm: BatchFarm, alice: Client
+) -> None:
+    batch_farm.stop("worker8")
+    names = [batch_farm.start_worker(queues="cpu", wait=False, slots=4, proc=f"worker4{x}")
+             for x in "ab"]
+    for name in names:
+        batch_farm.wait_for_worker(name)
+    asset = str(upload(alice, png(16, 16, (10, 120, 200))).json()["id"])
+    bodies = [delay_graph(asset, round(RUN_SECONDS + next(_unique) / 1000, 3)) for _ in range(20)]
+    ids = submit_all(alice, bodies)
+    samples: list[tuple[float, int, int]] = []  # (when, running, queued)
+    busy: dict[str, int] = dict.fromkeys(names, 0)
+    while True:
+        rows = dict(batch_farm.sql(
+            "SELECT status, count(*) FROM runs_run WHERE id = ANY(%s::uuid[]) GROUP BY status",
+            ids))
+        samples.append((time.monotonic(), rows.get("running", 0), rows.get("queued", 0)))
+        for name in names:
+            busy[name] = max(busy[name], int(worker_stats(batch_farm, name).get("busy", 0)))
+        if sum(rows.get(s, 0) for s in TERMINAL) == len(ids):
+            break
+        assert samples[-1][0] - samples[0][0] < 120, samples[-1]
+        time.sleep(0.05)
+    assert all(run["status"] == "succeeded" for run in wait_all(alice, ids))
+    assert max(running for _, running, _ in samples) == 8
+    assert all(running <= 8 for _, running, _ in samples)
+    # A slot frees when a run ends and is refilled by the dispatch that ending triggers, once the
+    # worker polls the broker again (kombu's Redis transport re-polls a full consumer within ~1 s).
+    # A run must never wait behind a free slot for another run's length (a busy worker holding
+    # its message) or for the safety-net pass.
+    gaps, start = [], None
+    for when, running, queued in samples:
+        idle = running < 8 and queued > 0
+        if idle and start is None:
+            start = when
+        elif not idle and start is not None:
+            gaps.append(when - start)
+            start = None
+    print(f"\nrunning at once: max {max(r for _, r, _ in samples)}; slot hand-overs (s): "
+          f"{[round(g, 2) for g in gaps]}; busy slots reported {busy}")
+    assert max(gaps, default=0.0) < RUN_SECONDS / 2
+    assert busy == dict.fromkeys(names, 4)  # each worker's heartbeat reported 4 busy slots
