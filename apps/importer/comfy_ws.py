@@ -151,8 +151,11 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
             self.joined = False
 
     def _follow(self, prompt: Any) -> None:
-        if prompt.pk not in self.followers:
-            self.followers[prompt.pk] = asyncio.create_task(self._follow_run(prompt))
+        """Follow a prompt's run; a prompt is handed here once (numbers only grow)."""
+        if prompt.pk in self.followers:
+            return
+        task = self.followers[prompt.pk] = asyncio.create_task(self._follow_run(prompt))
+        task.add_done_callback(lambda _: self.followers.pop(prompt.pk, None))
 
     async def _follow_run(self, prompt: Any) -> None:
         messages = PromptMessages(prompt_id=str(prompt.pk), workflow=prompt.prompt)
