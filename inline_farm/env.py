@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -61,6 +62,18 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfiguredEnv(f"{name}={value!r} must be one of {', '.join(choices)}")
     return value
+
+
+def env_networks(name: str) -> list[IPv4Network | IPv6Network]:
+    """A comma-separated list of networks (`10.0.0.0/8, 127.0.0.1`); empty when unset."""
+    networks = []
+    for part in os.environ.get(name, "").split(","):
+        if part.strip():
+            try:
+                networks.append(ip_network(part.strip(), strict=False))
+            except ValueError:
+                raise ImproperlyConfiguredEnv(f"{name}: {part.strip()!r} is not a network") from None
+    return networks
 
 
 def env_path(name: str, default: Path) -> Path:

@@ -11,6 +11,7 @@ from inline_farm.env import (
     env_choice,
     env_float,
     env_int,
+    env_networks,
     env_path,
     env_str,
 )
@@ -163,6 +164,8 @@ INLINE_WORKER_GRACE_SECONDS = env_float("INLINE_WORKER_GRACE_SECONDS", 10.0, min
 INLINE_WORKER_QUEUES = env_str("INLINE_WORKER_QUEUES", "")
 INLINE_POOL = env_str("INLINE_POOL", "")
 INLINE_AUTO_GPU_QUEUE = env_bool("INLINE_AUTO_GPU_QUEUE", True)
+# Networks (CIDRs, comma-separated) that may scrape GET /metrics without a token; else staff only.
+INLINE_METRICS_ALLOW = env_networks("INLINE_METRICS_ALLOW")
 # The worker's node-output cache, in MB (0: a tenth of the machine's memory, at most 4 GiB).
 INLINE_NODE_CACHE_MB = env_int("INLINE_NODE_CACHE_MB", 0, minimum=0)
 # Buffered run events (node_done, progress) are written at least this often (seconds); a node

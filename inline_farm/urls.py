@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 
+from apps.fleet import views as fleet_views
 from inline_farm.api import api
 
 admin.site.site_header = admin.site.site_title = "Inline Farm"
@@ -13,6 +14,7 @@ admin.site.enable_nav_sidebar = False  # the changelists need its 300 px (readab
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
+    path("metrics", fleet_views.metrics, name="metrics"),  # Prometheus text, staff or allow-list
     path("", include("apps.importer.comfy_urls")),  # ComfyUI's API under /comfy/
 ]
 

@@ -7,20 +7,32 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
+from apps.fleet.access import NotStaff, staff_caller
 from apps.fleet.health import health_report
+from apps.fleet.metrics import queue_overview
 from apps.fleet.schemas import HealthOut, WorkersOut
 from apps.fleet.selectors import workers_live
-from inline_farm.api import api, errors
+from inline_farm.api import ApiError, api, errors
 
 router = Router(tags=["health"])
 
 
 @router.get("health", auth=None, summary="Liveness and readiness",
-            response={200: HealthOut, 503: HealthOut})
-def health(request: HttpRequest) -> HttpResponse:
+            response={200: HealthOut, 503: HealthOut, **errors(401, 403, 422)})
+def health(request: HttpRequest, detail: bool = False) -> HttpResponse:
     """Each dependency's state (apps/fleet/health.py); 503 when the database, the broker or the
-    channel layer is down. Live workers are counted, never a reason for 503."""
+    channel layer is down. Live workers are counted, never a reason for 503.
+
+    `?detail=1` (staff tokens only) adds `queues`: per queue, queued and running runs, the oldest
+    queued run's age and the live workers serving it (read fresh, never cached)."""
     body = health_report()
+    if detail and body["database"] == "ok":
+        try:
+            staff_caller(request)
+        except NotStaff as refused:
+            code = "unauthorized" if refused.status == 401 else "forbidden"
+            raise ApiError(refused.status, code, refused.message) from None
+        body = {**body, "queues": queue_overview()}
     return api.create_response(request, body, status=503 if body["down"] else 200)
 
 
@@ -28,8 +40,9 @@ def health(request: HttpRequest) -> HttpResponse:
             response={200: WorkersOut, **errors(401)})
 def list_workers(request: HttpRequest) -> dict[str, Any]:
     return {"items": [
-        {"name": w.name, "state": w.state, "queues": w.queues, "device": w.device,
+        {"name": w.name, "state": w.state, "pool": w.pool.name if w.pool else None,
+         "queues": w.queues, "device": w.device,
          "models": w.model_files, "lastHeartbeat": w.last_heartbeat.isoformat()
          if w.last_heartbeat else None}
-        for w in workers_live()
+        for w in workers_live().select_related("pool")
     ]}

@@ -7,6 +7,15 @@ from typing import Any
 from inline_farm.schemas import WireOut
 
 
+class QueueHealthOut(WireOut):
+    """One queue, in `/v1/health?detail=1`."""
+
+    queued: int
+    oldestQueuedSeconds: float
+    running: int
+    workers: int
+
+
 class HealthOut(WireOut):
     """`status` ok (200) or degraded (503: a dependency named in `down` is unreachable)."""
 
@@ -16,11 +25,13 @@ class HealthOut(WireOut):
     channelLayer: str | None = None
     workers: int | None
     down: list[str] = []
+    queues: dict[str, QueueHealthOut] | None = None  # ?detail=1 (staff)
 
 
 class WorkerOut(WireOut):
     name: str
     state: str
+    pool: str | None = None
     queues: list[str]
     device: dict[str, Any]
     models: list[Any]
