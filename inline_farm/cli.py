@@ -4,6 +4,8 @@
     ./farm token USERNAME [--staff]       ./farm models smoke       ./farm test [pytest args…]
     ./farm migrate                        ./farm manage <manage.py args…>      ./farm lint
     ./farm import WORKFLOW.json [--run]   (a ComfyUI workflow → our graph, and a run)
+    ./farm worker [--gpus all|0,1] [--pool NAME] [--slots N] [--queues Q,…] [--data-dir D]
+    ./farm web [--listen H] [--port P] [--processes N] [--data-dir D]
 
 Services come from the environment (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL) and, where
 DATABASE_URL or BROKER_URL is unset, from embedded PostgreSQL / Redis under the data dir
@@ -217,6 +219,7 @@ class _Child:
     process: subprocess.Popen[bytes]
     pump: threading.Thread = field(repr=False)
     argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = field(default=None, repr=False)  # its own, if not the farm's
     started: float = field(default_factory=time.monotonic)
     quick_deaths: int = 0  # consecutive deaths soon after a start (a crash loop)
 
@@ -249,7 +252,7 @@ def _spawn(name: str, argv: Sequence[str], env: dict[str, str]) -> _Child:
     assert process.stdout is not None
     pump = threading.Thread(target=_pump, args=(name, process.stdout), daemon=True)
     pump.start()
-    return _Child(name=name, process=process, pump=pump, argv=list(argv))
+    return _Child(name=name, process=process, pump=pump, argv=list(argv), env=env)
 
 
 def worker_queues(env: dict[str, str]) -> str:
@@ -330,16 +333,17 @@ def _url(host: str, port: int, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
-def _health_ok(url: str) -> bool:
+def _health_ok(url: str, *, need_worker: bool = True) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             body = json.loads(response.read() or b"{}")
-            return bool(response.status == 200 and (body.get("workers") or 0) > 0)
+            workers_ok = not need_worker or (body.get("workers") or 0) > 0
+            return bool(response.status == 200 and workers_ok)
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
-def _wait_healthy(url: str, children: list[_Child]) -> None:
+def _wait_healthy(url: str, children: list[_Child], *, need_worker: bool = True) -> None:
     """Poll `url` until it answers 200 and reports a live worker (one that heartbeated, so its
     model files are known to the farm: a client's first submit finds them); SystemExit if a
     child dies first or on timeout."""
@@ -349,11 +353,11 @@ def _wait_healthy(url: str, children: list[_Child]) -> None:
         if dead is not None:
             code = dead.process.returncode
             raise SystemExit(f"farm: {dead.name} exited with code {code} while starting; stopping")
-        if _health_ok(url):
+        if _health_ok(url, need_worker=need_worker):
             return
         time.sleep(0.5)
-    raise SystemExit(f"farm: {url} did not report a live worker within {HEALTH_TIMEOUT_S:.0f} s; "
-                     "stopping")
+    what = "report a live worker" if need_worker else "answer 200"
+    raise SystemExit(f"farm: {url} did not {what} within {HEALTH_TIMEOUT_S:.0f} s; stopping")
 
 
 def _banner(args: argparse.Namespace, data_dir: Path, models_dir: Path, env: dict[str, str]) -> str:
@@ -421,7 +425,7 @@ def _supervise(children: list[_Child], env: dict[str, str]) -> int:
             time.sleep(wait)
             child.pump.join(timeout=2)
             with _signals_deferred():
-                children[i] = _spawn(child.name, child.argv, env)
+                children[i] = _spawn(child.name, child.argv, child.env or env)
             children[i].quick_deaths = quick
         time.sleep(0.5)
 
@@ -456,6 +460,156 @@ def cmd_up(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGINT, _say_stopping)
             signal.signal(signal.SIGTERM, _say_stopping)
+
+
+# --- worker and web: one side of a farm whose services run elsewhere ---------------------------
+
+SERVICE_KEYS = ("DATABASE_URL", "BROKER_URL", "CHANNEL_REDIS_URL")
+
+
+def _join_services(env: dict[str, str], data_dir: Path, command: str) -> None:
+    """Fill what the environment lacks of SERVICE_KEYS from the `./farm up` running on
+    `data_dir`; SystemExit while the database or the broker is unknown (never the settings'
+    localhost defaults by accident)."""
+    if not all(env.get(key) for key in SERVICE_KEYS):
+        with contextlib.ExitStack() as probe:  # the shared lock only while we read
+            for key, value in _running_up_services(data_dir, probe).items():
+                env[key] = env.get(key) or value
+    missing = [key for key in SERVICE_KEYS[:2] if not env.get(key)]
+    if missing:
+        raise SystemExit(f"farm {command}: set {' and '.join(missing)} to the farm's services, or "
+                         f"pass the --data-dir of a running ./farm up (none runs on {data_dir})")
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    """One worker process `./farm worker` runs: its log name, Celery node name, queues, env."""
+
+    label: str
+    node: str
+    queues: list[str]
+    env: dict[str, str]
+    about: str
+
+
+def _chosen_gpus(wanted: str, gpus: list[Any]) -> list[Any]:
+    """`--gpus all` (every GPU, maybe none) or `0,1` (those NVML indices, each must exist)."""
+    if wanted.strip() == "all":
+        return gpus
+    by_index = {gpu.index: gpu for gpu in gpus}
+    try:
+        indices = [int(part) for part in wanted.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"farm worker: --gpus takes all or indices like 0,1, got {wanted!r}") from None
+    absent = [i for i in indices if i not in by_index]
+    if absent:
+        seen = ", ".join(f"{g.index}: {g.name}" for g in gpus) or "none"
+        raise SystemExit(f"farm worker: no GPU {absent[0]} on this host (GPUs seen: {seen})")
+    return [by_index[i] for i in indices]
+
+
+def _worker_specs(args: argparse.Namespace, env: dict[str, str]) -> list[_WorkerSpec]:
+    """One spec per chosen GPU (pinned with CUDA_VISIBLE_DEVICES, queues `gpu.<N>g,cpu`), or one
+    `cpu` worker without a GPU (or with --cpu). `--queues` replaces the derived queues."""
+    from apps.fleet.capability import gpu_queue_for_vram  # torch- and Django-free
+    from workers.device.nvml import host_gpus
+
+    gpus = _chosen_gpus(args.gpus, [] if args.profile == "cpu" else host_gpus(env))
+    prefix = f"{args.name or args.pool}-" if (args.name or args.pool) else ""
+    extra = [q.strip() for q in env.get("INLINE_WORKER_QUEUES", "").split(",") if q.strip()]
+    override = [q.strip() for q in (args.queues or "").split(",") if q.strip()]
+    if not gpus:
+        queues = override or ["cpu", *extra]
+        return [_WorkerSpec("cpu", f"{prefix}cpu@%h", list(dict.fromkeys(queues)), env, "cpu")]
+    specs = []
+    for gpu in gpus:
+        usable = min(gpu.total_gb, args.vram_budget) if args.vram_budget else gpu.total_gb
+        own = gpu_queue_for_vram(usable)
+        queues = override or [q for q in (own, "cpu", *extra) if q]
+        child = dict(env)
+        if gpu.simulated:
+            child["INLINE_GPU_DESCRIPTION"] = json.dumps(
+                {"name": gpu.name, "vram_gb": gpu.total_gb, "bf16": gpu.bf16, "nvlink": gpu.nvlink})
+        else:  # NVML's order is the PCI bus order; CUDA's default order differs
+            child.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu.index))
+        about = f"{gpu.name}, {gpu.total_gb:.0f} GB" + (" (simulated)" if gpu.simulated else "")
+        specs.append(_WorkerSpec(f"gpu{gpu.index}", f"{prefix}gpu{gpu.index}@%h",
+                                 list(dict.fromkeys(queues)), child, about))
+    return specs
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """`./farm worker`: this host's workers (one per GPU) join the farm and are kept running."""
+    data_dir, models_dir = _data_dir(args), _models_dir(args)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    args.profile = _profile(args)
+    env = _base_env(data_dir, models_dir)
+    env["INLINE_PROFILE"] = args.profile
+    if args.vram_budget is not None:
+        env["INLINE_VRAM_BUDGET_GB"] = str(args.vram_budget)
+    if args.cpu_offload:
+        env["INLINE_CPU_OFFLOAD"] = "1"
+    if args.pool:
+        env["INLINE_POOL"] = args.pool
+    _join_services(env, data_dir, "worker")
+    specs = _worker_specs(args, env)
+    celery = [sys.executable, "-m", "celery", "-A", "inline_farm", "worker", "--pool=threads",
+              f"--concurrency={args.slots}"]
+    with contextlib.ExitStack() as stack:
+        try:
+            signal.signal(signal.SIGINT, _raise_stop)
+            signal.signal(signal.SIGTERM, _raise_stop)
+            children: list[_Child] = []
+            stack.callback(_stop_children, children)
+            for spec in specs:
+                argv = [*celery, "-n", spec.node, "-Q", ",".join(spec.queues), "-l", "INFO"]
+                with _signals_deferred():
+                    children.append(_spawn(spec.label, argv, spec.env))
+            pool = args.pool or "(named after its device)"
+            lines = [f"  {s.node:<24} {s.about}; queues {','.join(s.queues)}" for s in specs]
+            print("\n".join(["", f"farm: {len(specs)} worker(s) × {args.slots} slots, pool {pool}, "
+                             f"data {data_dir}, models {models_dir}", *lines,
+                             "  Ctrl-C stops them.", ""]), flush=True)
+            return _supervise(children, env)
+        except _Stop as stop:
+            print(f"farm: {stop}: stopping", file=sys.stderr)
+            return 0
+        finally:
+            signal.signal(signal.SIGINT, _say_stopping)
+            signal.signal(signal.SIGTERM, _say_stopping)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """`./farm web`: migrate, then only the ASGI server (HTTP + websockets), kept running."""
+    data_dir, models_dir = _data_dir(args), _models_dir(args)
+    env = _base_env(data_dir, models_dir)
+    _check_port_free(args.listen, args.port)
+    _join_services(env, data_dir, "web")
+    web = [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", args.listen,
+           "--port", str(args.port), "--lifespan", "off"]
+    if args.processes > 1:
+        web += ["--workers", str(args.processes)]
+    with contextlib.ExitStack() as stack:
+        try:
+            signal.signal(signal.SIGINT, _raise_stop)
+            signal.signal(signal.SIGTERM, _raise_stop)
+            _migrate(env)
+            children: list[_Child] = []
+            stack.callback(_stop_children, children)
+            with _signals_deferred():
+                children.append(_spawn("web", web, env))
+            host = _local_host(args.listen)
+            _wait_healthy(_url(host, args.port, "/v1/health"), children, need_worker=False)
+            print(f"\nfarm: web is up at {_url(host, args.port, '/v1/')} ({args.processes} "
+                  f"process(es), data {data_dir}). Ctrl-C stops it.\n", flush=True)
+            return _supervise(children, env)
+        except _Stop as stop:
+            print(f"farm: {stop}: stopping", file=sys.stderr)
+            return 0
+        finally:
+            signal.signal(signal.SIGINT, _say_stopping)
+            signal.signal(signal.SIGTERM, _say_stopping)
+
 
 
 # --- One-shot commands ------------------------------------------------------------------------
@@ -623,6 +777,32 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("action", choices=("smoke",), help="smoke: write the tiny CPU stack")
     _add_dirs(models)
 
+    worker = commands.add_parser(
+        "worker", help="join a farm: one worker per GPU of this host (cpu without one)")
+    worker.add_argument("--gpus", default="all", help="all (default) or NVML indices: 0,1")
+    worker.add_argument("--pool", default=os.environ.get("INLINE_POOL") or "",
+                        help="the workers' pool (INLINE_POOL; default: named after the device)")
+    worker.add_argument("--name", help="node name prefix (default: the pool): NAME-gpu0@host")
+    worker.add_argument("--queues", help="serve exactly these queues (default: from the hardware)")
+    worker.add_argument("--slots", type=_positive,
+                        default=int(os.environ.get("INLINE_WORKER_SLOTS") or 4),
+                        help="runs each worker executes at once (default: $INLINE_WORKER_SLOTS or 4)")
+    worker.add_argument("--profile", choices=PROFILES, help="device profile (default: auto)")
+    worker.add_argument("--lowvram", action="store_true", help="shorthand for --profile lowvram")
+    worker.add_argument("--cpu", action="store_true", help="one cpu worker, GPUs or not")
+    worker.add_argument("--vram-budget", type=float, metavar="GB",
+                        help="cap the VRAM the device policy counts (INLINE_VRAM_BUDGET_GB)")
+    worker.add_argument("--cpu-offload", action="store_true",
+                        help="keep the text encoder and VAE in CPU memory between uses")
+    _add_dirs(worker)
+
+    web = commands.add_parser("web", help="migrate, then serve only the web side (uvicorn)")
+    web.add_argument("--listen", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    web.add_argument("--port", type=_port, default=8188, help="HTTP port (default 8188)")
+    web.add_argument("--processes", type=_positive, default=1,
+                     help="uvicorn worker processes (default 1)")
+    _add_dirs(web)
+
     commands.add_parser("test", help="run the whole test suite (args go to pytest)")
     commands.add_parser("manage", help="manage.py with the farm's environment")
     commands.add_parser("lint", help="ruff check . then mypy . (args go to ruff)")
@@ -637,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         return passthrough[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models,
-                "import": cmd_import}
+                "import": cmd_import, "worker": cmd_worker, "web": cmd_web}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
