@@ -109,12 +109,16 @@ class RunFanout:
                     log.info("leaving the channel group of run %s failed: %r", run_id, exc)
 
     async def _join(self, run_id: str) -> None:
-        if self.channel is None:
-            # The default "specific" prefix matters: channels-redis pops one Redis key per
-            # prefix for process-local channels.
-            self.channel = await self.layer.new_channel()
-        await self.layer.group_add(run_group(run_id), self.channel)
+        await self.layer.group_add(run_group(run_id), await self._channel())
         self.joined.add(run_id)
+
+    async def _channel(self) -> str:
+        """Our process-local channel. channels-redis keeps all process-local channels of one
+        prefix in one Redis key, and `_receive_many` pops that whole key: a prefix of our own
+        keeps any other process-local channel of this process out of it."""
+        if self.channel is None:
+            self.channel = await self.layer.new_channel(prefix=CHANNEL_PREFIX)
+        return self.channel
 
     def _fail(self) -> None:
         """The layer failed: stop reading it; `_serve` switches to polling the log."""
@@ -142,8 +146,7 @@ class RunFanout:
 
     async def _read(self) -> None:
         """Hand live events to subscribers until the layer fails."""
-        if self.channel is None:
-            self.channel = await self.layer.new_channel()
+        await self._channel()
         receive = self._receive_many if _batch_readable(self.layer) else self._receive_one
         while self.healthy:
             receiving = self.receiving = asyncio.ensure_future(receive())
@@ -248,6 +251,7 @@ class RunFanout:
 
 
 BATCH = 500  # messages popped per round trip by `_receive_many`
+CHANNEL_PREFIX = "runs-fanout"  # our process-local channel's prefix (see `RunFanout._channel`)
 
 
 def _batch_readable(layer: Any) -> bool:
