@@ -117,14 +117,17 @@ def comfy_prompt_queue(
     except ImportInvalid as exc:
         raise import_refusal(exc, body.prompt) from None
     try:
-        run, _ = run_submit(owner=owner, graph=imported.graph, target=imported.target)
+        # One commit for the run and its prompt: a prompt id never names a missing run.
+        with transaction.atomic():
+            run, _ = run_submit(owner=owner, graph=imported.graph, target=imported.target)
+            prompt = _prompt_record(owner, run, body, imported.target)
     except (GraphInvalid, RunConflict, RunLimitReached, RunPriorityNotAllowed) as exc:
         raise submit_refusal(exc, body.prompt, imported.target) from None
-    return _prompt_record(owner, run, body, imported.target), imported.report.unmapped
+    return prompt, imported.report.unmapped
 
 
-@transaction.atomic
 def _prompt_record(owner: User, run: Run, body: PromptIn, target: str) -> ComfyPrompt:
+    """Record the prompt of `run`; call inside the submit's transaction."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT nextval('importer_comfy_number')")
         number = cursor.fetchone()[0]
@@ -249,9 +252,12 @@ def safe_subfolder(subfolder: str) -> str:
     return "/".join(parts)[:200]
 
 
-def _upload_named(owner_id: int, subfolder: str, name: str) -> ComfyUpload | None:
-    return (ComfyUpload.objects.filter(owner_id=owner_id, subfolder=subfolder, name=name)
-            .order_by("-created_at", "-pk").first())
+def _upload_named(owner_id: int, subfolder: str, name: str,
+                  with_asset: bool = False) -> ComfyUpload | None:
+    qs = ComfyUpload.objects.filter(owner_id=owner_id, subfolder=subfolder, name=name)
+    if with_asset:
+        qs = qs.select_related("asset")
+    return qs.order_by("-created_at", "-pk").first()
 
 
 def comfy_input_asset(*, user: User, filename: str, subfolder: str = "") -> Asset | None:
@@ -260,9 +266,9 @@ def comfy_input_asset(*, user: User, filename: str, subfolder: str = "") -> Asse
     name = filename.replace("\\", "/")
     sub, base = posixpath.split(name)
     sub = safe_subfolder(subfolder or sub)
-    upload = _upload_named(user.pk, sub, base)
+    upload = _upload_named(user.pk, sub, base, with_asset=True)
     if upload is not None:
-        return Asset.objects.filter(pk=upload.asset_id).first()
+        return upload.asset
     stem = posixpath.splitext(base)[0]
     if not is_uuid(stem):
         return None
