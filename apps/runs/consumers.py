@@ -7,10 +7,11 @@ Messages are JSON text frames, each with `type`, `runId` and `seq`:
 - `status`, `progress`, `node_done`, `run_done` — entries of the run's durable log, seq 1, 2, 3…
 
 Without `?after`, events follow the snapshot's `lastSeq`; `?after=N` first replays every logged
-event with seq > N. Either way each seq arrives once, in order, with no gap (apps/runs/stream.py
-says how), except that progress events may be coalesced (latest per node) for a client that
-reads too slowly. A finished run still sends its `run_done` (unless `after` is already past it).
-After `run_done` the server closes with 1000. Client frames are ignored.
+event with seq > N (an N past `lastSeq` is read as `lastSeq`: no client can have seen more).
+Either way each seq arrives once, in order, with no gap (apps/runs/stream.py says how), except
+that progress events may be coalesced (latest per node) for a client that reads too slowly.
+A finished run still sends its `run_done` (unless `after` is already past it). After `run_done`
+the server closes with 1000. Client frames are ignored.
 
 Auth, any one of (the same API tokens as /v1):
 - header `Authorization: Bearer <token>`;

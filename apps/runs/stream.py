@@ -171,7 +171,9 @@ class RunEventStream:
         await self.send({"type": "snapshot", "runId": self.run_id, "seq": last, "lastSeq": last,
                          "run": snapshot["run"]})
         if self.after is not None:
-            self.sent = self.after
+            # No client saw a seq past `last` (seqs go out once committed): a larger `after` is
+            # read as `last`, or every later event, run_done included, would be dropped.
+            self.sent = min(self.after, int(last))
         else:
             # A finished run still tells a newcomer how it ended: replay its run_done.
             self.sent = done - 1 if done is not None else last

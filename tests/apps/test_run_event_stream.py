@@ -151,3 +151,37 @@ def test_the_publisher_folds_consecutive_run_events_in_order():
     assert merged == [
         {"type": "run.events", "events": [{"seq": 1}, {"seq": 2}]}, other, event(3),
     ]
+
+
+def test_an_after_beyond_the_log_s_end_resumes_from_the_end_and_still_ends_with_run_done():
+    """No client can have seen a seq past the snapshot's lastSeq (seqs are sent only once
+    committed), so `after` > lastSeq is read as lastSeq: the client gets every later event and
+    the stream still ends at run_done (it used to drop them all and never end)."""
+
+    async def scenario() -> tuple[list[int], int]:
+        run = FakeRun()
+        for _ in range(3):
+            run.append()
+        stream = run.stream(after=50, idle_seconds=0.05)
+        task = asyncio.create_task(stream.run())
+        await asyncio.sleep(0.01)
+        stream.put(run.append("node_done"))  # 4
+        stream.put(run.append("run_done"))  # 5
+        await asyncio.wait_for(task, timeout=10)
+        return run.seqs(), run.received[0]["lastSeq"]
+
+    seqs, last = asyncio.run(scenario())
+    assert (last, seqs) == (3, [4, 5])
+
+
+def test_an_after_beyond_a_finished_run_s_end_gets_the_snapshot_only():
+    async def scenario() -> list[dict[str, Any]]:
+        run = FakeRun(status="succeeded")
+        run.append()
+        run.append("run_done")
+        await asyncio.wait_for(run.stream(after=99).run(), timeout=30)
+        return run.received
+
+    received = asyncio.run(scenario())
+    assert [m["type"] for m in received] == ["snapshot"]
+    assert received[0]["run"]["status"] == "succeeded" and received[0]["lastSeq"] == 2
