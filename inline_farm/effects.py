@@ -109,17 +109,17 @@ def merge_run_events(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Under load the publisher finds several events of one run queued at once; one channel-layer
     message for them costs the receiving web process one Redis pop instead of many.
     """
+    kinds = ("run.event", "run.events")
     merged: list[dict[str, Any]] = []
     for message in messages:
         previous = merged[-1] if merged else None
-        if message.get("type") != "run.event" or previous is None or previous["type"] not in (
-            "run.event", "run.events"
-        ):
+        if message.get("type") not in kinds or previous is None or previous["type"] not in kinds:
             merged.append(message)
             continue
         if previous["type"] == "run.event":
             merged[-1] = previous = {"type": "run.events", "events": [previous["event"]]}
-        previous["events"].append(message["event"])
+        events = [message["event"]] if message["type"] == "run.event" else message["events"]
+        previous["events"] = [*previous["events"], *events]
     return merged
 
 

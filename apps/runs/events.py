@@ -64,12 +64,15 @@ def events_insert(
     *, run_id: Any, first_seq: int, events: Sequence[tuple[str, dict[str, Any]]]
 ) -> list[RunEvent]:
     """Insert events with seqs first_seq, first_seq+1, … (the caller reserved them on the run
-    row, which it holds locked) and publish each to the run's group after commit."""
+    row, which it holds locked) and publish them to the run's group after commit — as one
+    channel message however many there are (a channel-layer send costs several Redis round
+    trips; a worker's flush carries many events)."""
     rows = RunEvent.objects.bulk_create([
         RunEvent(run_id=run_id, seq=first_seq + i, type=type, payload=payload)
         for i, (type, payload) in enumerate(events)
     ])
-    group = run_group(run_id)
-    for event in rows:
-        group_send_after_commit(group, {"type": "run.event", "event": event_to_wire(event)})
+    wire = [event_to_wire(event) for event in rows]
+    message = ({"type": "run.event", "event": wire[0]} if len(wire) == 1
+               else {"type": "run.events", "events": wire})
+    group_send_after_commit(run_group(run_id), message)
     return rows
