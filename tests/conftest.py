@@ -14,9 +14,11 @@ from PIL import Image
 
 from tests.livefarm import Client, LiveFarm, database_url
 
-# Short lease and reaper intervals so failover is observable in seconds.
+# Short reaper and heartbeat intervals so failover is observable in seconds. A lost worker is
+# found by its silent heartbeat (INLINE_WORKER_LOST_SECONDS); the lease is only the last line of
+# defence, long enough that a loaded machine's late renewal never requeues a healthy run.
 FARM_ENV = {
-    "INLINE_LEASE_SECONDS": "3",
+    "INLINE_LEASE_SECONDS": "30",
     "INLINE_REAPER_INTERVAL": "1",
     "INLINE_WORKER_HEARTBEAT": "1",
     "INLINE_REDISPATCH_SECONDS": "5",
@@ -79,6 +81,9 @@ def farm(
         "INLINE_PROFILE": "cpu",
         "PYTHONUNBUFFERED": "1",
     }
+    from tests.brokerguard import assert_test_broker
+
+    assert_test_broker(settings.BROKER_URL)  # the purge below must only touch the tests' own
     app.control.purge()  # stale messages from an earlier run would name runs that don't exist
     live = LiveFarm(env=env, logs=data_dirs["logs"])
     with django_db_blocker.unblock():

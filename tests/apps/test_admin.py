@@ -63,11 +63,30 @@ def worker(db):
     )
 
 
-def test_every_changelist_renders(client, run_with_take, worker):
-    for model in ("runs/run", "takes/take", "takes/asset", "takes/takeremoval",
-                  "accounts/apitoken", "accounts/team", "accounts/userlimits", "fleet/worker",
-                  "fleet/workerpool", "graphs/graph"):
-        assert client.get(f"/admin/{model}/").status_code == 200, model
+def test_every_changelist_renders_and_lists_its_rows(client, lead, run_with_take, worker):
+    from apps.accounts.models import ApiToken, Team, UserLimits
+    from apps.accounts.services import token_create
+    from apps.takes.services import take_remove
+
+    run, take = run_with_take
+    asset = Asset.objects.create(owner=lead, sha256=blob_put(png(3, 3)), media_type="image/png",
+                                 size=10, original_name="plate.png")
+    team = Team.objects.create(name="compositing")
+    token = ApiToken.objects.get(pk=token_create(user=lead, name="ci")[0].pk)
+    limits = UserLimits.objects.create(user=lead, max_inflight_runs=7)
+    gone = _take(run, node_id="old")
+    [removal] = take_remove(take_ids=[gone.pk], by=lead, reason="expired")
+    rows = {"runs/run": run.pk, "takes/take": take.pk, "takes/asset": asset.pk,
+            "takes/takeremoval": removal.pk, "accounts/apitoken": token.pk,
+            "accounts/team": team.pk, "accounts/userlimits": limits.pk,
+            "fleet/worker": worker.pk, "fleet/workerpool": worker.pool_id,
+            "graphs/graph": run.graph_id}
+    for model, pk in rows.items():
+        page = client.get(f"/admin/{model}/")
+        assert page.status_code == 200, model
+        body = page.content.decode()
+        assert 'id="changelist"' in body, model
+        assert f"/admin/{model}/{pk}/change/" in body, model  # the row is listed, linked
 
 
 def test_read_only_models_offer_no_add_and_no_save(client, run_with_take, worker):
@@ -181,7 +200,10 @@ def test_retention_removes_a_take_with_an_audit_record_and_its_unreferenced_blob
     assert removal.run_id == run.pk and removal.sha256 == take.sha256 and removal.blob_released
     assert removal.lineage["seed"] == 7
     assert not blob_path(take.sha256).exists()
-    assert client.get(f"/admin/takes/takeremoval/{removal.pk}/change/").status_code == 200
+    audit = client.get(f"/admin/takes/takeremoval/{removal.pk}/change/")
+    assert audit.status_code == 200
+    body = audit.content.decode()
+    assert "client asked to purge test renders" in body and take.sha256 in body and "lead" in body
 
 
 def test_retention_keeps_bytes_another_take_or_an_asset_still_uses(

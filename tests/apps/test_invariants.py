@@ -72,3 +72,24 @@ def test_a_status_change_is_compare_and_set(run):
     again = run_move(Run.objects.filter(pk=run.pk), source=["queued"], to="cancelled",
                      finished_at=timezone.now())
     assert (moved, again) == (1, 0)
+
+
+def test_an_asset_can_never_be_updated(run):
+    from apps.takes.models import Asset
+
+    asset = Asset.objects.create(owner=run.owner, sha256="e" * 64, media_type="image/png",
+                                 size=3, width=1, height=1)
+    for change in ({"sha256": "f" * 64}, {"original_name": "renamed.png"}, {"size": 4}):
+        with pytest.raises(IntegrityError, match="takes_asset rows are immutable"), \
+                transaction.atomic():
+            Asset.objects.filter(pk=asset.pk).update(**change)
+    asset.refresh_from_db()
+    assert (asset.sha256, asset.size, asset.original_name) == ("e" * 64, 3, "")
+
+
+def test_a_take_refuses_every_kind_of_update_and_says_which_row(run):
+    take = _take(run)
+    for change in ({"lineage": {"seed": 1}}, {"node_id": "other"}, {"width": 9}):
+        with pytest.raises(IntegrityError, match=f"takes_take rows are immutable \\(id {take.pk}"), \
+                transaction.atomic():
+            Take.objects.filter(pk=take.pk).update(**change)

@@ -24,8 +24,18 @@ def test_a_machine_without_cuda_gets_the_cpu_profile_in_float32(monkeypatch):
     assert policy.placement("denoiser") == Placement("cpu", "float32", offload=False)
 
 
-def test_this_test_machine_auto_detects_cpu():
-    assert policy_from_env({}).profile == "cpu"
+def test_auto_detection_on_this_machine_matches_its_hardware():
+    """CPU-only hosts get `cpu`; a CUDA host gets a GPU profile sized by its card's memory."""
+    import torch
+
+    policy = policy_from_env({})
+    if not torch.cuda.is_available():
+        assert (policy.profile, policy.device) == ("cpu", "cpu")
+        return
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+    expected = "gpu-max" if total_gb >= detect.GPU_MAX_MIN_GB else "lowvram"
+    assert (policy.profile, policy.device) == (expected, "cuda:0")
+    assert policy.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
 
 
 def test_a_big_card_gets_gpu_max_in_bf16(monkeypatch):
