@@ -16,7 +16,7 @@ BIG = {"folder": "diffusion_models", "name": "big.safetensors"}
 SMALL = {"folder": "diffusion_models", "name": "small.safetensors"}
 
 
-def _host(name: str, vram: float, queue: str, files: list[dict], profile: str = "gpu-max",
+def _host(name: str, vram: float, queue: str, files: list[tuple[dict, int]], profile: str = "gpu-max",
           state: str = "online") -> Worker:
     return Worker.objects.create(
         name=name, queues=[queue], state=state, last_heartbeat=timezone.now(), slots=2,
