@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -106,8 +106,7 @@ def comfy_prompt_queue(
     importer's unmapped nodes (the run goes ahead without them). `ComfyRefused` (ComfyUI's
     error shape, naming the node) when it cannot run here; nothing is stored then."""
     if body.prompt_id is not None and ComfyPrompt.objects.filter(pk=body.prompt_id).exists():
-        raise ComfyRefused(400, {"type": "invalid_prompt", "message": "prompt_id already used",
-                                 "details": body.prompt_id, "extra_info": {}})
+        raise _prompt_id_used(body.prompt_id)
     unknown = unknown_refusal(body.prompt)
     if unknown is not None:
         raise unknown
@@ -123,7 +122,14 @@ def comfy_prompt_queue(
             prompt = _prompt_record(owner, run, body, imported.target)
     except (GraphInvalid, RunConflict, RunLimitReached, RunPriorityNotAllowed) as exc:
         raise submit_refusal(exc, body.prompt, imported.target) from None
+    except IntegrityError:  # the client's prompt_id was taken meanwhile; nothing was kept
+        raise _prompt_id_used(str(body.prompt_id)) from None
     return prompt, imported.report.unmapped
+
+
+def _prompt_id_used(prompt_id: str) -> ComfyRefused:
+    return ComfyRefused(400, {"type": "invalid_prompt", "message": "prompt_id already used",
+                              "details": prompt_id, "extra_info": {}})
 
 
 def _prompt_record(owner: User, run: Run, body: PromptIn, target: str) -> ComfyPrompt:

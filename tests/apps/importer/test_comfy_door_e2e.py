@@ -212,6 +212,7 @@ def test_a_client_key_in_the_base_url_stands_for_its_user_until_revoked(farm, ow
     stats = keyed.http.get("/system_stats").json()
     assert stats["devices"] and "comfyui_version" in stats["system"]
     assert keyed.http.get("/queue").json().keys() == {"queue_running", "queue_pending"}
+    assert keyed.http.get("/api/queue").status_code == 200  # the newer frontend's prefix
     with keyed.socket("keyed") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "status"
     comfy_key_revoke(key_id=key_id)
@@ -234,3 +235,13 @@ def test_interrupting_a_prompt_ends_it_as_comfyui_reports_an_interruption(comfy,
     entry = comfy.history(queued["prompt_id"])[queued["prompt_id"]]
     assert entry["status"] == {**entry["status"], "status_str": "error", "completed": False}
     assert entry["status"]["messages"][-1][0] == "execution_interrupted"
+
+
+def test_a_prompt_id_chosen_by_the_client_is_kept_and_cannot_be_reused(comfy, stack):
+    name = comfy.upload(png(W, H, (90, 90, 20)), "own-id.png").json()["name"]
+    chosen = str(uuid.uuid4())
+    body = {"prompt": img2img(stack, name, denoise=0.3), "client_id": "c", "prompt_id": chosen}
+    first = comfy.http.post("/prompt", json=body)
+    assert first.status_code == 200 and first.json()["prompt_id"] == chosen, first.text
+    again = comfy.http.post("/prompt", json=body)
+    assert again.status_code == 400 and again.json()["error"]["type"] == "invalid_prompt"
