@@ -11,4 +11,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
 app = Celery("inline_farm")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Tasks by module path: the web process publishes by name and never imports workers/.
-app.conf.imports = ("apps.runs.tasks", "workers.tasks")
+# workers.parallel.worker: the start check of INLINE_PARALLEL and the group worker's hook.
+app.conf.imports = ("apps.runs.tasks", "workers.tasks", "workers.parallel.worker")

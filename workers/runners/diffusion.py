@@ -172,8 +172,11 @@ def _denoise(
         check_cancelled=ctx.check_cancelled,
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
+    from workers.parallel.worker import denoiser
+
+    group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
     try:
-        return model.batcher.run(job)
+        return model.batcher.run(job) if group is None else group.run(ctx, model, job)
     except torch.OutOfMemoryError as exc:
         raise NodeFailed(f"out of device memory while sampling with {model.name}: {exc}") from exc
 

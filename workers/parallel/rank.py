@@ -1,0 +1,140 @@
+"""One rank process of a worker group: joins the group, then steps every job rank 0 broadcasts.
+
+Started by `WorkerGroup` as `python -m workers.parallel.rank RANK WORLD PORT CFG ULYSSES RING
+BACKEND [FD]` (a plain subprocess: no multiprocessing re-import of the worker's main module);
+FD is rank 0's end of a socketpair to the Celery process. Rank 0 owns that pipe: it receives a
+job, broadcasts it, and after every step reports it and broadcasts the parent's go / stop. Every rank
+runs the same steps on the same inputs and applies the same Euler update, so rank 0's latents are
+the group's. An exception on any rank ends that process (non-zero exit): the parent sees it die
+and restarts the whole group — ranks are never re-initialised in place (xfuser's parallel state
+cannot be, FACTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from workers.parallel.config import Degrees
+from workers.parallel.protocol import DenoiseJob, ModelRef, receive, send
+
+log = logging.getLogger(__name__)
+
+IDLE_PING_S = 60.0  # an idle rank 0 broadcasts a ping this often: no collective waits for long
+COLLECTIVE_TIMEOUT_S = 900  # the group's own collective timeout (the parent's is shorter)
+
+
+def main(argv: list[str]) -> None:
+    rank, world, port, cfg, ulysses, ring = (int(a) for a in argv[:6])
+    backend = argv[6]
+    conn = Connection(int(argv[7])) if len(argv) > 7 else None
+    rank_main(rank, world, port, Degrees(cfg, ulysses, ring), backend, conn)
+
+
+def rank_main(rank: int, world: int, port: int, degrees: Degrees, backend: str,
+              conn: Connection | None) -> None:
+    """The process entry point; `conn` is rank 0's pipe to the parent (None on other ranks)."""
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(message)s")
+    try:
+        _serve(rank, world, port, degrees, backend, conn)
+    except BaseException:
+        log.exception("rank %d failed; the group will be restarted", rank)
+        sys.stdout.flush()
+        os._exit(1)  # never linger in a collective: the parent restarts the whole group
+    os._exit(0)
+
+
+def _serve(rank: int, world: int, port: int, degrees: Degrees, backend: str,
+           conn: Connection | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                          timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    device = f"cuda:{rank}" if backend == "xfuser" else "cpu"
+    if backend == "xfuser":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if backend == "xfuser" else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    split = _split(backend, degrees, rank, world)
+    models: dict[ModelRef, Any] = {}
+    dist.barrier()
+    if conn is not None:
+        send(conn, "ready")
+    while True:
+        message = _next_message(conn)
+        if message[0] == "quit":
+            break
+        if message[0] == "job":
+            job: DenoiseJob = message[1]
+            if job.model not in models:
+                models[job.model] = split.prepare(_load(job.model, device))
+            _denoise(job, models[job.model], split, conn, device)
+    dist.destroy_process_group()
+
+
+def _split(backend: str, degrees: Degrees, rank: int, world: int) -> Any:
+    if backend == "xfuser":
+        from workers.parallel.xfuser_backend import XfuserSplit
+
+        return XfuserSplit(degrees, rank, world)
+    from workers.parallel.split import CpuSplit
+
+    return CpuSplit(degrees, rank)
+
+
+def _next_message(conn: Connection | None) -> tuple[Any, ...]:
+    """Rank 0: the parent's next message (a ping when idle); every rank: what rank 0 broadcast."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if conn is not None:
+        box[0] = receive(conn) if conn.poll(IDLE_PING_S) else ("ping",)
+    dist.broadcast_object_list(box, src=0)
+    return tuple(box[0])
+
+
+def _load(model: ModelRef, device: str) -> Any:
+    from workers.device.policy import DevicePolicy
+    from workers.models.zimage.loading import load_diffusion_model
+
+    profile = "cpu" if device == "cpu" else "gpu-max"
+    policy = DevicePolicy(profile=profile, device=device, dtype=model.dtype,  # type: ignore[arg-type]
+                          attention=model.attention)
+    return load_diffusion_model(Path(model.models_dir), model.name, policy).transformer
+
+
+def _denoise(job: DenoiseJob, transformer: Any, split: Any, conn: Connection | None,
+             device: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    latents = job.latents.to(device)
+    positive = job.positive.to(device)
+    negative = None if job.negative is None else job.negative.to(device)
+    sigmas, total = job.sigmas.to(device), len(job.timesteps)
+    stop = torch.zeros(1, dtype=torch.int32, device=device)
+    for i in range(total):
+        velocity = split.velocity(transformer, latents, job.timesteps[i].to(device), positive,
+                                  negative, job.guidance)
+        latents = (latents.float() + (sigmas[i + 1] - sigmas[i]) * velocity).to(velocity.dtype)
+        if conn is not None:
+            send(conn, "step", i + 1, latents.cpu(), velocity.cpu())
+            stop[0] = int(receive(conn)[0] == "stop")
+        dist.broadcast(stop, src=0)
+        if stop.item():
+            if conn is not None:
+                send(conn, "stopped")
+            return
+    if conn is not None:
+        send(conn, "done", latents.cpu(), split.report())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,87 @@
+"""The GPU split: xfuser 0.7's Z-Image transformer wrapper on an NCCL group (one rank per GPU).
+
+NEVER RUN in this repository's CI (xfuser's imports fail without CUDA, FACTS.md); the CPU twin
+that is tested is workers/parallel/split.py, which splits the model the same way.
+
+The only module that imports xfuser. Install it with `pip install -e '.[parallel]'` (xfuser 0.7.0,
+nvidia-ml-py) in the group worker's environment; the farm itself never needs it.
+
+diffusers 0.42 vs xfuser 0.7 (`joint_attention_kwargs` TypeError, FACTS.md): we ADAPT THE CALL
+rather than pin diffusers 0.41. The TypeError comes from xfuser's pipeline wrapper handing the
+0.42 transformer signature arguments its own `forward(x, t, cap_feats, patch_size, f_patch_size,
+return_dict)` does not take; we never use xfuser's pipeline — our step loop calls the wrapper's
+forward with exactly those arguments — and we give every main-layer processor a shim that drops
+keyword arguments xfuser's processor does not declare.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from workers.parallel.config import Degrees
+
+
+class XfuserSplit:
+    """One rank's xfuser state; created after torch.distributed is initialised (NCCL)."""
+
+    def __init__(self, degrees: Degrees, rank: int, world: int) -> None:
+        from xfuser.core.distributed import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
+
+        init_distributed_environment(rank=rank, world_size=world)  # reuses our default group
+        initialize_model_parallel(
+            classifier_free_guidance_degree=degrees.cfg,
+            sequence_parallel_degree=degrees.sp,
+            ulysses_degree=degrees.ulysses,
+            ring_degree=degrees.ring,
+        )
+        self.degrees = degrees
+
+    def prepare(self, transformer: Any) -> Any:
+        from xfuser.model_executor.models.transformers.transformer_z_image import (
+            xFuserZImageTransformer2DWrapper,
+        )
+
+        wrapper = xFuserZImageTransformer2DWrapper(transformer)
+        for layer in transformer.layers:
+            layer.attention.processor = _DeclaredKwargsOnly(layer.attention.processor)
+        return wrapper
+
+    def report(self) -> dict[str, int]:
+        return {}
+
+    @torch.no_grad()
+    def velocity(self, transformer: Any, latents: torch.Tensor, timestep: torch.Tensor,
+                 positive: torch.Tensor, negative: torch.Tensor | None,
+                 guidance: float) -> torch.Tensor:
+        """As CpuSplit.velocity; the wrapper splits the item list over the cfg group itself
+        (so an unguided job on a cfg group sends its one item twice: both halves compute it)."""
+        dtype = next(transformer.parameters()).dtype
+        x = latents.to(dtype)[0].unsqueeze(1)  # [C, 1, H, W]
+        t = (1000 - timestep.expand(1)) / 1000
+        other = negative if guidance > 0 and negative is not None else positive
+        caps = [positive.to(dtype), other.to(dtype)]
+        if guidance <= 0 and self.degrees.cfg == 1:
+            caps = caps[:1]
+        outs = transformer([x] * len(caps), t.expand(len(caps)), caps, return_dict=False)[0]
+        pred = outs[0].float()
+        if guidance > 0:
+            pred = pred + guidance * (pred - outs[1].float())
+        return -pred.unsqueeze(0).squeeze(2)
+
+
+class _DeclaredKwargsOnly:
+    """Calls an attention processor with only the keyword arguments it declares."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.names = set(inspect.signature(processor.__call__).parameters)
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.processor(attn, hidden_states,
+                              **{k: v for k, v in kwargs.items() if k in self.names})
