@@ -6,11 +6,19 @@ activations that grow with the image (a diffusion transformer's attention over t
 tokens, the VAE decode at full size): ACTIVATION_BASE_GB + ACTIVATION_GB_PER_MPX per megapixel.
 A `gpu-max` worker must hold everything at once; a `lowvram` worker offloads, so it needs the
 largest single model plus the activations. CPU workers run anything (slowly) in host memory.
+
+Multi-GPU groups (`xfuser.<n>`, workers/parallel/): a run whose graph asks for a split
+(`parallel: "n"` on a sampler) goes to `xfuser.<n>` whether or not a worker serves it yet (it then
+waits, and its wait reason says no live worker serves xfuser.<n>); with `parallel: "auto"` it goes
+to a group only when no single live GPU holding its files can hold it but a group can — every
+rank holds all the weights, the split divides only the activations; `off` never splits.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +61,27 @@ def need_estimate(*, model_sizes: list[int], pixels: int) -> Need:
     return Need(weights, largest, activations)
 
 
+def parallel_request(values: Iterable[Any]) -> str:
+    """The split a run asks for, from its closure's `parallel` params (unset: auto): the largest
+    group size any sampler asks for, else "off" when one says off, else "auto". Put it in the
+    requirement as `parallel`."""
+    asked = [str(v) for v in values if v not in (None, "")]
+    sizes = [int(v) for v in asked if v.isdigit()]
+    if sizes:
+        return str(max(sizes))
+    return "off" if "off" in asked else "auto"
+
+
+def group_fits(device: dict[str, Any], need: dict[str, Any], ranks: int) -> bool:
+    """Whether a group of `ranks` GPUs like `device` holds a run of `need`: each rank holds every
+    weight and 1/ranks of the activations (sequence parallel)."""
+    if device.get("profile", "cpu") == "cpu" or not need:
+        return True
+    vram = float(device.get("vram_gb") or 0)
+    weights, activations = float(need.get("weightsGb", 0)), float(need.get("activationsGb", 0))
+    return weights + activations / ranks <= vram
+
+
 def worker_fits(device: dict[str, Any], need: dict[str, Any]) -> bool:
     """Whether a worker with `device` (its heartbeat's description) can hold a run of `need`."""
     profile = device.get("profile", "cpu")
@@ -68,7 +97,11 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
     """The queue for `requirement` among live `workers` (name, queues, device, model_files,
     state): the smallest GPU class that fits and holds the files (non-draining first), else
     `cpu` when a CPU worker holds them, else `gpu` (wait for a capable worker). Raises
-    RunCannotFit when workers hold the files but none could ever fit the run."""
+    RunCannotFit when workers hold the files but none could ever fit the run (nor a group, with
+    `parallel` auto). A requested split (`parallel` "n") goes to `xfuser.<n>`."""
+    parallel = str(requirement.get("parallel") or "auto")
+    if parallel.isdigit():
+        return f"xfuser.{parallel}"
     if not requirement.get("models"):
         return "cpu"
     needed = {(m["folder"], m["name"]) for m in requirement["models"]}
@@ -77,7 +110,10 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
                if needed <= {(m["folder"], m["name"]) for m in w.model_files}]
     fitting = [w for w in holders if worker_fits(w.device, need)]
     if holders and not fitting:
-        raise RunCannotFit(_why_not(need, holders))
+        group = _group_queue(need, holders) if parallel == "auto" else None
+        if group is None:
+            raise RunCannotFit(_why_not(need, holders))
+        return group
     for pool in ([w for w in fitting if w.state != "draining"], fitting):
         gpu = sorted({q for w in pool for q in w.queues if q.startswith("gpu.")}, key=_vram_of)
         if gpu:
@@ -85,6 +121,16 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
         if any("cpu" in w.queues for w in pool):
             return "cpu"
     return "gpu"
+
+
+_GROUP = re.compile(r"^xfuser\.(\d+)$")
+
+
+def _group_queue(need: dict[str, Any], holders: list[Any]) -> str | None:
+    """The smallest `xfuser.<n>` queue whose serving worker holds the files and could fit."""
+    sizes = sorted({int(m.group(1)) for w in holders for q in w.queues
+                    if (m := _GROUP.match(q)) and group_fits(w.device, need, int(m.group(1)))})
+    return f"xfuser.{sizes[0]}" if sizes else None
 
 
 def _why_not(need: dict[str, Any], holders: list[Any]) -> str:

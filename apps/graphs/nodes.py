@@ -19,6 +19,11 @@ _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
 _steps = Param("steps", "int", 8, min=1, max=100, description="Denoising steps.")
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
+PARALLEL_CHOICES = ("auto", "off", "2", "4", "8")
+_parallel = Param("parallel", "enum", "auto", choices=PARALLEL_CHOICES,
+                  description="Split one image's denoise over a multi-GPU worker group: a group "
+                  "size (\"2\": the xfuser.2 queue), \"off\" (one GPU), or \"auto\" (a group "
+                  "only when no single live GPU can hold the run).")
 
 SOURCES = (
     NodeDescriptor(
@@ -130,6 +135,7 @@ MODELS = (
             _seed, _steps, _guidance,
             Param("denoise", "float", 1.0, min=0.0, max=1.0,
                   description="1.0 starts from noise; less keeps part of the input latent."),
+            _parallel,
         ),
     ),
     NodeDescriptor(
@@ -161,6 +167,7 @@ MODELS = (
             Param("model", "model", required=True, options_from="diffusion_models"),
             Param("vae", "model", required=True, options_from="vae"),
             Param("text_encoder", "model", required=True, options_from="text_encoders"),
+            _parallel,
         ),
         description="Text-to-image (or img2img with an input image) with Z-Image Turbo.",
     ),

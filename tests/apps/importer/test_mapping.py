@@ -40,7 +40,8 @@ def test_both_formats_of_the_z_image_turbo_workflow_import_to_the_same_graph():
     assert ui.report.format == "ui" and api.report.format == "api"
     graph = nodes(ui)
     assert graph["57:3"]["type"] == "sample"
-    assert graph["57:3"]["params"] == {"seed": 42, "steps": 8, "guidance": 0.0, "denoise": 1.0}
+    assert graph["57:3"]["params"] == {"seed": 42, "steps": 8, "guidance": 0.0, "denoise": 1.0,
+                                       "parallel": "auto"}
     assert graph["57:3"]["inputs"]["model"] == {"node": "57:28", "port": "model"}
     assert "negative" not in graph["57:3"]["inputs"]
     assert graph["57:30"]["params"] == {"file": "qwen_3_4b"}  # resolved to the folder model
@@ -86,13 +87,15 @@ def test_model_names_resolve_against_the_catalog():
 
 def test_widgets_follow_the_real_order_skipping_control_after_generate():
     graph = nodes(imported(turbo_ui(ksampler=[7, "fixed", 5, 3.5, "euler", "simple", 0.5]).doc()))
-    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5}
+    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5,
+                                       "parallel": "auto"}
     assert graph["7"]["params"] == {"width": 512, "height": 384}
 
 
 def test_a_save_without_the_control_value_reads_the_same():
     graph = nodes(imported(turbo_ui(ksampler=[7, 5, 3.5, "euler", "simple", 0.5]).doc()))
-    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5}
+    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5,
+                                       "parallel": "auto"}
 
 
 def test_a_converted_widget_keeps_its_slot_and_takes_the_linked_value():
@@ -275,7 +278,8 @@ def test_ksampler_advanced_start_step_becomes_denoise():
                          "noise_seed": 5, "add_noise": "enable", "start_at_step": 2,
                          "end_at_step": 10000, "return_with_leftover_noise": "disable"}
     graph = nodes(imported(api))
-    assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 0.75}
+    assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 0.75,
+                                       "parallel": "auto"}
 
 
 def test_a_comfy_seed_beyond_what_json_holds_wraps_around_with_a_warning():
