@@ -79,20 +79,36 @@ def test_runs_wait_while_no_worker_is_up_and_cancel_works_while_queued(farm, own
 
 
 def test_cancelling_a_running_run_stops_it_and_frees_the_worker(owner, db_access):
+    import time
+
+    from apps.fleet.models import Worker
     from apps.runs.models import Run
 
     asset = upload(owner, png(16, 16, (200, 0, 200))).json()
-    run_id = owner.post("/v1/runs", json=delay_graph(asset["id"], 30)).json()["runId"]
+    # 10 minutes of delay: a slot still holding it long after the cancel was not freed.
+    run_id = owner.post("/v1/runs", json=delay_graph(asset["id"], 600)).json()["runId"]
     wait_status(owner, run_id, "running")
+    holder = Run.objects.get(pk=run_id).lease_worker.split("#", 1)[0]
+    deadline = time.monotonic() + 60  # the worker's heartbeat reports the runs it holds
+    while run_id not in Worker.objects.get(name=holder).running:
+        assert time.monotonic() < deadline, "the worker never reported holding the run"
+        time.sleep(0.2)
     response = owner.delete(f"/v1/runs/{run_id}")
     assert response.json()["status"] == "cancelled"
+    deadline = time.monotonic() + 120
+    while run_id in Worker.objects.get(name=holder).running:
+        assert time.monotonic() < deadline, "the worker still holds the cancelled run"
+        time.sleep(0.2)
 
     nxt = owner.wait_run(owner.post("/v1/runs", json=resize_graph(asset["id"], 8, 8))
-                         .json()["runId"], timeout=15)
+                         .json()["runId"], timeout=60)
     assert nxt["status"] == "succeeded"
     run = Run.objects.get(pk=run_id)
     assert run.status == "cancelled" and not run.takes.exists()
-    assert owner.delete(f"/v1/runs/{nxt['id']}").status_code == 409
+    refused = owner.delete(f"/v1/runs/{nxt['id']}")
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "run_finished" and "succeeded" in refused.text
+    assert owner.get(f"/v1/runs/{nxt['id']}").json()["status"] == "succeeded"
 
 
 def test_a_node_that_fails_fails_the_run_naming_the_node(owner):
@@ -109,15 +125,14 @@ def test_a_node_that_fails_fails_the_run_naming_the_node(owner):
 
 def test_a_run_waiting_on_a_queue_nobody_serves_is_rerouted(farm, owner, db_access):
     from apps.runs.models import Run
-    from inline_farm.celery import app
+    from tests.brokerguard import purge_queue
 
     farm.stop("worker")
     asset = upload(owner, png(16, 16, (3, 3, 3))).json()
     run_id = owner.post("/v1/runs", json=delay_graph(asset["id"], 0.2)).json()["runId"]
     # As if it had been routed to a GPU class that has since left the fleet:
     assert Run.objects.filter(pk=run_id, status="queued").update(queue="gpu.12g") == 1
-    with app.connection_for_write() as conn:  # the submit-time message is gone with the GPUs
-        conn.default_channel.queue_purge("cpu")
+    purge_queue("cpu")  # the submit-time message is gone with the GPUs
     farm.start_worker()  # serves cpu + control; beat's dispatcher pass reroutes the run
     run = owner.wait_run(run_id)
     assert run["status"] == "succeeded" and run["queue"] == "cpu"

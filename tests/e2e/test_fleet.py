@@ -19,19 +19,29 @@ def _the_worker():
 
 def test_a_drained_worker_takes_no_new_runs_until_resumed(owner, db_access):
     from apps.fleet.services import worker_drain, worker_resume
+    from inline_farm.celery import app
 
     worker = _the_worker()
     assert worker_drain(worker=worker)
-    time.sleep(1.0)  # the broadcast reaches the worker between tasks
+    deadline = time.monotonic() + 60  # until the broadcast reached the worker (between tasks)
+    while "cpu" in _consumed_by(app, worker.name):
+        assert time.monotonic() < deadline, "the worker never stopped consuming cpu"
+        time.sleep(0.2)
     asset = upload(owner, png(16, 16, (1, 99, 1))).json()
     run_id = owner.post("/v1/runs", json=resize_graph(asset["id"], 8, 8)).json()["runId"]
-    time.sleep(2.0)
+    time.sleep(2.0)  # a window for the negative (nothing runs it), not a threshold
     assert owner.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
     worker.refresh_from_db()
     assert worker.state == "draining"
 
     assert worker_resume(worker=worker)
     assert owner.wait_run(run_id, timeout=30)["status"] == "succeeded"
+
+
+def _consumed_by(app, name: str) -> set[str]:
+    """The queues the Celery worker `name` consumes now, as it answers a broadcast."""
+    replies = app.control.inspect(destination=[name], timeout=5).active_queues() or {}
+    return {q["name"] for q in replies.get(name, [])} if name in replies else {"cpu"}
 
 
 def test_the_workers_endpoint_lists_queues_device_and_models(owner, db_access):

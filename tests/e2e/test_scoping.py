@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tests.conftest import png, resize_graph, upload
@@ -29,8 +31,15 @@ def test_a_stranger_cannot_read_my_run_take_or_asset(outsider, finished):
         assert response.json()["error"]["code"] == "not_found"
 
 
-def test_a_stranger_cannot_cancel_my_run(outsider, finished):
-    assert outsider.delete(f"/v1/runs/{finished['run']['id']}").status_code == 404
+def test_a_stranger_cannot_cancel_my_run(outsider, owner, finished):
+    refused = outsider.delete(f"/v1/runs/{finished['run']['id']}")
+    assert refused.status_code == 404
+    assert refused.json()["error"]["code"] == "not_found"
+    # Word for word what a run id that names nothing gets: the run's existence does not leak.
+    nobody = "00000000-0000-4000-8000-000000000000"
+    assert refused.text.replace(finished["run"]["id"], nobody) == outsider.delete(
+        f"/v1/runs/{nobody}").text
+    assert owner.get(f"/v1/runs/{finished['run']['id']}").json()["status"] == "succeeded"
 
 
 def test_a_stranger_does_not_see_my_runs_in_a_list(outsider, finished):
@@ -44,16 +53,31 @@ def test_a_stranger_cannot_use_my_asset_in_a_graph(outsider, finished):
     assert response.json()["error"]["code"] == "asset_not_found"
 
 
-def test_a_teammate_can_read_my_run_and_take(teammate, finished):
-    assert teammate.get(f"/v1/runs/{finished['run']['id']}").status_code == 200
-    assert teammate.get(f"/v1/takes/{finished['take']['id']}/bytes").status_code == 200
+def test_a_teammate_can_read_my_run_and_take(owner, teammate, finished):
+    run = teammate.get(f"/v1/runs/{finished['run']['id']}")
+    assert run.status_code == 200 and run.json() == owner.get(
+        f"/v1/runs/{finished['run']['id']}").json()
+    assert [t["id"] for t in run.json()["takes"]] == [finished["take"]["id"]]
+    take = teammate.get(f"/v1/takes/{finished['take']['id']}")
+    assert take.status_code == 200 and take.json()["sha256"] == finished["take"]["sha256"]
+    data = teammate.get(f"/v1/takes/{finished['take']['id']}/bytes")
+    assert data.status_code == 200 and data.headers["content-type"] == "image/png"
+    assert data.content == owner.get(f"/v1/takes/{finished['take']['id']}/bytes").content
+    assert hashlib.sha256(data.content).hexdigest() == finished["take"]["sha256"]
 
 
 def test_staff_see_everything(farm, personas, finished):
     from tests.conftest import _client
 
     with _client(farm, personas["staff"]) as staff:
-        assert staff.get(f"/v1/runs/{finished['run']['id']}").status_code == 200
+        run = staff.get(f"/v1/runs/{finished['run']['id']}")
+        assert run.status_code == 200
+        assert (run.json()["id"], run.json()["status"]) == (finished["run"]["id"], "succeeded")
+        assert [t["id"] for t in run.json()["takes"]] == [finished["take"]["id"]]
+        take = staff.get(f"/v1/takes/{finished['take']['id']}")
+        assert take.status_code == 200 and take.json()["runId"] == finished["run"]["id"]
+        asset = staff.get(f"/v1/assets/{finished['asset']['id']}")
+        assert asset.status_code == 200 and asset.json()["sha256"] == finished["asset"]["sha256"]
 
 
 def test_no_token_is_a_401_everywhere_but_health_and_docs(anonymous, finished):
@@ -73,12 +97,17 @@ def test_a_wrong_token_is_a_401(farm):
     from tests.conftest import _client
 
     with _client(farm, "inf_not-a-real-token") as client:
-        assert client.get("/v1/runs").status_code == 401
+        response = client.get("/v1/runs")
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "unauthorized"
+        assert "items" not in response.json()
 
 
 def test_a_malformed_id_is_a_404(owner):
-    assert owner.get("/v1/runs/not-a-uuid").status_code == 404
-    assert owner.get("/v1/takes/123").status_code == 404
+    for path in ("/v1/runs/not-a-uuid", "/v1/takes/123", "/v1/assets/x"):
+        response = owner.get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found", path
 
 
 def test_my_run_list_paginates_and_filters_by_status(owner, finished):
@@ -88,4 +117,6 @@ def test_my_run_list_paginates_and_filters_by_status(owner, finished):
     assert len(page["items"]) == 1 and page["nextOffset"] == 1
     succeeded = owner.get("/v1/runs?status=succeeded&limit=200").json()["items"]
     assert succeeded and all(r["status"] == "succeeded" for r in succeeded)
-    assert owner.get("/v1/runs?status=bogus").status_code == 422
+    bogus = owner.get("/v1/runs?status=bogus")
+    assert bogus.status_code == 422
+    assert bogus.json()["error"]["code"] == "invalid_request"
