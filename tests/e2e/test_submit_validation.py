@@ -105,7 +105,8 @@ def test_a_body_that_is_not_json_is_a_clear_4xx(owner):
     response = owner.post("/v1/runs", content=b"graph=1", headers={
         "Content-Type": "application/x-www-form-urlencoded"})
     assert 400 <= response.status_code < 500
-    assert "error" in response.json()
+    assert response.json()["error"]["code"] in ("bad_request", "invalid_request")
+    assert response.json()["error"]["message"] and "Traceback" not in response.text
 
 
 def test_a_graph_missing_its_nodes_is_a_422(owner):
@@ -149,7 +150,8 @@ def test_uploads_are_content_addressed(owner):
 def test_an_upload_without_a_file_is_a_422(owner):
     response = owner.post("/v1/assets", data={"nothing": "here"})
     assert response.status_code == 422
-    assert "error" in response.json()
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and "file" in error["message"]
 
 
 def test_an_unknown_route_is_a_json_404(owner):
