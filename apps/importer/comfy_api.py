@@ -259,3 +259,18 @@ def _ram(pages: str) -> int:
 @door("GET")
 def embeddings(request: HttpRequest, user: User) -> HttpResponse:
     return JsonResponse([], safe=False)
+
+
+@door("GET")
+def models(request: HttpRequest, user: User) -> HttpResponse:
+    """The model folders live workers hold files in (ComfyUI's `GET /models`)."""
+    return JsonResponse(list(model_catalog()), safe=False)
+
+
+@door("GET")
+def models_in(request: HttpRequest, user: User, folder: str) -> HttpResponse:
+    """The files live workers hold in one folder; 404 for a folder nobody holds."""
+    catalog = model_catalog()
+    if folder not in catalog:
+        return HttpResponse(status=404)
+    return JsonResponse(catalog[folder], safe=False)

@@ -22,6 +22,8 @@ _routes: list[Any] = [
     path("object_info/<str:node_class>", views.object_info_one),
     path("system_stats", views.system_stats),
     path("embeddings", views.embeddings),
+    path("models", views.models),
+    path("models/<str:folder>", views.models_in),
 ]
 
 BASES = ("comfy/k/<str:key>/", "comfy/k/<str:key>/api/", "comfy/", "comfy/api/")

@@ -213,6 +213,8 @@ def test_a_client_key_in_the_base_url_stands_for_its_user_until_revoked(farm, ow
     assert stats["devices"] and "comfyui_version" in stats["system"]
     assert keyed.http.get("/queue").json().keys() == {"queue_running", "queue_pending"}
     assert keyed.http.get("/api/queue").status_code == 200  # the newer frontend's prefix
+    assert "diffusion_models" in keyed.http.get("/models").json()
+    assert stack["vae"] in keyed.http.get("/models/vae").json()
     with keyed.socket("keyed") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "status"
     comfy_key_revoke(key_id=key_id)
