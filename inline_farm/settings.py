@@ -187,6 +187,9 @@ INLINE_PROFILE = env_choice("INLINE_PROFILE", "auto", ("auto", "gpu-max", "lowvr
 INLINE_VRAM_BUDGET_GB = env_float("INLINE_VRAM_BUDGET_GB", 0.0, minimum=0.0)
 INLINE_CPU_OFFLOAD = env_bool("INLINE_CPU_OFFLOAD", False)
 INLINE_ATTENTION = env_str("INLINE_ATTENTION", "native")
+# A multi-GPU worker group (workers/parallel/config.py): off, auto, or degrees such as
+# ulysses=2,ring=2 or cfg=2,ulysses=2; checked against the queues and GPUs at worker start.
+INLINE_PARALLEL = env_str("INLINE_PARALLEL", "")
 INLINE_MODEL_CACHE_SIZE = env_int("INLINE_MODEL_CACHE_SIZE", 4, minimum=1)
 # Sampling previews in progress events: at most one per this many seconds; 0 every step, -1 off.
 INLINE_PREVIEW_SECONDS = env_float("INLINE_PREVIEW_SECONDS", 1.0, minimum=-1.0)
