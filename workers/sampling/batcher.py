@@ -79,7 +79,9 @@ class StepBatcher:
         self.max_items, self.max_tokens = max_items, max_tokens
         self.gather_seconds = gather_seconds
         self._observe = observe
-        self._cond = threading.Condition()  # guards everything below
+        self._lock = threading.Lock()  # guards everything below
+        self._gather = threading.Condition(self._lock)  # the driver waits here for the batch
+        self._wake: dict[SampleJob, threading.Condition] = {}  # each job's owner waits on its own
         self._active: set[SampleJob] = set()  # jobs inside run()
         self._ready: list[SampleJob] = []  # jobs waiting for their next step, oldest first
         self._driving = False
@@ -97,8 +99,9 @@ class StepBatcher:
         an exception from either (RunCancelled) or the job's own forward error propagates here.
         """
         job.check_cancelled()
-        with self._cond:
+        with self._lock:
             self._active.add(job)
+            self._wake[job] = threading.Condition(self._lock)
         try:
             while not job.done:
                 self._await_step(job)
@@ -108,50 +111,67 @@ class StepBatcher:
                 job.check_cancelled()
             return job.latents
         finally:
-            with self._cond:
+            with self._lock:
                 self._active.discard(job)
+                self._wake.pop(job, None)
                 if job in self._ready:
                     self._ready.remove(job)
-                self._cond.notify_all()
+                self._batch_may_be_complete()
 
     def _await_step(self, job: SampleJob) -> None:
-        """Make `job` ready and return once an iteration stepped it (or failed it)."""
+        """Make `job` ready and return once an iteration stepped it (or failed it). Waits on
+        the job's own condition, so an iteration wakes only the threads it concerns."""
         before = job.step
 
         def stepped() -> bool:
             return job.step != before or job.error is not None
 
-        with self._cond:
+        with self._lock:
             self._ready.append(job)
-            self._cond.notify_all()
+            self._batch_may_be_complete()
         while True:
-            with self._cond:
+            with self._lock:
                 while self._driving and not stepped():
-                    self._cond.wait()
+                    self._wake[job].wait()
                 if stepped():
                     return
                 self._driving = True
             try:
                 self._iterate()
             finally:
-                with self._cond:
+                with self._lock:
                     self._driving = False
-                    self._cond.notify_all()
+                    self._wake_after_iteration()
+
+    def _batch_may_be_complete(self) -> None:
+        """Wake the driver once every active job is ready. Call holding the lock."""
+        if self._driving and len(self._ready) >= len(self._active):
+            self._gather.notify()
+
+    def _wake_after_iteration(self) -> None:
+        """Wake the owners of the jobs just stepped, and one waiting job to drive the next
+        iteration (the oldest left out). Call holding the lock."""
+        waiting = set(self._ready)
+        for job, wake in self._wake.items():
+            if job not in waiting:
+                wake.notify()
+        if self._ready:
+            self._wake[self._ready[0]].notify()
 
     # --- the driving thread ------------------------------------------------------------------
 
     def _iterate(self) -> None:
         """One batch: gather, take what fits, forward (split on failure), step each job."""
-        with self._cond:
-            self._cond.wait_for(lambda: len(self._ready) >= len(self._active),
-                                timeout=self.gather_seconds)
+        with self._lock:
+            self._gather.wait_for(lambda: len(self._ready) >= len(self._active),
+                                  timeout=self.gather_seconds)
             batch = self._take()
         if batch:
             self._forward(batch)
 
     def _take(self) -> list[SampleJob]:
         """The ready jobs that fit the bounds, oldest first; the first one always fits (a job
-        over the budget on its own runs alone). Call holding the condition."""
+        over the budget on its own runs alone). Call holding the lock."""
         max_items = min(self.max_items, self._oom_items or self.max_items)
         batch: list[SampleJob] = []
         items = tokens = 0
