@@ -1,0 +1,218 @@
+"""Cross-run batching: images/s of the farm with slots vs one slot vs diffusers' list-batched call.
+
+One run prints a table, for 1, 4 and 16 concurrent requests, on two random-weight Z-Image stacks:
+the tiny smoke stack and a mid-size transformer (MID_CONFIG, ~18 M parameters: what this CPU
+renders in seconds) with the tiny VAE and text encoder.
+  - farm batched : one worker with 16 slots; N runs submitted together over /v1 (different
+                   prompts and seeds), until every run is done (its take written);
+  - farm 1 slot  : the same farm, one worker with one slot (what the farm did before slots);
+  - diffusers    : ZImagePipeline called once with the list of N prompts (one generator each);
+  - sampler alone: the farm's StepBatcher + predict_velocity with N threads (one SampleJob each)
+                   vs the pipeline's own transformer loop (prompt_embeds list, latents out).
+Targets (issue 8): at 16, farm batched ≥ 2× farm 1 slot on the tiny stack; sampler ≥ 0.95×
+the pipeline's loop.
+
+    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._farm import bench_farm  # after the path is set (ruff allows it after sys.path)
+
+CONCURRENCY = (1, 4, 16)
+REPEAT = 3
+MID_NAME = "zimage-MID-random-weights"
+MID_CONFIG: dict[str, Any] = {  # head dim 64 = sum(axes_dims); cap_feat_dim = the tiny encoder's
+    "all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 384,
+    "n_layers": 6, "n_refiner_layers": 2, "n_heads": 6, "n_kv_heads": 6, "norm_eps": 1e-5,
+    "qk_norm": True, "cap_feat_dim": 16, "rope_theta": 256.0, "t_scale": 1000.0,
+    "axes_dims": [32, 16, 16], "axes_lens": [1536, 512, 512],
+}
+STACKS = {"tiny": 256, "mid": 128}  # stack → image side (px)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    results: dict[tuple[str, str, int], float] = {}
+    for label, slots in (("farm batched", 16), ("farm 1 slot", 1)):
+        with bench_farm(slots=slots) as (farm, token, models_dir):
+            names = write_stacks(models_dir)
+            client = httpx.Client(base_url=farm.url, timeout=120,
+                                  headers={"Authorization": f"Bearer {token}"})
+            wait_for_models(client, names["mid"]["model"])
+            for stack, side in STACKS.items():
+                farm_burst(client, names[stack], side, args.steps, 1, seed=90_000)  # warm
+                for n in CONCURRENCY:
+                    results[(stack, label, n)] = farm_burst(client, names[stack], side,
+                                                            args.steps, n, seed=1000 * n)
+    for stack, side in STACKS.items():
+        pipe = pipeline(stack)
+        pipe_burst(pipe, side, args.steps, 1)  # warm
+        sampler_alone(pipe, side, args.steps, 1)  # warm
+        for n in CONCURRENCY:  # in process: the best of REPEAT (this machine is shared)
+            results[(stack, "diffusers list", n)] = max(
+                pipe_burst(pipe, side, args.steps, n) for _ in range(REPEAT))
+            pairs = [sampler_alone(pipe, side, args.steps, n) for _ in range(REPEAT)]
+            results[(stack, "pipeline loop", n)] = max(loop for loop, _ in pairs)
+            results[(stack, "farm sampler", n)] = max(sampler for _, sampler in pairs)
+    print_table(results, args.steps)
+
+
+# --- the stacks ---------------------------------------------------------------------------------
+
+
+def write_stacks(models_dir: Path) -> dict[str, dict[str, str]]:
+    """The smoke stack, and the mid-size transformer beside it (same VAE and text encoder)."""
+    from safetensors.torch import save_file
+
+    from workers.models.zimage.tiny import write_smoke_stack
+
+    tiny = write_smoke_stack(models_dir)
+    folder = models_dir / "diffusion_models"
+    save_file({k: v.contiguous() for k, v in mid_transformer().state_dict().items()},
+              folder / f"{MID_NAME}.safetensors")
+    (folder / f"{MID_NAME}.config.json").write_text(
+        json.dumps({"_class_name": "ZImageTransformer2DModel", **MID_CONFIG}))
+    return {"tiny": tiny, "mid": {**tiny, "model": f"{MID_NAME}.safetensors"}}
+
+
+def mid_transformer() -> Any:
+    from diffusers import ZImageTransformer2DModel
+
+    torch.manual_seed(0)
+    return ZImageTransformer2DModel.from_config(MID_CONFIG).eval()
+
+
+def pipeline(stack: str) -> Any:
+    from diffusers import ZImagePipeline
+
+    from workers.models.zimage.tiny import build_tiny_components
+
+    parts = build_tiny_components(0)
+    if stack == "mid":
+        parts["transformer"] = mid_transformer()
+    pipe: Any = ZImagePipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def prompts(n: int) -> list[str]:
+    return [f"a lighthouse at dusk, study {i}" for i in range(n)]
+
+
+# --- the farm -------------------------------------------------------------------------------------
+
+
+def farm_burst(client: httpx.Client, names: dict[str, str], side: int, steps: int, n: int,
+               seed: int) -> float:
+    """Submit n runs together; images/s until the last one is done."""
+    start = time.perf_counter()
+    ids = []
+    for i, prompt in enumerate(prompts(n)):
+        params = {"prompt": prompt, "width": side, "height": side, "steps": steps,
+                  "seed": seed + i, **names}
+        body = {"graph": {"nodes": {
+            "gen": {"type": "zimage/turbo", "params": params},
+            "out": {"type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}},
+        }}, "target": "out"}
+        ids.append(client.post("/v1/runs", json=body).raise_for_status().json()["runId"])
+    pending = set(ids)
+    while pending:
+        time.sleep(0.05)
+        page = client.get("/v1/runs", params={"limit": max(n, 20)}).raise_for_status().json()
+        for run in page["items"]:
+            if run["id"] in pending and run["status"] not in ("queued", "running"):
+                if run["status"] != "succeeded":
+                    raise SystemExit(f"run failed: {run['error']}")
+                pending.discard(run["id"])
+    return n / (time.perf_counter() - start)
+
+
+def wait_for_models(client: httpx.Client, model: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        params = client.get("/v1/models/zimage/turbo").json()["params"]
+        if model in next(p for p in params if p["name"] == "model")["choices"]:
+            return
+        time.sleep(0.25)
+    raise SystemExit("the worker never reported the bench stacks")
+
+
+# --- in process -----------------------------------------------------------------------------------
+
+
+def pipe_burst(pipe: Any, side: int, steps: int, n: int) -> float:
+    """ZImagePipeline once with the list of n prompts (PIL images out); images/s."""
+    start = time.perf_counter()
+    pipe(prompts(n), width=side, height=side, num_inference_steps=steps, guidance_scale=0.0,
+         generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+    return n / (time.perf_counter() - start)
+
+
+def sampler_alone(pipe: Any, side: int, steps: int, n: int) -> tuple[float, float]:
+    """images/s of the denoise only: the pipeline's transformer loop over n caption embeds vs the
+    farm's step batcher with n threads (the same embeds, sigmas and noise)."""
+    from workers.device.policy import DevicePolicy
+    from workers.models.zimage import engine
+    from workers.models.zimage.values import TextEncoder
+    from workers.sampling import SampleJob, StepBatcher
+
+    encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
+                          DevicePolicy(profile="cpu").placement("text-encoder"))
+    captions = engine.encode_prompts(encoder, prompts(n))
+    start = time.perf_counter()
+    pipe(prompt_embeds=captions, width=side, height=side, num_inference_steps=steps,
+         guidance_scale=0.0, output_type="latent",
+         generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+    loop = n / (time.perf_counter() - start)
+
+    bounds = DevicePolicy(profile="cpu").batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict_velocity(pipe.transformer, jobs),
+                          bounds.items, bounds.tokens)
+    sigmas, timesteps = engine.sigma_schedule(steps, side, side)
+    jobs = [SampleJob(engine.noise(engine.latent_shape(side, side),
+                                   torch.Generator("cpu").manual_seed(i), "cpu"),
+                      sigmas, timesteps, captions[i]) for i in range(n)]
+    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return loop, n / (time.perf_counter() - start)
+
+
+def print_table(results: dict[tuple[str, str, int], float], steps: int) -> None:
+    print(f"\nbench/batching: images/s, {steps} steps, CPU ({torch.get_num_threads()} threads); "
+          f"tiny {STACKS['tiny']}², mid {STACKS['mid']}² (~18 M-param transformer)")
+    rows = ("farm batched", "farm 1 slot", "diffusers list", "farm sampler", "pipeline loop")
+    header = f"  {'stack':6} {'':16}" + "".join(f"{f'{n} concurrent':>15}" for n in CONCURRENCY)
+    print(header)
+    for stack in STACKS:
+        for row in rows:
+            cells = "".join(f"{results[(stack, row, n)]:15.2f}" for n in CONCURRENCY)
+            print(f"  {stack:6} {row:16}{cells}")
+        at16 = {row: results[(stack, row, 16)] for row in rows}
+        print(f"  {stack:6} at 16: batched / 1 slot = "
+              f"{at16['farm batched'] / at16['farm 1 slot']:.2f}x, sampler / pipeline loop = "
+              f"{at16['farm sampler'] / at16['pipeline loop']:.2f}x, batched / diffusers list = "
+              f"{at16['farm batched'] / at16['diffusers list']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
