@@ -1,0 +1,116 @@
+"""One image split over a worker group vs one process: seconds per denoise step, on CPU.
+
+On CPU the group cannot be faster (2 processes share the same cores and exchange activations
+through gloo over loopback): the point is the protocol's cost per step — the pipe round trip
+of the lock-step (latents and velocity back, go / stop forth), the broadcast of the stop flag,
+and the gathers of the split itself — printed next to the single-process step.
+
+Work: two random-weight Z-Image transformers — the tiny smoke stack (overhead-dominated) and a
+mid-size one (dim 384, 6 layers, ~18 M parameters) — at 256² and 512², guidance 0 (Ulysses-style
+sequence split, ulysses=2) and guidance 4 (CFG-parallel, cfg=2, vs one process computing both
+halves in one forward). Group start and model load are excluded (a warm-up job first); each
+figure is the best of 3 jobs. The process runs torch with its default threads, each rank with
+cores / 2.
+
+    .venv/bin/python bench/parallel.py [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPEATS = 3
+MID_NAME = "zimage-MID-parallel-bench"
+MID_CONFIG: dict[str, Any] = {  # head dim 64 = sum(axes_dims); cap_feat_dim = the tiny encoder's
+    "all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 384,
+    "n_layers": 6, "n_refiner_layers": 2, "n_heads": 6, "n_kv_heads": 6, "norm_eps": 1e-5,
+    "qk_norm": True, "cap_feat_dim": 16, "rope_theta": 256.0, "t_scale": 1000.0,
+    "axes_dims": [32, 16, 16], "axes_lens": [1536, 512, 512],
+}
+
+
+def write_mid(models_dir: Path) -> str:
+    from diffusers import ZImageTransformer2DModel
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model: Any = ZImageTransformer2DModel(**MID_CONFIG)
+    folder = models_dir / "diffusion_models"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              folder / f"{MID_NAME}.safetensors")
+    (folder / f"{MID_NAME}.config.json").write_text(json.dumps(
+        {"_class_name": "ZImageTransformer2DModel", **MID_CONFIG}))
+    return f"{MID_NAME}.safetensors"
+
+
+def make_job(steps: int, side: int, guidance: float) -> Any:
+    from workers.models.zimage import engine
+    from workers.sampling import SampleJob
+
+    sigmas, timesteps = engine.sigma_schedule(steps, side, side)
+    generator = torch.Generator("cpu").manual_seed(3)
+    return SampleJob(
+        latents=engine.noise(engine.latent_shape(side, side), generator, "cpu"),
+        sigmas=sigmas, timesteps=timesteps, positive=torch.randn(24, 16, generator=generator),
+        negative=torch.randn(12, 16, generator=generator) if guidance > 0 else None,
+        guidance=guidance)
+
+
+def per_step(run: Any, steps: int, side: int, guidance: float) -> tuple[float, Any]:
+    """The best of REPEATS timed jobs (this box is shared) after one untimed 1-step job."""
+    run(make_job(1, side, guidance))
+    best, out = float("inf"), None
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        out = run(make_job(steps, side, guidance))
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best, out
+
+
+def main() -> None:
+    from workers.device.policy import DevicePolicy
+    from workers.models.zimage.loading import load_diffusion_model
+    from workers.models.zimage.tiny import write_smoke_stack
+    from workers.parallel.config import Degrees
+    from workers.parallel.group import WorkerGroup
+    from workers.parallel.protocol import ModelRef
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    models_dir = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
+    models = {"tiny": write_smoke_stack(models_dir)["model"], "mid": write_mid(models_dir)}
+    policy = DevicePolicy(profile="cpu")
+    print(f"{'model':6} {'side':>5} {'method':10} {'1 process':>11} {'group of 2':>11} "
+          f"{'overhead':>10} {'max |Δ|':>9}")
+    for degrees, guidance in ((Degrees(ulysses=2), 0.0), (Degrees(cfg=2), 4.0)):
+        group = WorkerGroup(2)
+        try:
+            for label, name in models.items():
+                single = load_diffusion_model(models_dir, name, policy)
+                ref = ModelRef(str(models_dir), name, "float32")
+                group.run(make_job(1, 64, guidance), ref, degrees)  # start + load: not timed
+                for side in (256, 512):
+                    alone, expected = per_step(single.batcher.run, args.steps, side, guidance)
+                    split, got = per_step(
+                        lambda job, g=group, r=ref, d=degrees: g.run(job, r, d),
+                        args.steps, side, guidance)
+                    print(f"{label:6} {side:>5} {degrees!s:10} {alone * 1e3:>8.1f} ms "
+                          f"{split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms "
+                          f"{float((got - expected).abs().max()):>9.1e}")
+        finally:
+            group.close()
+
+
+if __name__ == "__main__":
+    main()
