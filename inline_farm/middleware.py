@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 
 MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around the file itself
 API_PREFIX = "/v1/"
@@ -101,3 +102,19 @@ class ApiMethods:
                           f"{method} is not allowed on {request.path}; allowed: {', '.join(methods)}")
         response["Allow"] = ", ".join(methods)
         return response
+
+
+class SyncChain:
+    """The innermost middleware, sync-only on purpose: it makes Django run the whole chain and
+    the (sync) views synchronously in one worker thread — one thread hop per request under ASGI.
+
+    Without it the chain ran in async mode, and each of Django's middlewares hopped to a thread
+    and back for its process_request / process_response: a dozen hops per request, measured as
+    about a quarter of the web process's busy time on the hot path (bench/hotpath.py, py-spy).
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)

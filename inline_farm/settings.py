@@ -79,6 +79,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "inline_farm.middleware.SyncChain",  # last: the whole chain runs in one thread hop
 ]
 
 ROOT_URLCONF = "inline_farm.urls"

@@ -47,17 +47,25 @@ RETURNING last_seq
 """
 
 
+def run_seqs_reserve(*, run_id: Any, attempt: int, count: int) -> int | None:
+    """Reserve `count` seqs for attempt `attempt`'s next events (locking the run row until
+    commit); the first of them, or None once the attempt no longer owns the running run. Call
+    inside a transaction, then `events_insert` them."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FENCED_BUMP, [count, run_id, attempt])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0]) - count + 1
+
+
 def run_events_append_fenced(
     *, run_id: Any, attempt: int, events: Sequence[tuple[str, dict[str, Any]]]
 ) -> list[RunEvent] | None:
     """Append several events of attempt `attempt` in one statement + one insert; None (nothing
     written) once the attempt no longer owns the running run. Call inside a transaction."""
-    with connection.cursor() as cursor:
-        cursor.execute(_FENCED_BUMP, [len(events), run_id, attempt])
-        row = cursor.fetchone()
-    if row is None:
+    first = run_seqs_reserve(run_id=run_id, attempt=attempt, count=len(events))
+    if first is None:
         return None
-    return events_insert(run_id=run_id, first_seq=row[0] - len(events) + 1, events=events)
+    return events_insert(run_id=run_id, first_seq=first, events=events)
 
 
 def events_insert(
@@ -71,6 +79,8 @@ def events_insert(
         RunEvent(run_id=run_id, seq=first_seq + i, type=type, payload=payload)
         for i, (type, payload) in enumerate(events)
     ])
+    if not rows:
+        return rows
     wire = [event_to_wire(event) for event in rows]
     message = ({"type": "run.event", "event": wire[0]} if len(wire) == 1
                else {"type": "run.events", "events": wire})

@@ -25,7 +25,7 @@ from apps.fleet.selectors import model_catalog, model_sizes, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
-from apps.runs.events import events_insert, run_event_append, run_events_append_fenced
+from apps.runs.events import events_insert, run_event_append, run_seqs_reserve
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
@@ -367,12 +367,13 @@ def run_events_flush(
     once the attempt no longer owns the run. Returns the kept takes' wire shapes by slot
     (node id, index) — a slot a lost earlier attempt already filled answers that take."""
     with transaction.atomic():
-        kept = _takes_write(claim, takes)
-        bound = [(t, _bind_takes(p, kept)) for t, p in events]
-        if run_events_append_fenced(run_id=claim.run_id, attempt=claim.attempt,
-                                    events=bound) is None:
-            transaction.set_rollback(True)
+        # Reserve the seqs first: the fence answers before any take's bytes are written.
+        first_seq = run_seqs_reserve(run_id=claim.run_id, attempt=claim.attempt, count=len(events))
+        if first_seq is None:
             return None
+        kept = _takes_write(claim, takes)
+        events_insert(run_id=claim.run_id, first_seq=first_seq,
+                      events=[(t, _bind_takes(p, kept)) for t, p in events])
     return kept
 
 

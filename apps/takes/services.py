@@ -143,9 +143,16 @@ def takes_keep(
 
 
 def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft]) -> None:
-    """`takes_keep` without reading the kept takes back (the caller reads the run's takes)."""
+    """`takes_keep` without reading the kept takes back (the caller reads the run's takes).
+
+    A slot an earlier attempt already filled keeps its take, and the draft's bytes are not
+    written at all (a retry may render other bytes: they would be kept by nothing)."""
+    filled = set(Take.objects.filter(run_id=run_id, node_id__in={d.node_id for d in drafts})
+                 .values_list("node_id", "index"))
     rows = []
     for d in drafts:
+        if (d.node_id, d.index) in filled:
+            continue
         digest = hashlib.sha256(d.data).hexdigest()
         blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
         blob_put(d.data)
