@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.fleet.routing import RunCannotFit, need_estimate
+from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
 from apps.fleet.selectors import model_catalog, model_sizes, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
@@ -274,7 +274,9 @@ def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
     unique = {(m["folder"], m["name"]) for m in models}
     need = need_estimate(model_sizes=[sizes.get(m, 0) for m in sorted(unique)],
                          pixels=_largest_image(graph, order))
-    requirement = {"nodeTypes": types, "models": models, "need": need.to_wire()}
+    requirement = {"nodeTypes": types, "models": models, "need": need.to_wire(),
+                   "parallel": parallel_request(graph.nodes[n].params.get("parallel")
+                                                for n in order)}
     try:
         queue_for(requirement)
     except RunCannotFit as exc:

@@ -1,0 +1,96 @@
+"""A live farm with a group worker: a run asking for `parallel: "2"` lands on the worker serving
+`xfuser.2` (2 gloo ranks) and renders what a single worker renders; asking for a group nobody
+serves waits with a reason; a bad INLINE_PARALLEL stops a worker at its start.
+
+Chosen behaviour for a split nobody serves: the run is accepted and waits (its `waiting` says
+no live worker serves xfuser.<n>), as for any queue without a live worker — groups join later.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import _client
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def stack(farm: Any, data_dirs: Any, personas: Any) -> dict[str, str]:
+    from workers.models.zimage.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"], name="parallelcheck", seed=0)
+    with _client(farm, personas["owner"]) as client:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            turbo = client.get("/v1/models/zimage/turbo").json()
+            if names["model"] in next(p for p in turbo["params"] if p["name"] == "model")[
+                    "choices"]:
+                return names
+            time.sleep(0.2)
+    raise AssertionError("no worker reported the parallelcheck stack")
+
+
+@pytest.fixture(scope="module")
+def group_worker(farm: Any, stack: dict[str, str]) -> Any:
+    name = farm.start_worker(queues="xfuser.2", proc="xfuser", slots=1,
+                             env={"INLINE_PARALLEL": "ulysses=2"})
+    yield name
+    farm.stop("xfuser")
+
+
+def turbo(stack: dict[str, str], parallel: str) -> dict[str, Any]:
+    node = {"type": "zimage/turbo", "params": {
+        "prompt": "a lighthouse", "width": 64, "height": 48, "steps": 3, "seed": 11,
+        "parallel": parallel, **stack}}
+    return {"graph": {"nodes": {"gen": node, "out": {
+        "type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}}}},
+        "target": "out"}
+
+
+def pixels(client: Any, run: dict[str, Any]) -> Any:
+    data = client.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").content
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=int)
+
+
+def test_a_split_that_no_live_worker_serves_waits_and_says_why(owner: Any,
+                                                               stack: dict[str, str]) -> None:
+    run_id = owner.post("/v1/runs", json=turbo(stack, "8")).json()["runId"]
+    run = owner.get(f"/v1/runs/{run_id}").json()
+    assert run["status"] == "queued"
+    assert run["waiting"] == "no live worker serves xfuser.8; it waits for one to join"
+    assert owner.delete(f"/v1/runs/{run_id}").status_code == 200
+
+
+def test_a_run_asking_for_two_renders_on_the_xfuser_2_group(
+        owner: Any, stack: dict[str, str], group_worker: str, db_access: None) -> None:
+    from apps.runs.models import Run
+
+    split_id = owner.post("/v1/runs", json=turbo(stack, "2")).json()["runId"]
+    alone_id = owner.post("/v1/runs", json=turbo(stack, "off")).json()["runId"]
+    split, alone = owner.wait_run(split_id, timeout=120), owner.wait_run(alone_id, timeout=120)
+    assert split["status"] == alone["status"] == "succeeded", split
+    row = Run.objects.get(pk=split_id)
+    assert row.queue == "xfuser.2" and Run.objects.get(pk=alone_id).queue == "cpu"
+    workers = {e.payload.get("worker", "").split("#")[0]
+               for e in row.events.filter(type="status") if e.payload.get("worker")}
+    assert workers == {group_worker}
+    assert len(split["takes"]) == 1
+    assert np.abs(pixels(owner, split) - pixels(owner, alone)).max() <= 1
+
+
+def test_a_bad_inline_parallel_stops_the_worker_at_start(farm: Any) -> None:
+    farm.start_worker(queues="xfuser.2", proc="badgroup", wait=False,
+                      env={"INLINE_PARALLEL": "ulysses=2,ring=2"})
+    proc = farm.procs["badgroup"]
+    assert proc.wait(timeout=60) == 1
+    log = (farm.logs / "badgroup.log").read_text()
+    assert ("INLINE_PARALLEL='ulysses=2,ring=2' is a group of 4 ranks but the worker serves "
+            "xfuser.2; they must be equal") in log
+    farm.procs.pop("badgroup")
