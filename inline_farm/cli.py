@@ -521,6 +521,8 @@ def _worker_specs(args: argparse.Namespace, env: dict[str, str]) -> list[_Worker
     if not gpus:
         queues = override or ["cpu", *extra]
         return [_WorkerSpec("cpu", f"{prefix}cpu@%h", list(dict.fromkeys(queues)), env, "cpu")]
+    if env.get("INLINE_PARALLEL") and len(gpus) > 1:
+        return [_group_spec(gpus, prefix, override, env)]
     specs = []
     for gpu in gpus:
         usable = min(gpu.total_gb, args.vram_budget) if args.vram_budget else gpu.total_gb
@@ -538,6 +540,22 @@ def _worker_specs(args: argparse.Namespace, env: dict[str, str]) -> list[_Worker
     return specs
 
 
+def _group_spec(gpus: list[Any], prefix: str, override: list[str], env: dict[str, str]) -> Any:
+    """INLINE_PARALLEL with several GPUs: one worker owning all of them as one xfuser group
+    (workers/parallel/), serving `xfuser.<n>`."""
+    n = len(gpus)
+    child = dict(env)
+    if any(gpu.simulated for gpu in gpus):
+        child["INLINE_GPU_DESCRIPTION"] = json.dumps(
+            [{"name": g.name, "vram_gb": g.total_gb, "bf16": g.bf16, "nvlink": g.nvlink} for g in gpus])
+    else:
+        child.update(CUDA_DEVICE_ORDER="PCI_BUS_ID",
+                     CUDA_VISIBLE_DEVICES=",".join(str(g.index) for g in gpus))
+    about = f"{n}× {gpus[0].name} as one group ({env['INLINE_PARALLEL']})"
+    return _WorkerSpec(f"group{n}", f"{prefix}xfuser{n}@%h", override or [f"xfuser.{n}"], child,
+                       about)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     """`./farm worker`: this host's workers (one per GPU) join the farm and are kept running."""
     data_dir, models_dir = _data_dir(args), _models_dir(args)
@@ -551,6 +569,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         env["INLINE_CPU_OFFLOAD"] = "1"
     if args.pool:
         env["INLINE_POOL"] = args.pool
+    if args.parallel:
+        env["INLINE_PARALLEL"] = args.parallel
     _join_services(env, data_dir, "worker")
     specs = _worker_specs(args, env)
     celery = [sys.executable, "-m", "celery", "-A", "inline_farm", "worker", "--pool=threads",
@@ -784,6 +804,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the workers' pool (INLINE_POOL; default: named after the device)")
     worker.add_argument("--name", help="node name prefix (default: the pool): NAME-gpu0@host")
     worker.add_argument("--queues", help="serve exactly these queues (default: from the hardware)")
+    worker.add_argument("--parallel", default=os.environ.get("INLINE_PARALLEL") or "",
+                        help="one xfuser group over the chosen GPUs, e.g. ulysses=2 "
+                        "(INLINE_PARALLEL; serves xfuser.<n>)")
     worker.add_argument("--slots", type=_positive,
                         default=int(os.environ.get("INLINE_WORKER_SLOTS") or 4),
                         help="runs each worker executes at once (default: $INLINE_WORKER_SLOTS or 4)")
