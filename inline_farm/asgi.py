@@ -12,10 +12,12 @@ django_asgi = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 — after Django setup
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from inline_farm.health_door import health_first  # noqa: E402
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
-    # Serves the admin's CSS/JS from the installed apps (no collectstatic, no extra server).
-    "http": ASGIStaticFilesHandler(django_asgi),
+    # Serves the admin's CSS/JS from the installed apps (no collectstatic, no extra server);
+    # plain `GET /v1/health` is answered before Django (inline_farm/health_door.py).
+    "http": health_first(ASGIStaticFilesHandler(django_asgi)),
     "websocket": URLRouter(websocket_urlpatterns),
 })

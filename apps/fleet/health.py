@@ -31,13 +31,24 @@ _cached: tuple[float, dict[str, Any]] | None = None
 
 
 def health_report() -> dict[str, Any]:
-    """`{status, database, broker, channelLayer, workers, down}`; cached for `CACHE_SECONDS`."""
+    """`{status, database, broker, channelLayer, workers, down}`; cached for `CACHE_SECONDS`.
+
+    One caller at a time refreshes a stale report; the others answer the previous one rather
+    than wait for the probes (a flood of probes never queues behind a slow one)."""
     global _cached
-    with _lock:  # one prober at a time; the others get its answer
-        now = time.monotonic()
-        if _cached is None or now - _cached[0] >= CACHE_SECONDS:
-            _cached = (now, _probe())
+    now = time.monotonic()
+    cached = _cached
+    if cached is not None and now - cached[0] < CACHE_SECONDS:
+        return cached[1]
+    if not _lock.acquire(blocking=cached is None):
+        assert cached is not None
+        return cached[1]  # someone is probing right now: the previous report is a second old
+    try:
+        if _cached is None or time.monotonic() - _cached[0] >= CACHE_SECONDS:
+            _cached = (time.monotonic(), _probe())
         return _cached[1]
+    finally:
+        _lock.release()
 
 
 def _probe() -> dict[str, Any]:
