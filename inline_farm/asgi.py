@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
+
+# The event loop (health, websockets, reading requests) shares the GIL with the thread running
+# the sync views; at Python's default 5 ms switch interval a busy view thread held the loop off
+# for tens of ms at a time under a submit flood. 1 ms keeps the loop's tail short.
+sys.setswitchinterval(0.001)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
 django_asgi = get_asgi_application()
