@@ -105,14 +105,17 @@ def _run_token(data_dir: Path, username: str, *extra: str) -> list[str]:
 
 
 def _wait_for_health(port: int, farm: subprocess.Popen[bytes], log: Path) -> None:
+    """Until `up` says it is ready: health answers 200 and the banner is printed (which `up`
+    does only once a worker has reported in)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if farm.poll() is not None:
             pytest.fail(f"./farm up exited with {farm.returncode}:\n{log.read_text()[-4000:]}")
-        if _get(f"http://127.0.0.1:{port}/v1/health")[0] == 200:
+        if (_get(f"http://127.0.0.1:{port}/v1/health")[0] == 200
+                and "Inline Farm is up." in log.read_text(errors="replace")):
             return
         time.sleep(0.5)
-    pytest.fail(f"/v1/health never answered 200:\n{log.read_text()[-4000:]}")
+    pytest.fail(f"./farm up never said it was up:\n{log.read_text()[-4000:]}")
 
 
 def _start_farm(scratch: Path) -> tuple[subprocess.Popen[bytes], int]:
