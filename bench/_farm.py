@@ -77,3 +77,20 @@ def _create_db(db: dict[str, Any], name: str) -> None:
 def _drop_db(db: dict[str, Any], name: str) -> None:
     with _connect(db) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def each_user(tokens: list[str], user: Any) -> None:
+    """Run `user(token, k)` for every token at once, one thread each, until all are done."""
+    import threading
+
+    threads = [threading.Thread(target=user, args=(t, k)) for k, t in enumerate(tokens)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def per_second(stamps: list[float], start: float) -> float:
+    """How many events `stamps` (time.time()) holds per second since `start`."""
+    return len(stamps) / (max(stamps) - start)
+

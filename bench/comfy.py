@@ -34,7 +34,7 @@ from websockets.sync.client import connect
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._farm import bench_farm  # noqa: E402
+from bench._farm import bench_farm, each_user, per_second  # noqa: E402
 from bench.hotpath import _graph, _p, _png, more_tokens, wait_done, wait_for_worker  # noqa: E402
 
 
@@ -146,14 +146,10 @@ def comfy_burst(url: str, tokens: list[str], images: dict[str, str], total: int,
         with lock:
             done.extend(ends)
 
-    threads = [threading.Thread(target=user, args=(t, k)) for k, t in enumerate(tokens)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    each_user(tokens, user)
     for comfy in clients.values():
         comfy.close()
-    return len(accepted) / (max(accepted) - start), len(done) / (max(done) - start)
+    return per_second(accepted, start), per_second(done, start)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import psycopg
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._farm import bench_farm  # noqa: E402
+from bench._farm import bench_farm, each_user, per_second  # noqa: E402
 from bench.hotpath import _graph, _png, more_tokens, wait_done, wait_for_worker  # noqa: E402
 
 # A model no live worker holds: the reroute pass leaves these runs where they wait.
@@ -93,12 +93,8 @@ def submits_per_second(url: str, tokens: list[str], assets: dict[str, str], tota
                 with lock:
                     stamps.append(time.time())
 
-    threads = [threading.Thread(target=user, args=(t, k)) for k, t in enumerate(tokens)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return len(stamps) / (max(stamps) - start)
+    each_user(tokens, user)
+    return per_second(stamps, start)
 
 
 def main() -> None:

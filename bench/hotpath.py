@@ -32,7 +32,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._farm import bench_farm  # noqa: E402
+from bench._farm import bench_farm, each_user, per_second  # noqa: E402
 
 
 def _png(size: int = 64) -> bytes:
@@ -146,12 +146,8 @@ def burst(url: str, tokens: list[str], asset_of: dict[str, str], total: int) -> 
                 with lock:
                     done.append(seen)
 
-    threads = [threading.Thread(target=user, args=(t, k)) for k, t in enumerate(tokens)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return len(accepted) / (max(accepted) - start), len(done) / (max(done) - start)
+    each_user(tokens, user)
+    return per_second(accepted, start), per_second(done, start)
 
 
 def _p(values: list[float], q: float) -> float:

@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -404,6 +404,34 @@ QUICK_DEATH_S = 30.0  # a child that dies sooner than this after its start is cr
 MAX_QUICK_DEATHS = len(RESTART_BACKOFF_S)
 
 
+def _device_env(args: argparse.Namespace, data_dir: Path, models_dir: Path) -> dict[str, str]:
+    """The children's environment with the device flags of `up` and `worker` (sets args.profile)."""
+    args.profile = _profile(args)
+    env = _base_env(data_dir, models_dir)
+    env["INLINE_PROFILE"] = args.profile
+    if args.vram_budget is not None:
+        env["INLINE_VRAM_BUDGET_GB"] = str(args.vram_budget)
+    if args.cpu_offload:
+        env["INLINE_CPU_OFFLOAD"] = "1"
+    return env
+
+
+def _until_stopped(run: Callable[[], int]) -> int:
+    """Run a long-lived command: SIGINT / SIGTERM unwind it (returns 0), a second signal while
+    it stops only says to wait. Call inside the command's ExitStack, so its cleanup runs after
+    this returns, with the signals already answered."""
+    try:
+        signal.signal(signal.SIGINT, _raise_stop)
+        signal.signal(signal.SIGTERM, _raise_stop)
+        return run()
+    except _Stop as stop:
+        print(f"farm: {stop}: stopping", file=sys.stderr)
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, _say_stopping)
+        signal.signal(signal.SIGTERM, _say_stopping)
+
+
 def _supervise(children: list[_Child], env: dict[str, str]) -> int:
     """Block until a signal (raises _Stop). A child that dies is started again after a backoff
     (as the systemd units do), so one lost worker never stops the farm; a child that keeps dying
@@ -434,18 +462,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     data_dir, models_dir = _data_dir(args), _models_dir(args)
     data_dir.mkdir(parents=True, exist_ok=True)
     models_dir.mkdir(parents=True, exist_ok=True)
-    args.profile = _profile(args)
-    env = _base_env(data_dir, models_dir)
-    env["INLINE_PROFILE"] = args.profile
-    if args.vram_budget is not None:
-        env["INLINE_VRAM_BUDGET_GB"] = str(args.vram_budget)
-    if args.cpu_offload:
-        env["INLINE_CPU_OFFLOAD"] = "1"
+    env = _device_env(args, data_dir, models_dir)
     _check_port_free(args.listen, args.port)
     with _up_lock(data_dir) as lock, contextlib.ExitStack() as stack:
-        try:
-            signal.signal(signal.SIGINT, _raise_stop)
-            signal.signal(signal.SIGTERM, _raise_stop)
+
+        def run() -> int:
             _provide_database(env, data_dir, stack, adopt=True)
             _provide_broker(env, data_dir, stack)
             _record_services(lock, env)
@@ -454,12 +475,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             _wait_healthy(_url(_local_host(args.listen), args.port, "/v1/health"), children)
             print(_banner(args, data_dir, models_dir, env), flush=True)
             return _supervise(children, env)
-        except _Stop as stop:
-            print(f"farm: {stop}: stopping", file=sys.stderr)
-            return 0
-        finally:
-            signal.signal(signal.SIGINT, _say_stopping)
-            signal.signal(signal.SIGTERM, _say_stopping)
+
+        return _until_stopped(run)
 
 
 # --- worker and web: one side of a farm whose services run elsewhere ---------------------------
@@ -560,13 +577,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """`./farm worker`: this host's workers (one per GPU) join the farm and are kept running."""
     data_dir, models_dir = _data_dir(args), _models_dir(args)
     models_dir.mkdir(parents=True, exist_ok=True)
-    args.profile = _profile(args)
-    env = _base_env(data_dir, models_dir)
-    env["INLINE_PROFILE"] = args.profile
-    if args.vram_budget is not None:
-        env["INLINE_VRAM_BUDGET_GB"] = str(args.vram_budget)
-    if args.cpu_offload:
-        env["INLINE_CPU_OFFLOAD"] = "1"
+    env = _device_env(args, data_dir, models_dir)
     if args.pool:
         env["INLINE_POOL"] = args.pool
     if args.parallel:
@@ -576,9 +587,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     celery = [sys.executable, "-m", "celery", "-A", "inline_farm", "worker", "--pool=threads",
               f"--concurrency={args.slots}"]
     with contextlib.ExitStack() as stack:
-        try:
-            signal.signal(signal.SIGINT, _raise_stop)
-            signal.signal(signal.SIGTERM, _raise_stop)
+
+        def run() -> int:
             children: list[_Child] = []
             stack.callback(_stop_children, children)
             for spec in specs:
@@ -591,12 +601,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                              f"data {data_dir}, models {models_dir}", *lines,
                              "  Ctrl-C stops them.", ""]), flush=True)
             return _supervise(children, env)
-        except _Stop as stop:
-            print(f"farm: {stop}: stopping", file=sys.stderr)
-            return 0
-        finally:
-            signal.signal(signal.SIGINT, _say_stopping)
-            signal.signal(signal.SIGTERM, _say_stopping)
+
+        return _until_stopped(run)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -610,9 +616,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     if args.processes > 1:
         web += ["--workers", str(args.processes)]
     with contextlib.ExitStack() as stack:
-        try:
-            signal.signal(signal.SIGINT, _raise_stop)
-            signal.signal(signal.SIGTERM, _raise_stop)
+
+        def run() -> int:
             _migrate(env)
             children: list[_Child] = []
             stack.callback(_stop_children, children)
@@ -623,12 +628,8 @@ def cmd_web(args: argparse.Namespace) -> int:
             print(f"\nfarm: web is up at {_url(host, args.port, '/v1/')} ({args.processes} "
                   f"process(es), data {data_dir}). Ctrl-C stops it.\n", flush=True)
             return _supervise(children, env)
-        except _Stop as stop:
-            print(f"farm: {stop}: stopping", file=sys.stderr)
-            return 0
-        finally:
-            signal.signal(signal.SIGINT, _say_stopping)
-            signal.signal(signal.SIGTERM, _say_stopping)
+
+        return _until_stopped(run)
 
 
 

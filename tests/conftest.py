@@ -117,6 +117,28 @@ def _client(farm: LiveFarm, token: str | None) -> Client:
     return Client(base_url=farm.url, headers=headers, timeout=30)
 
 
+def smoke_stack_reported(
+    farm: LiveFarm, token: str, models_dir: Path, *, name: str | None = None, seed: int = 0
+) -> dict[str, str]:
+    """Write the tiny random Z-Image stack (as `name`) into a worker's models dir, then wait until
+    the worker's heartbeat reports it (runs naming it pass validation only then). Returns the
+    file name per zimage/turbo param: {"model", "vae", "text_encoder"}."""
+    import time
+
+    from workers.models.zimage.tiny import SMOKE_NAME, write_smoke_stack
+
+    names = write_smoke_stack(models_dir, name=name or SMOKE_NAME, seed=seed)
+    with _client(farm, token) as client:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            turbo = client.get("/v1/models/zimage/turbo").json()
+            model = next(p for p in turbo["params"] if p["name"] == "model")
+            if names["model"] in model["choices"]:
+                return names
+            time.sleep(0.2)
+    raise AssertionError(f"no worker reported the {name or SMOKE_NAME} stack")
+
+
 @pytest.fixture
 def owner(farm: LiveFarm, personas: dict[str, str]) -> Iterator[Client]:
     with _client(farm, personas["owner"]) as client:

@@ -22,7 +22,27 @@ from apps.fleet.services import worker_drain, worker_resume
 from inline_farm.admin_display import ViewOnlyAdmin, age, badge, pretty_json, short_id
 
 
-class WorkerInline(admin.TabularInline):
+class WorkerColumns:
+    """The worker columns the pool's inline and the worker pages both show."""
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, worker: Worker) -> SafeString:
+        return badge(worker.state)
+
+    @admin.display(description="slots in use")
+    def slots_used(self, worker: Worker) -> str:
+        return _slots_used(worker)
+
+    @admin.display(description="queues")
+    def queue_list(self, worker: Worker) -> str:
+        return ", ".join(worker.queues) or "—"
+
+    @admin.display(description="heartbeat", ordering="last_heartbeat")
+    def heartbeat_age(self, worker: Worker) -> str:
+        return age(worker.last_heartbeat)
+
+
+class WorkerInline(WorkerColumns, admin.TabularInline):
     model = Worker
     fields = ("worker_link", "state_badge", "slots_used", "queue_list", "heartbeat_age")
     readonly_fields = fields
@@ -36,21 +56,6 @@ class WorkerInline(admin.TabularInline):
         return format_html('<a href="{}">{}</a>',
                            reverse("admin:fleet_worker_change", args=[worker.pk]), worker.name)
 
-    @admin.display(description="state")
-    def state_badge(self, worker: Worker) -> SafeString:
-        return badge(worker.state)
-
-    @admin.display(description="slots in use")
-    def slots_used(self, worker: Worker) -> str:
-        return _slots_used(worker)
-
-    @admin.display(description="queues")
-    def queue_list(self, worker: Worker) -> str:
-        return ", ".join(worker.queues)
-
-    @admin.display(description="heartbeat")
-    def heartbeat_age(self, worker: Worker) -> str:
-        return age(worker.last_heartbeat)
 
 
 @admin.register(WorkerPool)
@@ -80,7 +85,7 @@ class WorkerPoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(Worker)
-class WorkerAdmin(ViewOnlyAdmin):
+class WorkerAdmin(WorkerColumns, ViewOnlyAdmin):
     list_display = ("name", "pool", "state_badge", "slots_used", "queue_list", "model_count",
                     "heartbeat_age")
     list_filter = ("state", "pool")
@@ -108,25 +113,10 @@ class WorkerAdmin(ViewOnlyAdmin):
         context = {**(extra_context or {}), "can_drain": self.has_drain_permission(request)}
         return super().change_view(request, object_id, form_url, context)
 
-    @admin.display(description="state", ordering="state")
-    def state_badge(self, worker: Worker) -> SafeString:
-        return badge(worker.state)
-
-    @admin.display(description="slots in use")
-    def slots_used(self, worker: Worker) -> str:
-        return _slots_used(worker)
-
-    @admin.display(description="queues")
-    def queue_list(self, worker: Worker) -> str:
-        return ", ".join(worker.queues) or "—"
-
     @admin.display(description="models")
     def model_count(self, worker: Worker) -> int:
         return len(worker.model_files)
 
-    @admin.display(description="heartbeat", ordering="last_heartbeat")
-    def heartbeat_age(self, worker: Worker) -> str:
-        return age(worker.last_heartbeat)
 
     @admin.display(description="current runs")
     def running_runs(self, worker: Worker) -> SafeString | str:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import SCREENSHOTS, WINDOW
-from tests.conftest import png, resize_graph, upload
+from tests.conftest import png, resize_graph, smoke_stack_reported, upload
 
 pytestmark = pytest.mark.e2e
 
@@ -50,19 +50,7 @@ def on_screen(page: Any, selector: str) -> bool:
 @pytest.fixture(scope="module")
 def stack(farm: Any, data_dirs: Any, personas: Any) -> dict[str, str]:
     """The tiny random Z-Image stack in the worker's models dir, once a heartbeat reports it."""
-    from tests.conftest import _client
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"])
-    with _client(farm, personas["owner"]) as client:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            turbo = client.get("/v1/models/zimage/turbo").json()
-            model = next(p for p in turbo["params"] if p["name"] == "model")
-            if names["model"] in model["choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the smoke stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import upload, wait_status
+from tests.conftest import smoke_stack_reported, upload, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -24,19 +24,7 @@ PROMPT = "a lighthouse at dusk, oil painting"
 
 @pytest.fixture(scope="module")
 def stack(farm, data_dirs, personas):
-    from tests.conftest import _client
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"])
-    with _client(farm, personas["owner"]) as client:  # wait for a heartbeat to report the files
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            turbo = client.get("/v1/models/zimage/turbo").json()
-            model = next(p for p in turbo["params"] if p["name"] == "model")
-            if names["model"] in model["choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the smoke stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
 
 
 def turbo_graph(stack, *, image_asset=None, **params):

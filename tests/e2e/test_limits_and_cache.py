@@ -3,13 +3,12 @@ serves stale weights (issue 9 items 6, 7, 12; issue 15's stale-cache bug)."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.conftest import _client, delay_graph, png, upload
+from tests.conftest import _client, delay_graph, png, smoke_stack_reported, upload
 from tests.livefarm import Client
 
 pytestmark = pytest.mark.e2e
@@ -60,18 +59,7 @@ def test_a_user_cannot_raise_priority_past_the_limit_staff_set(farm, db_access):
 @pytest.fixture(scope="module")
 def cache_stack(farm, data_dirs, personas):
     """A tiny Z-Image stack of its own name (the generation tests keep theirs)."""
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"], name="cachecheck", seed=0)
-    with _client(farm, personas["owner"]) as client:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            turbo = client.get("/v1/models/zimage/turbo").json()
-            model = next(p for p in turbo["params"] if p["name"] == "model")
-            if names["model"] in model["choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the cachecheck stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"], name="cachecheck")
 
 
 def _graph(stack: dict[str, str], prompt: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import _client, delay_graph, png, upload
+from tests.conftest import _client, delay_graph, png, smoke_stack_reported, upload
 
 pytestmark = pytest.mark.e2e
 
@@ -21,18 +21,7 @@ W, H, STEPS = 64, 48, 4
 @pytest.fixture(scope="module")
 def stack(farm, data_dirs, personas):
     """A tiny Z-Image stack of its own name, once a heartbeat reported it."""
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"], name="metricscheck", seed=0)
-    with _client(farm, personas["owner"]) as client:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            turbo = client.get("/v1/models/zimage/turbo").json()
-            model = next(p for p in turbo["params"] if p["name"] == "model")
-            if names["model"] in model["choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the metricscheck stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"], name="metricscheck")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import uuid
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from PIL import Image
 from websockets.sync.client import connect
 
-from tests.conftest import png
+from tests.conftest import png, smoke_stack_reported
 from tests.e2e.test_generation import PROMPT, SEED, H, W
 
 pytestmark = pytest.mark.e2e
@@ -24,17 +23,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def stack(farm, data_dirs, personas):
     """The tiny random Z-Image stack in the worker's models dir, once a heartbeat reports it."""
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"])
-    headers = {"Authorization": f"Bearer {personas['owner']}"}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        unet = httpx.get(f"{farm.url}/v1/models/load/diffusion-model", headers=headers).json()
-        if names["model"] in unet["params"][0]["choices"]:
-            return names
-        time.sleep(0.2)
-    raise AssertionError("no worker reported the smoke stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
 
 
 class ComfyClient:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from django.core.management import call_command
 from PIL import Image
 
 from tests.apps.importer.builder import workflow
+from tests.conftest import smoke_stack_reported
 from tests.e2e.test_generation import PROMPT, SEED, STEPS, H, W, reference
 
 pytestmark = pytest.mark.e2e
@@ -21,18 +21,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def stack(farm, data_dirs, personas):
-    from tests.conftest import _client
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"])
-    with _client(farm, personas["owner"]) as client:  # until a heartbeat reports the files
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            unet = client.get("/v1/models/load/diffusion-model").json()["params"][0]
-            if names["model"] in unet["choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the smoke stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
 
 
 def smoke_ui(stack: dict[str, str]) -> dict[str, Any]:

@@ -9,32 +9,20 @@ no live worker serves xfuser.<n>), as for any queue without a live worker — gr
 from __future__ import annotations
 
 import io
-import time
 from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import _client
+from tests.conftest import smoke_stack_reported
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def stack(farm: Any, data_dirs: Any, personas: Any) -> dict[str, str]:
-    from workers.models.zimage.tiny import write_smoke_stack
-
-    names = write_smoke_stack(data_dirs["models"], name="parallelcheck", seed=0)
-    with _client(farm, personas["owner"]) as client:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            turbo = client.get("/v1/models/zimage/turbo").json()
-            if names["model"] in next(p for p in turbo["params"] if p["name"] == "model")[
-                    "choices"]:
-                return names
-            time.sleep(0.2)
-    raise AssertionError("no worker reported the parallelcheck stack")
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"], name="parallelcheck")
 
 
 @pytest.fixture(scope="module")
