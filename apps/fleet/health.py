@@ -24,6 +24,7 @@ from django.db import connection
 from apps.fleet.selectors import workers_live
 
 CACHE_SECONDS = 1.0
+STALE_SECONDS = 2.0
 PROBE_TIMEOUT = 0.5
 
 _lock = threading.Lock()
@@ -49,6 +50,33 @@ def health_report() -> dict[str, Any]:
         return _cached[1]
     finally:
         _lock.release()
+
+
+def health_report_nowait() -> dict[str, Any] | None:
+    """The cached report without ever blocking the caller (the event loop calls this).
+
+    A report up to `STALE_SECONDS` old is answered as it is while one background thread
+    refreshes it (under steady probing it never gets older than a probe round); `None` when
+    there is none that fresh (the first call, or after a quiet spell: the caller then waits for
+    `health_report` once, so a probe never reports an old state as current)."""
+    cached = _cached
+    if cached is None:
+        return None
+    age = time.monotonic() - cached[0]
+    if age >= STALE_SECONDS:
+        return None
+    if age >= CACHE_SECONDS and not _lock.locked():
+        threading.Thread(target=_refresh_quietly, name="health-probe", daemon=True).start()
+    return cached[1]
+
+
+def _refresh_quietly() -> None:
+    from django.db import close_old_connections
+
+    try:
+        health_report()
+    finally:
+        close_old_connections()  # workers_live() used this thread's own connection
 
 
 def _probe() -> dict[str, Any]:
