@@ -160,6 +160,9 @@ INLINE_DISPATCH_WINDOW = env_int("INLINE_DISPATCH_WINDOW", 0, minimum=0)
 INLINE_WORKER_HEARTBEAT = env_float("INLINE_WORKER_HEARTBEAT", 2.0, minimum=0.2)
 INLINE_WORKER_LOST_SECONDS = env_float("INLINE_WORKER_LOST_SECONDS", 10.0, minimum=1.0)
 INLINE_WORKER_SLOTS = env_int("INLINE_WORKER_SLOTS", 4, minimum=1)
+# CPU nice increment of run-executing workers, so the web and control worker go first on a
+# shared machine (0: none).
+INLINE_WORKER_NICE = env_int("INLINE_WORKER_NICE", 5, minimum=0)
 # SIGTERM: a worker takes no new run; runs still going after this many seconds are handed back.
 INLINE_WORKER_GRACE_SECONDS = env_float("INLINE_WORKER_GRACE_SECONDS", 10.0, minimum=0.0)
 INLINE_WORKER_QUEUES = env_str("INLINE_WORKER_QUEUES", "")

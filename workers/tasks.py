@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -48,6 +49,7 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     queues = instance.app.amqp.queues
     if not _executes_runs(queues.consume_from or {}):
         return  # the control worker: no device, no torch
+    _lower_cpu_priority(settings.INLINE_WORKER_NICE)
     device = runtime.policy().describe()
     queue = gpu_queue_for_vram(device["vram_gb"]) if device["profile"] != "cpu" else None
     if queue and settings.INLINE_AUTO_GPU_QUEUE:
@@ -57,6 +59,18 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     _config.update(name=sender, queues=names, slots=int(instance.concurrency or 1))
     with _presence_lock:
         presence_start(sender, names, _config["slots"])
+
+
+def _lower_cpu_priority(increment: int) -> None:
+    """Yield the CPU to the control plane on a shared machine.
+
+    Where web, broker, database and workers share cores (`./farm up`, a small box), a worker
+    busy rendering held the web process off the CPU: under an 8-user flood `/v1/health`'s p99
+    went past 100 ms. A nice increment lets the API, the dispatcher and the reaper (the control
+    worker keeps priority 0) go first; alone on its machine a worker loses nothing by it.
+    """
+    if increment > 0:
+        os.nice(increment)
 
 
 @worker_ready.connect
