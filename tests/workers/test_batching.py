@@ -236,3 +236,17 @@ def test_the_device_policy_bounds_every_batch():
     assert big.tokens >= 16 * 4096  # sixteen 1024² items
     with pytest.raises(ValueError):
         type(cpu)(0, 1)
+
+
+def test_the_batch_bounds_come_from_the_environment():
+    from workers.device.detect import policy_from_env
+
+    env = {"INLINE_PROFILE": "cpu", "INLINE_BATCH_ITEMS": "3", "INLINE_BATCH_TOKENS": "2048"}
+    policy = policy_from_env(env)
+    assert (policy.batch_bounds().items, policy.batch_bounds().tokens) == (3, 2048)
+    assert policy.describe()["batch_items"] == 3  # what the worker reports in its heartbeat
+    default = policy_from_env({"INLINE_PROFILE": "cpu", "INLINE_BATCH_ITEMS": "0"})
+    assert default.batch_bounds() == policy_from_env({"INLINE_PROFILE": "cpu"}).batch_bounds()
+    for bad in ("-1", "many", "2.5"):
+        with pytest.raises(ValueError, match="INLINE_BATCH_ITEMS must be a whole number"):
+            policy_from_env({"INLINE_PROFILE": "cpu", "INLINE_BATCH_ITEMS": bad})

@@ -6,6 +6,9 @@ Environment (read by `policy_from_env`, fail loud on bad values):
 - `INLINE_VRAM_BUDGET_GB`: cap on the VRAM this worker may use (0 or unset = the whole card).
 - `INLINE_CPU_OFFLOAD`: 1 to keep weights in CPU memory between uses (off unless asked).
 - `INLINE_ATTENTION`: a diffusers attention backend name (default "native", torch SDPA).
+- `INLINE_BATCH_ITEMS` / `INLINE_BATCH_TOKENS`: the most items (a CFG job is 2) and latent
+  tokens one batched forward may hold (0 or unset = the profile's default, see
+  `DevicePolicy.batch_bounds`).
 - `INLINE_GPU_DESCRIPTION`: simulate this host's GPU (JSON, see `workers/device/nvml.py`): the
   worker reports and is routed to as that card, and computes on CPU.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from workers.device import nvml
@@ -50,6 +53,16 @@ class ReportingPolicy(DevicePolicy):
 def policy_from_env(env: Mapping[str, str] | None = None) -> DevicePolicy:
     """The policy for this worker process, from `env` (default `os.environ`). Call once."""
     source: Mapping[str, str] = os.environ if env is None else env
+    items = _count_env(source, "INLINE_BATCH_ITEMS")
+    tokens = _count_env(source, "INLINE_BATCH_TOKENS")
+    policy = replace(_policy_from_env(source), batch_items=items, batch_tokens=tokens)
+    if isinstance(policy, ReportingPolicy) and policy.shown is not None:  # reported as set
+        policy = replace(policy, shown=replace(policy.shown, batch_items=items,
+                                               batch_tokens=tokens))
+    return policy
+
+
+def _policy_from_env(source: Mapping[str, str]) -> DevicePolicy:
     options: dict[str, Any] = dict(
         profile=source.get("INLINE_PROFILE", "auto") or "auto",
         vram_budget_gb=_float_env(source, "INLINE_VRAM_BUDGET_GB"),
@@ -139,6 +152,17 @@ def _float_env(env: Mapping[str, str], key: str) -> float:
         return float(raw) if raw else 0.0
     except ValueError:
         raise ValueError(f"{key} must be a number of GB, got {raw!r}") from None
+
+
+def _count_env(env: Mapping[str, str], key: str) -> int:
+    raw = env.get(key, "").strip()
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{key} must be a whole number >= 0 (0 = the default), got {raw!r}")
+    return value
 
 
 def _bool_env(env: Mapping[str, str], key: str) -> bool:

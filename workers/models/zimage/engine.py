@@ -203,18 +203,21 @@ def predict_velocity(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tens
     A CFG job contributes two items (positive, negative) as in the pipeline; jobs may differ in
     prompt length, resolution and step position (the transformer takes per-item lists).
     """
+    # Read once: diffusers' `ModelMixin.dtype` walks every submodule (~2 ms on the tiny stack);
+    # read per job it cost a 16-job forward a quarter of its time.
+    dtype = transformer.dtype
     xs: list[torch.Tensor] = []
     ts: list[torch.Tensor] = []
     caps: list[torch.Tensor] = []
     for job in jobs:
-        x = job.latents.to(transformer.dtype)[0].unsqueeze(1)  # [C, 1, H, W]
+        x = job.latents.to(dtype)[0].unsqueeze(1)  # [C, 1, H, W]
         t = (1000 - job.timesteps[job.step].expand(1)) / 1000  # [1], 1 = clean
-        caption = job.positive.to(transformer.dtype)
+        caption = job.positive.to(dtype)
         if job.cfg:
             assert job.negative is not None  # SampleJob checks this at creation
             xs += [x, x]
             ts += [t, t]
-            caps += [caption, job.negative.to(transformer.dtype)]
+            caps += [caption, job.negative.to(dtype)]
         else:
             xs.append(x)
             ts.append(t)
