@@ -191,6 +191,9 @@ INLINE_PROFILE = env_choice("INLINE_PROFILE", "auto", ("auto", "gpu-max", "lowvr
 INLINE_VRAM_BUDGET_GB = env_float("INLINE_VRAM_BUDGET_GB", 0.0, minimum=0.0)
 INLINE_CPU_OFFLOAD = env_bool("INLINE_CPU_OFFLOAD", False)
 INLINE_ATTENTION = env_str("INLINE_ATTENTION", "native")
+# The most items / latent tokens one batched forward may hold (0: the profile's default).
+INLINE_BATCH_ITEMS = env_int("INLINE_BATCH_ITEMS", 0, minimum=0)
+INLINE_BATCH_TOKENS = env_int("INLINE_BATCH_TOKENS", 0, minimum=0)
 # A multi-GPU worker group (workers/parallel/config.py): off, auto, or degrees such as
 # ulysses=2,ring=2 or cfg=2,ulysses=2; checked against the queues and GPUs at worker start.
 INLINE_PARALLEL = env_str("INLINE_PARALLEL", "")
