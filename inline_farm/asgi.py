@@ -16,14 +16,19 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
 django_asgi = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402 — after Django setup
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from inline_farm.health_door import health_first  # noqa: E402
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
+from inline_farm.sync_door import SyncDoor  # noqa: E402
 
+_threads = settings.INLINE_DB_POOL_SIZE
 application = ProtocolTypeRouter({
     # Serves the admin's CSS/JS from the installed apps (no collectstatic, no extra server);
-    # plain `GET /v1/health` is answered before Django (inline_farm/health_door.py).
-    "http": health_first(ASGIStaticFilesHandler(django_asgi)),
+    # plain `GET /v1/health` is answered before Django (inline_farm/health_door.py); the rest
+    # runs Django's sync handler in one thread hop (inline_farm/sync_door.py), one pool thread
+    # per database connection the process may hold.
+    "http": health_first(ASGIStaticFilesHandler(SyncDoor(django_asgi, _threads))),  # type: ignore[arg-type]
     "websocket": URLRouter(websocket_urlpatterns),
 })
