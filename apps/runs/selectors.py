@@ -26,7 +26,8 @@ _RUN_VISIBLE = """
 SELECT r.id, r.owner_id, r.graph_id, r.target, r.status, r.priority, r.client_run_id,
        r.requirement, r.queue, r.attempts, r.lease_worker, r.lease_expires_at, r.dispatched_at,
        r.last_seq, r.error_code, r.error_message, r.error_node, r.created_at, r.started_at,
-       r.finished_at, g.sha256 AS graph_sha256
+       r.finished_at, g.sha256 AS graph_sha256,
+       EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = r.id) AS has_takes
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
     SELECT mate.user_id FROM accounts_team_members mine
@@ -46,10 +47,12 @@ def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
         return None
     run = found[0]
     run.graph = Graph(pk=run.graph_id, sha256=getattr(run, "graph_sha256"))  # noqa: B009 — a raw column
-    takes = Take.objects.raw("SELECT * FROM takes_take WHERE run_id = %s "
-                             "ORDER BY created_at, node_id, index", [run.pk])
+    takes: list[Take] = []
+    if getattr(run, "has_takes"):  # noqa: B009 — a raw column; most polls (queued, running) skip
+        takes = list(Take.objects.raw("SELECT * FROM takes_take WHERE run_id = %s "
+                                      "ORDER BY created_at, node_id, index", [run.pk]))
     # What prefetch_related("takes") would have set: run.takes.all() answers these.
-    setattr(run, "_prefetched_objects_cache", {"takes": list(takes)})  # noqa: B010
+    setattr(run, "_prefetched_objects_cache", {"takes": takes})  # noqa: B010
     return run
 
 
