@@ -94,3 +94,15 @@ def per_second(stamps: list[float], start: float) -> float:
     """How many events `stamps` (time.time()) holds per second since `start`."""
     return len(stamps) / (max(stamps) - start)
 
+
+def wait_for_model(client: Any, model: str) -> None:
+    """Until a worker reports `model` among zimage/turbo's choices (at most 2 minutes)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        params = client.get("/v1/models/zimage/turbo").json()["params"]
+        if model in next(p for p in params if p["name"] == "model")["choices"]:
+            return
+        time.sleep(0.25)
+    raise SystemExit(f"no worker reported the bench model {model}")

@@ -1,7 +1,7 @@
 """Cross-run batching: images/s of the farm with slots vs one slot vs diffusers' list-batched call.
 
 One run prints a table, for 1, 4 and 16 concurrent requests, on two random-weight Z-Image stacks:
-the tiny smoke stack and a mid-size transformer (MID_CONFIG, ~18 M parameters: what this CPU
+the tiny smoke stack and a mid-size transformer (bench/_mid.py, ~18 M parameters: what this CPU
 renders in seconds) with the tiny VAE and text encoder.
   - farm batched : one worker with 16 slots; N runs submitted together over /v1 (different
                    prompts and seeds), until every run is done (its take written);
@@ -18,7 +18,6 @@ the pipeline's loop.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -30,17 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._farm import bench_farm  # after the path is set (ruff allows it after sys.path)
+from bench._farm import bench_farm, wait_for_model  # after the path is set (ruff allows it)
+from bench._mid import mid_transformer, write_mid
 
 CONCURRENCY = (1, 4, 16)
 REPEAT = 3
 MID_NAME = "zimage-MID-random-weights"
-MID_CONFIG: dict[str, Any] = {  # head dim 64 = sum(axes_dims); cap_feat_dim = the tiny encoder's
-    "all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 384,
-    "n_layers": 6, "n_refiner_layers": 2, "n_heads": 6, "n_kv_heads": 6, "norm_eps": 1e-5,
-    "qk_norm": True, "cap_feat_dim": 16, "rope_theta": 256.0, "t_scale": 1000.0,
-    "axes_dims": [32, 16, 16], "axes_lens": [1536, 512, 512],
-}
 STACKS = {"tiny": 256, "mid": 128}  # stack → image side (px)
 
 
@@ -54,7 +48,7 @@ def main() -> None:
             names = write_stacks(models_dir)
             client = httpx.Client(base_url=farm.url, timeout=120,
                                   headers={"Authorization": f"Bearer {token}"})
-            wait_for_models(client, names["mid"]["model"])
+            wait_for_model(client, names["mid"]["model"])
             for stack, side in STACKS.items():
                 farm_burst(client, names[stack], side, args.steps, 1, seed=90_000)  # warm
                 for n in CONCURRENCY:
@@ -78,24 +72,10 @@ def main() -> None:
 
 def write_stacks(models_dir: Path) -> dict[str, dict[str, str]]:
     """The smoke stack, and the mid-size transformer beside it (same VAE and text encoder)."""
-    from safetensors.torch import save_file
-
     from workers.models.zimage.tiny import write_smoke_stack
 
     tiny = write_smoke_stack(models_dir)
-    folder = models_dir / "diffusion_models"
-    save_file({k: v.contiguous() for k, v in mid_transformer().state_dict().items()},
-              folder / f"{MID_NAME}.safetensors")
-    (folder / f"{MID_NAME}.config.json").write_text(
-        json.dumps({"_class_name": "ZImageTransformer2DModel", **MID_CONFIG}))
-    return {"tiny": tiny, "mid": {**tiny, "model": f"{MID_NAME}.safetensors"}}
-
-
-def mid_transformer() -> Any:
-    from diffusers import ZImageTransformer2DModel
-
-    torch.manual_seed(0)
-    return ZImageTransformer2DModel.from_config(MID_CONFIG).eval()
+    return {"tiny": tiny, "mid": {**tiny, "model": write_mid(models_dir, MID_NAME)}}
 
 
 def pipeline(stack: str) -> Any:
@@ -141,16 +121,6 @@ def farm_burst(client: httpx.Client, names: dict[str, str], side: int, steps: in
                     raise SystemExit(f"run failed: {run['error']}")
                 pending.discard(run["id"])
     return n / (time.perf_counter() - start)
-
-
-def wait_for_models(client: httpx.Client, model: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        params = client.get("/v1/models/zimage/turbo").json()["params"]
-        if model in next(p for p in params if p["name"] == "model")["choices"]:
-            return
-        time.sleep(0.25)
-    raise SystemExit("the worker never reported the bench stacks")
 
 
 # --- in process -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import httpx
 import torch
 from websockets.sync.client import connect
 
-from bench._farm import bench_farm
+from bench._farm import bench_farm, wait_for_model
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         names = write_smoke_stack(models_dir)
         client = httpx.Client(base_url=farm.url, headers={"Authorization": f"Bearer {token}"},
                               timeout=120)
-        _wait_for_models(client, names["model"])
+        wait_for_model(client, names["model"])
         graph = _graph(names, args.size, args.steps)
         _farm_once(client, graph, seed=10_000)  # warm: model load, first forward
         farm_ms = [_farm_once(client, graph, seed=i) for i in range(args.runs)]
@@ -92,16 +92,6 @@ def _direct_once(pipe, size: int, steps: int, seed: int) -> float:
     pipe("a lighthouse at dusk", width=size, height=size, num_inference_steps=steps,
          guidance_scale=0.0, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
     return (time.perf_counter() - start) * 1000
-
-
-def _wait_for_models(client: httpx.Client, model: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        params = client.get("/v1/models/zimage/turbo").json()["params"]
-        if model in next(p for p in params if p["name"] == "model")["choices"]:
-            return
-        time.sleep(0.25)
-    raise SystemExit("the worker never reported the smoke stack")
 
 
 if __name__ == "__main__":

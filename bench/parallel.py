@@ -18,7 +18,6 @@ cores / 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -29,28 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._mid import write_mid
+
 REPEATS = 3
 MID_NAME = "zimage-MID-parallel-bench"
-MID_CONFIG: dict[str, Any] = {  # head dim 64 = sum(axes_dims); cap_feat_dim = the tiny encoder's
-    "all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 384,
-    "n_layers": 6, "n_refiner_layers": 2, "n_heads": 6, "n_kv_heads": 6, "norm_eps": 1e-5,
-    "qk_norm": True, "cap_feat_dim": 16, "rope_theta": 256.0, "t_scale": 1000.0,
-    "axes_dims": [32, 16, 16], "axes_lens": [1536, 512, 512],
-}
-
-
-def write_mid(models_dir: Path) -> str:
-    from diffusers import ZImageTransformer2DModel
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    model: Any = ZImageTransformer2DModel(**MID_CONFIG)
-    folder = models_dir / "diffusion_models"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              folder / f"{MID_NAME}.safetensors")
-    (folder / f"{MID_NAME}.config.json").write_text(json.dumps(
-        {"_class_name": "ZImageTransformer2DModel", **MID_CONFIG}))
-    return f"{MID_NAME}.safetensors"
 
 
 def make_job(steps: int, side: int, guidance: float) -> Any:
@@ -89,7 +70,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     models_dir = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
-    models = {"tiny": write_smoke_stack(models_dir)["model"], "mid": write_mid(models_dir)}
+    models = {"tiny": write_smoke_stack(models_dir)["model"], "mid": write_mid(models_dir, MID_NAME)}
     policy = DevicePolicy(profile="cpu")
     print(f"{'model':6} {'side':>5} {'method':10} {'1 process':>11} {'group of 2':>11} "
           f"{'overhead':>10} {'max |Δ|':>9}")
