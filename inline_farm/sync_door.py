@@ -24,9 +24,9 @@ from typing import Any
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestDataTooBig
-from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponse, HttpResponseBadRequest
+from django.http import JsonResponse
 from django.http.response import HttpResponseBase
 from django.urls import set_script_prefix
 
@@ -61,15 +61,15 @@ class SyncDoor:
 
     def _respond(self, scope: Scope, body: bytes) -> Reply:
         """On a pool thread: what ASGIHandler.handle does, synchronously."""
-        set_script_prefix(scope.get("root_path", "") or "/")
+        set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=ASGIHandler, scope=scope)
         response: HttpResponseBase
         try:
             request = ASGIRequest(scope, io.BytesIO(body))
-        except UnicodeDecodeError:
-            response = HttpResponseBadRequest()
+        except UnicodeDecodeError:  # as Django's ASGI handler, in the API's error shape
+            response = _error(400, "bad_request", "the request's path or query is not UTF-8")
         except RequestDataTooBig:
-            response = HttpResponse("413 Payload too large", status=413)
+            response = _error(413, "too_large", "the request body is over the limit")
         else:
             response = self.handler.get_response(request)
         try:
@@ -78,6 +78,10 @@ class SyncDoor:
             return response.status_code, _headers(response), content
         finally:
             response.close()  # request_finished: the thread's connection goes back to the pool
+
+
+def _error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
 
 
 def _small_body(scope: Scope) -> bool:
