@@ -50,3 +50,15 @@ def test_the_workers_endpoint_lists_queues_device_and_models(owner, db_access):
     worker = next(w for w in items if w["name"] == _the_worker().name)
     assert {"cpu", "control"} <= set(worker["queues"])
     assert worker["device"]["profile"] == "cpu"
+
+
+def test_a_run_executing_worker_yields_the_cpu_to_the_web(farm):
+    """INLINE_WORKER_NICE (default 5): on a shared machine the API goes first."""
+    import os
+
+    from django.conf import settings
+
+    web = os.getpriority(os.PRIO_PROCESS, farm.procs["web"].pid)
+    worker = os.getpriority(os.PRIO_PROCESS, farm.procs["worker"].pid)
+    assert settings.INLINE_WORKER_NICE == 5
+    assert worker == min(19, web + settings.INLINE_WORKER_NICE)
