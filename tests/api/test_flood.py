@@ -1,6 +1,7 @@
 """A flood of submits from 8 users: every answer is a 2xx or a 429 with Retry-After, every
 accepted run finishes, and /v1/health keeps answering (its p99 is printed, not asserted:
-wall-clock figures depend on the machine). Bounded in time and in requests."""
+wall-clock figures depend on the machine). 8 users × 30 s at full speed, as issue 9 asks; bounded
+in requests too, so a much faster machine still ends."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from tests.conftest import png, resize_graph, upload
 pytestmark = pytest.mark.e2e
 
 USERS = 8
-SECONDS = 10.0
-MAX_SUBMITS_PER_USER = 400
+SECONDS = 30.0
+MAX_SUBMITS_PER_USER = 20_000
 MAX_INFLIGHT = 4  # low, so the flood meets the limit and gets 429s
 
 
@@ -65,10 +66,12 @@ def test_a_flood_of_submits_gets_2xx_or_429_and_every_accepted_run_finishes(farm
     floods = [threading.Thread(target=_flood, args=(c, a, n, deadline, r))
               for n, (c, a, r) in enumerate(zip(clients, assets, results, strict=True))]
     prober.start()
+    started = time.monotonic()
     for thread in floods:
         thread.start()
     for thread in floods:
         thread.join()
+    flooded = time.monotonic() - started
     stop.set()
     latencies, unhealthy = probed.get(timeout=60)
     prober.join(timeout=30)
@@ -97,6 +100,6 @@ def test_a_flood_of_submits_gets_2xx_or_429_and_every_accepted_run_finishes(farm
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
     accepted = sum(len(r["accepted"]) for r in results)
     with capsys.disabled():
-        print(f"\nflood: {USERS} users, {len(responses)} submits in {SECONDS:.0f} s, statuses "
+        print(f"\nflood: {USERS} users, {len(responses)} submits in {flooded:.1f} s, statuses "
               f"{dict(sorted(statuses.items()))}, {accepted} runs accepted and succeeded; "
               f"/v1/health over {len(latencies)} probes: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
