@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import import_module
 
 from django.core.asgi import get_asgi_application
 
@@ -20,6 +21,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from inline_farm.health_door import health_first  # noqa: E402
+from inline_farm.heap import freeze_long_lived  # noqa: E402
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
 from inline_farm.sync_door import SyncDoor  # noqa: E402
 
@@ -32,3 +34,8 @@ application = ProtocolTypeRouter({
     "http": health_first(ASGIStaticFilesHandler(SyncDoor(django_asgi, _threads))),  # type: ignore[arg-type]
     "websocket": URLRouter(websocket_urlpatterns),
 })
+
+# Load the URLconf (every view, the /v1 API and its schemas) now rather than on the first request,
+# then keep all of it out of the collector's full passes (inline_farm/heap.py).
+import_module(settings.ROOT_URLCONF)
+freeze_long_lived("web")

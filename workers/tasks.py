@@ -75,8 +75,10 @@ def _lower_cpu_priority(increment: int) -> None:
 
 @worker_ready.connect
 def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    from inline_farm.heap import freeze_long_lived
     from workers.heartbeat import presence
 
+    freeze_long_lived("worker")  # before any run: Celery, Django, torch (inline_farm/heap.py)
     me = presence()
     if me is not None:
         me.start()

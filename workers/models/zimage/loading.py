@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,24 @@ from workers.models.zimage.values import DiffusionModel, TextEncoder, Vae
 from workers.sampling import Coalescer, StepBatcher
 
 
+@cache
+def _model_libraries() -> None:
+    """Import diffusers' and transformers' Z-Image classes, then freeze every object alive out of
+    the collector's full passes (inline_farm/heap.py): ~300 k objects that a full pass would walk
+    in ~150 ms, stopping every slot. Once per process, under the model cache's lock, before the
+    first model is built: a model is never frozen (models sit in reference cycles, and an evicted
+    one would leak)."""
+    import diffusers  # noqa: F401
+    import transformers  # noqa: F401
+    from diffusers import AutoencoderKL, ZImageTransformer2DModel  # noqa: F401
+    from diffusers.pipelines.z_image.pipeline_z_image import ZImagePipeline  # noqa: F401
+    from transformers import Qwen3Model  # noqa: F401
+
+    from inline_farm.heap import freeze_long_lived
+
+    freeze_long_lived("model libraries")
+
+
 class ModelLoadError(Exception):
     """A model file exists but cannot be loaded (corrupt, incomplete, or not this family)."""
 
@@ -42,6 +61,7 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
     _refuse_int8(policy)
 
     def load() -> DiffusionModel:
+        _model_libraries()
         transformer = _load_transformer(path, placement)
         if policy.attention != "native":
             transformer.set_attention_backend(policy.attention)
@@ -59,6 +79,7 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
     sha, placement = file_sha256(path), policy.placement("vae")
 
     def load() -> Vae:
+        _model_libraries()
         module = _load_vae(path, placement)
         if policy.vae_tiling:
             module.enable_tiling()
@@ -83,6 +104,7 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
     _refuse_int8(policy)
 
     def load() -> TextEncoder:
+        _model_libraries()
         model, tokenizer = _load_text_encoder(path, placement)
         te = TextEncoder(name, sha, model, tokenizer, placement)
         batched: Coalescer[str, Any] = Coalescer(
