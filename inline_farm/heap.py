@@ -11,8 +11,8 @@ does. Measured on the 2-core CI machine:
 `gc.freeze()` moves every object alive now into a permanent generation that collections skip.
 Frozen objects are still freed by reference counting, but never as part of a cycle, so freeze
 only what lives as long as the process (modules, classes, the URLconf) and never a loaded model:
-diffusers and transformers models sit in reference cycles, and one evicted from the model cache
-would leak. Hence the call sites: the web after its URLconf (inline_farm/asgi.py), a worker when
+a model may sit in reference cycles (a freshly built diffusers model does; accelerate's hooks can),
+and a frozen one evicted from the model cache would never be freed. Hence the call sites: the web after its URLconf (inline_farm/asgi.py), a worker when
 it is ready (workers/tasks.py), and a model worker once more after importing the model libraries,
 before its first model is built (workers/models/zimage/loading.py).
 """

@@ -37,8 +37,8 @@ def _model_libraries() -> None:
     """Import diffusers' and transformers' Z-Image classes, then freeze every object alive out of
     the collector's full passes (inline_farm/heap.py): ~300 k objects that a full pass would walk
     in ~150 ms, stopping every slot. Once per process, under the model cache's lock, before the
-    first model is built: a model is never frozen (models sit in reference cycles, and an evicted
-    one would leak)."""
+    first model is built: a model is never frozen (one in a reference cycle would never be freed
+    after its eviction; tests/workers/test_heap.py)."""
     import diffusers  # noqa: F401
     import transformers  # noqa: F401
     from diffusers import AutoencoderKL, ZImageTransformer2DModel  # noqa: F401
