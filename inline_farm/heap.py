@@ -12,7 +12,8 @@ does. Measured on the 2-core CI machine:
 Frozen objects are still freed by reference counting, but never as part of a cycle, so freeze
 only what lives as long as the process (modules, classes, the URLconf) and never a loaded model:
 a model may sit in reference cycles (a freshly built diffusers model does; accelerate's hooks can),
-and a frozen one evicted from the model cache would never be freed. Hence the call sites: the web after its URLconf (inline_farm/asgi.py), a worker when
+and a frozen one evicted from the model cache would never be freed.
+Hence the call sites: the web after its URLconf (inline_farm/asgi.py), a worker when
 it is ready (workers/tasks.py), and a model worker once more after importing the model libraries,
 before its first model is built (workers/models/zimage/loading.py).
 """
