@@ -6,6 +6,7 @@ and queues of its own, dropped at the end, so a benchmark never touches a real f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
+from websockets.sync.client import connect
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -106,3 +109,17 @@ def wait_for_model(client: Any, model: str) -> None:
             return
         time.sleep(0.25)
     raise SystemExit(f"no worker reported the bench model {model}")
+
+
+def wait_run_done(client: httpx.Client, run_id: str) -> dict[str, Any]:
+    """Follow the run's events until `run_done` (the snapshot covers a run already finished)."""
+    url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + f"/v1/runs/{run_id}/events"
+    token = client.headers["Authorization"].removeprefix("Bearer ")
+    with connect(f"{url}?token={token}", open_timeout=30) as ws:
+        for frame in ws:
+            event = json.loads(frame)
+            if event["type"] == "run_done":
+                return event
+            if event["type"] == "snapshot" and event["run"]["status"] not in ("queued", "running"):
+                return event["run"]
+    raise SystemExit(f"the event stream of run {run_id} closed before run_done")

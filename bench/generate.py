@@ -12,15 +12,13 @@ per iteration so the worker's node cache never answers.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import httpx
 import torch
-from websockets.sync.client import connect
 
-from bench._farm import bench_farm, wait_for_model
+from bench._farm import bench_farm, wait_for_model, wait_run_done
 
 
 def main() -> None:
@@ -66,25 +64,11 @@ def _farm_once(client: httpx.Client, graph: dict, seed: int) -> float:
     graph["graph"]["nodes"]["gen"]["params"]["seed"] = seed
     start = time.perf_counter()
     run_id = client.post("/v1/runs", json=graph).raise_for_status().json()["runId"]
-    done = _wait_run_done(client, run_id)
+    done = wait_run_done(client, run_id)
     if done["status"] != "succeeded":
         raise SystemExit(f"run failed: {done['error']}")
     client.get(f"/v1/takes/{done['takes'][0]['id']}/bytes").raise_for_status()
     return (time.perf_counter() - start) * 1000
-
-
-def _wait_run_done(client: httpx.Client, run_id: str) -> dict:
-    """Follow the run's events until `run_done` (the snapshot covers a run already finished)."""
-    url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + f"/v1/runs/{run_id}/events"
-    token = client.headers["Authorization"].removeprefix("Bearer ")
-    with connect(f"{url}?token={token}", open_timeout=30) as ws:
-        for frame in ws:
-            event = json.loads(frame)
-            if event["type"] == "run_done":
-                return event
-            if event["type"] == "snapshot" and event["run"]["status"] not in ("queued", "running"):
-                return event["run"]
-    raise SystemExit(f"the event stream of run {run_id} closed before run_done")
 
 
 def _direct_once(pipe, size: int, steps: int, seed: int) -> float:
