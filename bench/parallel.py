@@ -2,15 +2,16 @@
 
 On CPU the group cannot be faster (2 processes share the same cores and exchange activations
 through gloo over loopback): the point is the protocol's cost per step — the pipe round trip
-of the lock-step (latents and velocity back, go / stop forth), the broadcast of the stop flag,
-and the gathers of the split itself — printed next to the single-process step.
+of each forward (the jobs' latents and captions forth, velocities back), its broadcast to every
+rank, and the gathers of the split itself — printed next to the single-process step.
 
 Work: two random-weight Z-Image transformers — the tiny smoke stack (overhead-dominated) and a
 mid-size one (dim 384, 6 layers, ~18 M parameters) — at 256² and 512², guidance 0 (Ulysses-style
 sequence split, ulysses=2) and guidance 4 (CFG-parallel, cfg=2, vs one process computing both
 halves in one forward). Group start and model load are excluded (a warm-up job first); each
 figure is the best of 3 jobs. The process runs torch with its default threads, each rank with
-cores / 2.
+cores / 2. Last, `BATCH` jobs at once on each (the group is a step batcher's forward, as in a
+group worker with slots): seconds per step of the whole batch, and how many forwards it took.
 
     .venv/bin/python bench/parallel.py [--steps 8]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._mid import write_mid
 
 REPEATS = 3
+BATCH = 4
 MID_NAME = "zimage-MID-parallel-bench"
 
 
@@ -56,6 +59,22 @@ def per_step(run: Any, steps: int, side: int, guidance: float) -> tuple[float, A
         out = run(make_job(steps, side, guidance))
         best = min(best, (time.perf_counter() - start) / steps)
     return best, out
+
+
+def constant(degrees: Any) -> Any:
+    return lambda _jobs: degrees
+
+
+def batched(batcher: Any, steps: int, side: int, guidance: float) -> tuple[float, Any]:
+    """BATCH jobs through `batcher` from BATCH threads: seconds per step of the whole batch."""
+    jobs = [make_job(steps, side, guidance) for _ in range(BATCH)]
+    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (time.perf_counter() - start) / steps, jobs[0].latents
 
 
 def main() -> None:
@@ -89,6 +108,15 @@ def main() -> None:
                     print(f"{label:6} {side:>5} {degrees!s:10} {alone * 1e3:>8.1f} ms "
                           f"{split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms "
                           f"{float((got - expected).abs().max()):>9.1e}")
+                side = 256
+                alone, _ = batched(single.batcher, args.steps, side, guidance)
+                forwards = group.forwards
+                split, _ = batched(group.batcher(ref, constant(degrees), key=degrees),
+                                   args.steps, side, guidance)
+                print(f"{label:6} {side:>5} {degrees!s:10} {alone * 1e3:>8.1f} ms "
+                      f"{split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms   "
+                      f"{BATCH} jobs at once, {group.forwards - forwards} forwards for "
+                      f"{BATCH * args.steps} job-steps")
         finally:
             group.close()
 

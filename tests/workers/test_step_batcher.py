@@ -122,6 +122,25 @@ def test_a_failing_forward_fails_every_job_in_its_batch(stack):
         StepBatcher(broken).run(make_job(encoder, **SPECS[1]))
 
 
+def test_a_lost_device_fails_the_whole_batch_at_once_without_retrying_halves(stack):
+    """A ConnectionError (a worker group's rank died) is the device, not a job: no forward on a
+    half of the batch, every job gets the error (their runs are handed back and retried)."""
+    model, encoder = stack
+    calls: list[int] = []
+
+    def predict(jobs):
+        calls.append(len(jobs))
+        if len(calls) > 1:
+            raise ConnectionError("worker group rank died")
+        time.sleep(0.05)  # the first forward: long enough for the others to line up
+        return engine.predict_velocity(model.transformer, jobs)
+
+    jobs = [make_job(encoder, **spec) for spec in SPECS]
+    _, errors = run_in_threads(StepBatcher(predict), jobs)
+    assert all(isinstance(e, ConnectionError) for e in errors), errors
+    assert len(calls) == 2 and calls[1] > 1  # the failed forward was not retried on halves
+
+
 def test_a_job_with_guidance_needs_negative_embeds(stack):
     _, encoder = stack
     job = make_job(encoder, **SPECS[1])

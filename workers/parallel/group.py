@@ -1,16 +1,20 @@
-"""The Celery side of a worker group: n long-lived rank processes, one job at a time.
+"""The Celery side of a worker group: n long-lived rank processes, one forward at a time.
 
-`WorkerGroup.run(job, model_ref)` hands one SampleJob's denoise to rank 0 over a local pipe and
-drives it step by step: each step's latents come back, the job's own `on_progress` and
-`check_cancelled` run here (as under the step batcher), and the answer (go / stop) goes back.
+The group is the *predict* function of a step batcher (workers/sampling/batcher.py):
+`WorkerGroup.batcher(model, degrees)` is a StepBatcher whose every forward — the ready jobs of
+every run slot of this worker, any mix of sizes, prompts, step positions and guidance — goes to
+rank 0 over a local pipe (protocol.py) and comes back as one velocity per job. Jobs join and
+leave at step boundaries, and their progress, cancellation, batch bounds and Euler updates stay
+in this process exactly as on a single-GPU worker. So a group is one device shared by the
+worker's slots, not one run at a time.
 
-Lifecycle: the ranks start on the first job (`world` subprocesses) and are reused
-while their degrees fit the jobs; a job that needs other degrees (auto mode: a guided job after
-an unguided one) restarts the group with them. A rank that dies, or a step that takes longer
-than `step_timeout` (a hung rank; the first step also covers loading the model), tears the
-whole group down and the job raises `GroupFault` — a ConnectionError, so the executor treats it
-as a worker fault: the attempt is handed back and the run retried (exactly one take in the
-end). The next job starts a fresh group.
+Lifecycle: the ranks start on the first forward (`world` subprocesses) and are reused while
+their degrees fit; a forward that asks for other degrees restarts the group with them. A rank
+that dies, or a forward that takes longer than `step_timeout` (a hung rank; the first forward
+also covers loading the model), tears the whole group down and that forward raises
+`GroupFault` — a ConnectionError: the step batcher fails every job of the forward with it (no
+retry on a smaller batch), and the executor treats it as a worker fault: the attempt is handed
+back and the run retried (exactly one take in the end). The next forward starts a fresh group.
 
 Rendezvous: this process binds a `TCPStore` on port 0 for every incarnation, so the OS hands each
 group its own port while it lives: two groups on one host never collide, and no port is
@@ -27,13 +31,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from workers.parallel.config import Degrees
-from workers.parallel.protocol import DenoiseJob, ModelRef, receive, send
+from workers.parallel.protocol import Forward, ModelRef, StepItem, receive, send
+from workers.sampling.batcher import StepBatcher
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +65,10 @@ class WorkerGroup:
         self.step_timeout, self.start_timeout = step_timeout, start_timeout
         self.starts = 0  # incarnations so far
         self.degrees: Degrees | None = None
-        self.last_report: dict[str, Any] = {}  # rank 0's account of the last job's split
-        self._lock = threading.Lock()  # one job at a time: the group is one run slot
+        self.last_report: dict[str, Any] = {}  # rank 0's account of the last forward's split
+        self.forwards = 0  # forwards answered by this group (all incarnations)
+        self._lock = threading.Lock()  # one forward at a time
+        self._batchers: dict[tuple[ModelRef, Degrees], StepBatcher] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._exits: list[int] = []  # a pidfd per rank: readable once it exits
         self._conn: Connection | None = None
@@ -79,54 +87,50 @@ class WorkerGroup:
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
 
-    # --- a job -------------------------------------------------------------------------------
+    # --- forwards ------------------------------------------------------------------------------
 
     def run(self, job: Any, model: ModelRef, degrees: Degrees) -> Any:
-        """Denoise SampleJob `job` on the group with `degrees`; return its latents [1, C, h, w]
-        on the job's device. Updates `job.latents`, `job.velocity`, `job.step` after every step
-        and calls its `on_progress` / `check_cancelled` (whose exception stops the group's job
-        at this step and propagates). Raises GroupFault when the group fails under it."""
+        """Denoise SampleJob `job` with `degrees`, sharing forwards with every other job run on
+        this group for the same model and degrees at the same time; its latents [1, C, h, w].
+        Its `on_progress` / `check_cancelled` run after every step (their exception stops the
+        job there and propagates); GroupFault when the group fails under it."""
+        return self.batcher(model, lambda _jobs: degrees, key=degrees).run(job)
+
+    def batcher(self, model: ModelRef, degrees: Callable[[list[Any]], Degrees], *,
+                key: Any = None, max_items: int = 16, max_tokens: int = 1 << 30,
+                observe: Callable[[int], None] | None = None) -> StepBatcher:
+        """The step batcher of `model` on this group (one per model and `key`); `degrees(jobs)`
+        picks the split of each forward; `observe` as StepBatcher's (heartbeat stats)."""
+        with self._lock:
+            batcher = self._batchers.get((model, key))
+            if batcher is None:
+                batcher = self._batchers[(model, key)] = StepBatcher(
+                    lambda jobs: self.forward(jobs, model, degrees(jobs)), max_items, max_tokens,
+                    observe=observe)
+            return batcher
+
+    def forward(self, jobs: list[Any], model: ModelRef, degrees: Degrees) -> list[Any]:
+        """One denoiser forward over SampleJobs `jobs` at their current steps, on the group;
+        each job's guided velocity [1, C, H, W] on its own device. GroupFault when the group
+        fails under it (the group is then down; the next forward starts a new one)."""
         if degrees.world != self.world:
             raise ValueError(f"degrees {degrees} need {degrees.world} ranks; this group has "
                              f"{self.world}")
+        items = [StepItem(latents=job.latents.cpu(), timestep=job.timesteps[job.step].cpu(),
+                          positive=job.positive.cpu(),
+                          negative=None if job.negative is None else job.negative.cpu(),
+                          guidance=job.guidance) for job in jobs]
         with self._lock:
-            job.check_cancelled()
             self._ensure(degrees)
             assert self._conn is not None
-            device = job.latents.device
-            send(self._conn, "job", DenoiseJob(
-                model=model, degrees=degrees, latents=job.latents.cpu(), sigmas=job.sigmas.cpu(),
-                timesteps=job.timesteps.cpu(), positive=job.positive.cpu(),
-                negative=None if job.negative is None else job.negative.cpu(),
-                guidance=job.guidance))
-            return self._drive(job, device)
-
-    def _drive(self, job: Any, device: Any) -> Any:
-        assert self._conn is not None
-        while True:
-            message = self._receive(f"step {job.step + 1} of {job.total}")
-            if message[0] == "done":
-                job.latents, self.last_report = message[1].to(device), message[2]
-                return job.latents
-            _, done, latents, velocity = message
-            job.latents, job.velocity = latents.to(device), velocity.to(device)
-            job.step, job.batch = done, 1
-            try:
-                job.on_progress(done, job.total)
-                job.check_cancelled()
-            except BaseException:
-                self._stop_job()
-                raise
-            send(self._conn, "go")
-
-    def _stop_job(self) -> None:
-        """Tell rank 0 to stop after this step and wait until the group is idle again."""
-        assert self._conn is not None
-        try:
-            send(self._conn, "stop")
-            self._receive("stopping")
-        except GroupFault:
-            log.warning("the group failed while stopping a job; it restarts on the next job")
+            send(self._conn, "forward", Forward(model=model, degrees=degrees, items=items))
+            steps = ", ".join(f"step {job.step + 1} of {job.total}" for job in jobs)
+            message = self._receive(f"a forward of {len(jobs)} job(s) ({steps})")
+            if message[0] != "velocities" or len(message[1]) != len(jobs):
+                self.close(polite=False)
+                raise GroupFault(f"worker group answered {message[0]!r} to a forward")
+            self.last_report, self.forwards = message[2], self.forwards + 1
+        return [v.to(job.latents.device) for v, job in zip(message[1], jobs, strict=True)]
 
     def _receive(self, what: str) -> tuple[Any, ...]:
         """rank 0's next message, or GroupFault (after a teardown) when a rank dies or hangs."""

@@ -1,12 +1,18 @@
 """What travels between the Celery process and rank 0 of a group (a local pipe, pickled bytes).
 
-    parent → rank 0:  ("job", DenoiseJob)  then after each step ("go",) or ("stop",);  ("quit",)
-    rank 0 → parent:  ("ready",)  ("step", done, latents, velocity) per step,
-                      then ("done", latents, split report) or, after a stop, ("stopped",)
+    parent → rank 0:  ("forward", Forward)  ("quit",)
+    rank 0 → parent:  ("ready",)  ("velocities", [one per item], split report)
 
-Lock-step: rank 0 waits for the answer to each step before the next, so a cancelled job never
-runs more than the step in flight (as in the step batcher) and the group is idle when a job
-ends. Tensors are pickled by value (plain pickle, not shared memory: nothing outlives a message).
+One message pair per denoiser forward: the group is the *predict* function of a step batcher
+(workers/sampling/batcher.py) in the Celery process, so jobs of several runs share each forward,
+join and leave at step boundaries, and report progress and cancellation per step exactly as on a
+single-GPU worker; the Euler update and every job's state stay in the Celery process. Lock-step:
+the group is idle between forwards, so a cancelled job never runs more than the step in flight.
+
+Each forward carries its items whole (latents, timestep, captions): nothing is cached in the
+ranks, so a restarted group needs no replay and a job can leave at any step. A caption is a few
+hundred KB to a few MB against a step of ~0.1–1 s on a GPU. Tensors are pickled by value (plain
+pickle, not shared memory: nothing outlives a message).
 """
 
 from __future__ import annotations
@@ -32,18 +38,24 @@ class ModelRef:
 
 
 @dataclass
-class DenoiseJob:
-    """One SampleJob's denoise: latents [1, C, h, w] float32, sigmas [n+1], timesteps [n],
-    caption embeds [L, D] (negative when guidance > 0), all on CPU."""
+class StepItem:
+    """One job's share of a forward: latents [1, C, h, w] float32 at its current step, that
+    step's timestep (0-d), caption embeds [L, D] (negative when guidance > 0), all on CPU."""
 
-    model: ModelRef
-    degrees: Degrees
     latents: Tensor
-    sigmas: Tensor
-    timesteps: Tensor
+    timestep: Tensor
     positive: Tensor
     negative: Tensor | None
     guidance: float
+
+
+@dataclass
+class Forward:
+    """One denoiser forward over `items` (any mix of sizes, captions and guidance)."""
+
+    model: ModelRef
+    degrees: Degrees
+    items: list[StepItem]
 
 
 def send(conn: Connection, *message: Any) -> None:

@@ -3,11 +3,11 @@
 Started by `WorkerGroup` as `python -m workers.parallel.rank RANK WORLD PORT CFG ULYSSES RING
 BACKEND [FD]` (a plain subprocess: no multiprocessing re-import of the worker's main module);
 FD is rank 0's end of a socketpair to the Celery process. Rank 0 owns that pipe: it receives a
-job, broadcasts it, and after every step reports it and broadcasts the parent's go / stop. Every rank
-runs the same steps on the same inputs and applies the same Euler update, so rank 0's latents are
-the group's. An exception on any rank ends that process (non-zero exit): the parent sees it die
-and restarts the whole group — ranks are never re-initialised in place (xfuser's parallel state
-cannot be, FACTS.md).
+forward (protocol.py), broadcasts it, every rank computes its share of it, and rank 0 sends the
+velocities back (every rank ends a forward holding all of them: the split's gathers make it so).
+An exception on any rank ends that process (non-zero exit): the parent sees it die and restarts
+the whole group — ranks are never re-initialised in place (xfuser's parallel state cannot be,
+FACTS.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.parallel.config import Degrees
-from workers.parallel.protocol import DenoiseJob, ModelRef, receive, send
+from workers.parallel.protocol import Forward, ModelRef, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,13 @@ def _serve(rank: int, world: int, port: int, degrees: Degrees, backend: str,
         message = _next_message(conn)
         if message[0] == "quit":
             break
-        if message[0] == "job":
-            job: DenoiseJob = message[1]
-            if job.model not in models:
-                models[job.model] = split.prepare(_load(job.model, device))
-            _denoise(job, models[job.model], split, conn, device)
+        if message[0] == "forward":
+            forward: Forward = message[1]
+            if forward.model not in models:
+                models[forward.model] = split.prepare(_load(forward.model, device))
+            velocities = split.velocities(models[forward.model], _on(forward.items, device))
+            if conn is not None:
+                send(conn, "velocities", [v.cpu() for v in velocities], split.report())
     dist.destroy_process_group()
 
 
@@ -110,30 +112,14 @@ def _load(model: ModelRef, device: str) -> Any:
     return load_diffusion_model(Path(model.models_dir), model.name, policy).transformer
 
 
-def _denoise(job: DenoiseJob, transformer: Any, split: Any, conn: Connection | None,
-             device: str) -> None:
-    import torch
-    import torch.distributed as dist
+def _on(items: list[Any], device: str) -> list[Any]:
+    """The forward's items with their tensors on this rank's device."""
+    from dataclasses import replace
 
-    latents = job.latents.to(device)
-    positive = job.positive.to(device)
-    negative = None if job.negative is None else job.negative.to(device)
-    sigmas, total = job.sigmas.to(device), len(job.timesteps)
-    stop = torch.zeros(1, dtype=torch.int32, device=device)
-    for i in range(total):
-        velocity = split.velocity(transformer, latents, job.timesteps[i].to(device), positive,
-                                  negative, job.guidance)
-        latents = (latents.float() + (sigmas[i + 1] - sigmas[i]) * velocity).to(velocity.dtype)
-        if conn is not None:
-            send(conn, "step", i + 1, latents.cpu(), velocity.cpu())
-            stop[0] = int(receive(conn)[0] == "stop")
-        dist.broadcast(stop, src=0)
-        if stop.item():
-            if conn is not None:
-                send(conn, "stopped")
-            return
-    if conn is not None:
-        send(conn, "done", latents.cpu(), split.report())
+    return [replace(item, latents=item.latents.to(device), timestep=item.timestep.to(device),
+                    positive=item.positive.to(device),
+                    negative=None if item.negative is None else item.negative.to(device))
+            for item in items]
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 The same decomposition xfuser uses for Z-Image (its `xFuserZImageTransformer2DWrapper`), written
 around diffusers' own modules so the gloo group can prove the protocol on CPU:
 
-- **CFG-parallel** (`cfg=2`): a guided step has two items (positive, negative caption); cfg rank
-  c computes item c alone, and the two outputs are all-gathered over the cfg group.
+- **CFG-parallel** (`cfg=2`): a guided job has two items (positive, negative caption); cfg rank
+  c computes half c of every job of the forward (an unguided job's one item on both), and the
+  outputs are all-gathered over the cfg group.
 - **Sequence parallel** (`ulysses` × `ring` = sp): in the main (unified image + caption) layers
   each sp rank holds 1/sp of the tokens. A hook on every main layer hands it its shard of the
   mask and RoPE table (and, at the first layer, of the tokens: padded to a multiple of sp); the
@@ -14,8 +15,9 @@ around diffusers' own modules so the gloo group can prove the protocol on CPU:
   xfuser. On CPU `ring` splits like `ulysses` (a K/V all-gather; ring attention passes the same
   K/V blocks peer to peer, overlapped with compute — that schedule is xfuser's, on GPUs).
 
-Every rank ends a step with the same velocity (the gathers make it so), so every rank applies the
-same Euler update and holds the same latents: no latents travel between steps.
+A forward may hold several jobs (the Celery process's step batcher made it): different sizes,
+captions, step positions and guidance, as in one process. Every rank ends a forward holding
+every job's velocity (the gathers make it so); rank 0 sends them back.
 Rank layout: rank = cfg_rank · sp + sp_rank.
 """
 
@@ -70,25 +72,71 @@ class CpuSplit:
         return {"tokens": self.shards.length, "local_tokens": self.shards.local}
 
     @torch.no_grad()
-    def velocity(self, transformer: Any, latents: torch.Tensor, timestep: torch.Tensor,
-                 positive: torch.Tensor, negative: torch.Tensor | None,
-                 guidance: float) -> torch.Tensor:
-        """The guided velocity [1, C, H, W] float32 of one job at one step (every rank)."""
-        x = latents.to(transformer.dtype)[0].unsqueeze(1)  # [C, 1, H, W]
-        t = (1000 - timestep.expand(1)) / 1000  # [1], 1 = clean
-        caps = [positive.to(transformer.dtype)]
-        if guidance > 0:
-            assert negative is not None
-            caps.append(negative.to(transformer.dtype))
-        if self.degrees.cfg > 1 and len(caps) == 2:
-            mine = transformer([x], t, [caps[self.cfg_rank]], return_dict=False)[0][0]
-            outs = _all_gather(mine, self.cfg_group, self.degrees.cfg, dim=0, stack=True)
-        else:  # no cfg split, or an unguided job on a cfg group: both halves compute it
-            outs = transformer([x] * len(caps), t.expand(len(caps)), caps, return_dict=False)[0]
-        pred = outs[0].float()
-        if guidance > 0:
-            pred = pred + guidance * (pred - outs[1].float())
-        return -pred.unsqueeze(0).squeeze(2)  # [1, C, H, W]
+    def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
+        """The guided velocity [1, C, H, W] float32 of every StepItem of one forward (every
+        rank calls it with the same items)."""
+        dtype = transformer.dtype
+        if self.degrees.cfg == 1:  # one forward over every item, both halves of a guided one
+            xs, ts, caps = [], [], []
+            for item in items:
+                halves = _halves(item, dtype)
+                xs += [_x(item, dtype)] * len(halves)
+                ts += [_t(item)] * len(halves)
+                caps += halves
+            outs = transformer(xs, torch.cat(ts), caps, return_dict=False)[0]
+            pairs, k = [], 0
+            for item in items:
+                pairs.append((outs[k], outs[k + 1] if item.guidance > 0 else None))
+                k += 2 if item.guidance > 0 else 1
+        else:  # cfg rank c computes half c of every item; an unguided item's one on both
+            mine = []
+            for item in items:
+                halves = _halves(item, dtype)
+                mine.append(halves[min(self.cfg_rank, len(halves) - 1)])
+            outs = transformer([_x(item, dtype) for item in items],
+                               torch.cat([_t(item) for item in items]), mine,
+                               return_dict=False)[0]
+            positive, negative = _all_gather_items(list(outs), self.cfg_group, 2)  # cfg is 2
+            pairs = [(p, n if item.guidance > 0 else None)
+                     for item, p, n in zip(items, positive, negative, strict=True)]
+        velocities = []
+        for item, (pos, neg) in zip(items, pairs, strict=True):
+            pred = pos.float()
+            if neg is not None:
+                pred = pred + item.guidance * (pred - neg.float())
+            velocities.append(-pred.unsqueeze(0).squeeze(2))  # [1, C, H, W]
+        return velocities
+
+
+def _x(item: Any, dtype: torch.dtype) -> torch.Tensor:
+    return item.latents.to(dtype)[0].unsqueeze(1)  # [C, 1, H, W]
+
+
+def _t(item: Any) -> torch.Tensor:
+    return (1000 - item.timestep.expand(1)) / 1000  # [1], 1 = clean
+
+
+def _halves(item: Any, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The captions a job puts in a forward: positive, and negative when guided."""
+    if item.guidance > 0:
+        return [item.positive.to(dtype), item.negative.to(dtype)]
+    return [item.positive.to(dtype)]
+
+
+def _all_gather_items(outs: list[torch.Tensor], group: Any, size: int) -> list[list[torch.Tensor]]:
+    """Every cfg rank's per-item outputs, in one all-gather: item i has the same shape on every
+    rank (it is the same job's latents), so the flattened lists line up."""
+    flat = torch.cat([o.reshape(-1) for o in outs])
+    parts = [torch.empty_like(flat) for _ in range(size)]
+    dist.all_gather(parts, flat.contiguous(), group=group)
+    result = []
+    for part in parts:
+        pieces, offset = [], 0
+        for o in outs:
+            pieces.append(part[offset: offset + o.numel()].view_as(o))
+            offset += o.numel()
+        result.append(pieces)
+    return result
 
 
 def _new_group(ranks: list[int], world: int) -> Any:
@@ -97,11 +145,10 @@ def _new_group(ranks: list[int], world: int) -> Any:
     return dist.new_group(ranks)
 
 
-def _all_gather(tensor: torch.Tensor, group: Any, size: int, *, dim: int,
-                stack: bool = False) -> torch.Tensor:
+def _all_gather(tensor: torch.Tensor, group: Any, size: int, *, dim: int) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(size)]
     dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.stack(parts, dim=dim) if stack else torch.cat(parts, dim=dim)
+    return torch.cat(parts, dim=dim)
 
 
 def _install_sequence_split(transformer: Any, group: Any, rank: int, size: int,

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery.signals import celeryd_init, worker_shutdown
 
-from workers.parallel.config import GroupSetup, ParallelConfigError, group_setup
+from workers.parallel.config import Degrees, GroupSetup, ParallelConfigError, group_setup
 from workers.parallel.group import WorkerGroup
 from workers.parallel.protocol import ModelRef
 
@@ -49,17 +49,36 @@ def denoiser() -> GroupDenoiser | None:
 
 
 class GroupDenoiser:
-    """What `_denoise` calls on a group worker instead of the step batcher."""
+    """What `_denoise` calls on a group worker instead of the model's own step batcher."""
 
     def __init__(self, setup: GroupSetup) -> None:
         self.setup = setup
 
     def run(self, ctx: Any, model: Any, job: Any) -> Any:
-        """Denoise SampleJob `job` of `model` (a DiffusionModel) on the group; its latents."""
+        """Denoise SampleJob `job` of `model` (a DiffusionModel) on the group, in one forward per
+        step with the other slots' jobs of the same model (the group's step batcher, bounded as
+        the model's own); its latents."""
         ref = ModelRef(models_dir=str(ctx.models_dir), name=model.name,
                        dtype=model.placement.dtype, attention=getattr(ctx.policy, "attention",
                                                                       "native"))
-        return _group().run(job, ref, self.setup.degrees_for(job.guidance))
+        from workers.models.zimage.loading import forwards_observer
+
+        own = model.batcher
+        return _group().batcher(ref, _degrees, max_items=own.max_items, max_tokens=own.max_tokens,
+                                observe=forwards_observer()).run(job)
+
+
+def _degrees(jobs: list[Any]) -> Degrees:
+    """The split of one forward: INLINE_PARALLEL's degrees when fixed. In auto mode a live group
+    keeps the degrees it started with (any split computes any job: an unguided job on a cfg pair
+    is computed by both ranks, a guided one on a sequence split carries both halves), so mixed
+    traffic never restarts it; a group that starts picks cfg=2 when a job of its first forward is
+    guided."""
+    setup: GroupSetup = _state["setup"]
+    group = _group()
+    if setup.degrees is None and group.alive and group.degrees is not None:
+        return group.degrees
+    return setup.degrees_for(max(job.guidance for job in jobs))
 
 
 def _group() -> WorkerGroup:

@@ -55,23 +55,28 @@ class XfuserSplit:
     def report(self) -> dict[str, int]:
         return {}
 
+    def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
+        """As CpuSplit.velocities, but one wrapper forward per item: xfuser 0.7's wrapper splits
+        a forward's item list over the cfg group itself, and whether it does so for several
+        jobs' items at once has not been checked on GPUs. Jobs still join, leave, report and
+        cancel per step through the step batcher; only the forward is not shared."""
+        return [self._velocity(transformer, item) for item in items]
+
     @torch.no_grad()
-    def velocity(self, transformer: Any, latents: torch.Tensor, timestep: torch.Tensor,
-                 positive: torch.Tensor, negative: torch.Tensor | None,
-                 guidance: float) -> torch.Tensor:
-        """As CpuSplit.velocity; the wrapper splits the item list over the cfg group itself
-        (so an unguided job on a cfg group sends its one item twice: both halves compute it)."""
+    def _velocity(self, transformer: Any, item: Any) -> torch.Tensor:
+        """One job's guided velocity [1, C, H, W] float32 (an unguided job on a cfg group
+        sends its one item twice: both halves compute it)."""
         dtype = next(transformer.parameters()).dtype
-        x = latents.to(dtype)[0].unsqueeze(1)  # [C, 1, H, W]
-        t = (1000 - timestep.expand(1)) / 1000
-        other = negative if guidance > 0 and negative is not None else positive
-        caps = [positive.to(dtype), other.to(dtype)]
-        if guidance <= 0 and self.degrees.cfg == 1:
+        x = item.latents.to(dtype)[0].unsqueeze(1)  # [C, 1, H, W]
+        t = (1000 - item.timestep.expand(1)) / 1000
+        guided = item.guidance > 0 and item.negative is not None
+        caps = [item.positive.to(dtype), (item.negative if guided else item.positive).to(dtype)]
+        if not guided and self.degrees.cfg == 1:
             caps = caps[:1]
         outs = transformer([x] * len(caps), t.expand(len(caps)), caps, return_dict=False)[0]
         pred = outs[0].float()
-        if guidance > 0:
-            pred = pred + guidance * (pred - outs[1].float())
+        if guided:
+            pred = pred + item.guidance * (pred - outs[1].float())
         return -pred.unsqueeze(0).squeeze(2)
 
 

@@ -23,7 +23,8 @@ stepped ~10% slower than the diffusers loop that way, and as fast as it on one t
 
 Isolation: a forward that raises is retried on each half of its batch (an out-of-memory first
 lowers the item bound for the following iterations), down to single jobs; only a job that fails
-alone gets the error, so one bad or oversized job never fails the others.
+alone gets the error, so one bad or oversized job never fails the others. A ConnectionError (the
+device is gone: a worker group's rank died) fails the whole batch at once, without retries.
 """
 
 from __future__ import annotations
@@ -222,7 +223,13 @@ class StepBatcher:
 
     def _split_after(self, batch: list[SampleJob], exc: Exception) -> None:
         """A failed forward: retry each half (an OOM also lowers the item bound); a job that
-        fails alone gets the error."""
+        fails alone gets the error. A ConnectionError is the device itself failing (a worker
+        group's rank died: workers/parallel/group.py), not a job: every job of the batch gets
+        it at once, and the executor hands their runs back to be retried."""
+        if isinstance(exc, ConnectionError):
+            for job in batch:
+                job.error = exc
+            return
         if is_out_of_memory(exc):
             release_cached_memory()
             items = sum(job.items for job in batch)

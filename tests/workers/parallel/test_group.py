@@ -1,5 +1,6 @@
 """A worker group of 2 gloo processes doing the real split on CPU: the same latents as one
-process, progress and cancellation per step, a killed or hung rank, two groups on one host."""
+process, jobs of several runs sharing each forward, progress and cancellation per step, a killed
+or hung rank, two groups on one host."""
 
 from __future__ import annotations
 
@@ -39,6 +40,41 @@ def test_cfg_parallel_over_two_ranks_gives_the_single_process_latents(
     expected = single.batcher.run(make_job(guidance=4.0))
     got = cfg_group.run(make_job(guidance=4.0), model_ref, CFG)
     assert max_error(got, expected) <= TOLERANCE
+
+
+MIXED: tuple[dict[str, Any], ...] = (
+    {"width": 64, "height": 48, "steps": 4, "seed": 1},
+    {"width": 48, "height": 64, "steps": 3, "seed": 2, "guidance": 4.0},
+    {"width": 64, "height": 64, "steps": 5, "seed": 3},
+)
+
+
+@pytest.mark.parametrize("which", ["ulysses", "cfg"])
+def test_jobs_of_several_runs_share_each_forward_and_each_matches_its_solo_render(
+        which: str, ulysses_group: WorkerGroup, cfg_group: WorkerGroup, model_ref: ModelRef,
+        single: Any, make_job: Callable[..., Any]) -> None:
+    group, degrees = (ulysses_group, ULYSSES) if which == "ulysses" else (cfg_group, CFG)
+    group.run(make_job(steps=1, guidance=4.0 if which == "cfg" else 0.0), model_ref, degrees)
+    jobs = [make_job(**spec) for spec in MIXED]
+    batches: list[int] = []
+    for job in jobs:
+        job.on_progress = lambda done, total, job=job: batches.append(job.batch)
+    results: dict[int, Any] = {}
+    before = group.forwards
+
+    def render(i: int) -> None:
+        results[i] = group.run(jobs[i], model_ref, degrees)
+
+    threads = [threading.Thread(target=render, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    # Different sizes, step counts and guidance (on the cfg pair the unguided jobs are computed
+    # by both ranks): each ends where it ends alone in one process.
+    for i, spec in enumerate(MIXED):
+        assert max_error(results[i], single.batcher.run(make_job(**spec))) <= TOLERANCE, spec
+    assert max(batches) > 1 and group.forwards - before < sum(s["steps"] for s in MIXED)
 
 
 def test_every_step_comes_back_with_its_latents(
@@ -122,7 +158,8 @@ def test_a_hung_rank_past_the_step_timeout_restarts_the_group(
     job.on_progress = freeze_rank_one_at_two
     cfg_group.step_timeout = 2
     try:
-        with pytest.raises(GroupFault, match="hung: no answer for 2s during step 3 of 6"):
+        with pytest.raises(GroupFault, match=r"hung: no answer for 2s during a forward of 1 "
+                                             r"job\(s\) \(step 3 of 6\)"):
             cfg_group.run(job, model_ref, CFG)
     finally:
         cfg_group.step_timeout = 60

@@ -1,6 +1,7 @@
 """A live farm with a group worker: a run asking for `parallel: "2"` lands on the worker serving
-`xfuser.2` (2 gloo ranks) and renders what a single worker renders; asking for a group nobody
-serves waits with a reason; a bad INLINE_PARALLEL stops a worker at its start.
+`xfuser.2` (2 gloo ranks) and renders what a single worker renders; runs on the group's slots
+share its forwards; asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL
+stops a worker at its start.
 
 Chosen behaviour for a split nobody serves: the run is accepted and waits (its `waiting` says
 no live worker serves xfuser.<n>), as for any queue without a live worker — groups join later.
@@ -16,6 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import smoke_stack_reported
+from tests.e2e.recovery_helpers import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -27,16 +29,16 @@ def stack(farm: Any, data_dirs: Any, personas: Any) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def group_worker(farm: Any, stack: dict[str, str]) -> Any:
-    name = farm.start_worker(queues="xfuser.2", proc="xfuser", slots=1,
+    name = farm.start_worker(queues="xfuser.2", proc="xfuser", slots=3,
                              env={"INLINE_PARALLEL": "ulysses=2"})
     yield name
     farm.stop("xfuser")
 
 
-def turbo(stack: dict[str, str], parallel: str) -> dict[str, Any]:
+def turbo(stack: dict[str, str], parallel: str, **params: Any) -> dict[str, Any]:
     node = {"type": "zimage/turbo", "params": {
         "prompt": "a lighthouse", "width": 64, "height": 48, "steps": 3, "seed": 11,
-        "parallel": parallel, **stack}}
+        "parallel": parallel, **stack, **params}}
     return {"graph": {"nodes": {"gen": node, "out": {
         "type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}}}},
         "target": "out"}
@@ -71,6 +73,36 @@ def test_a_run_asking_for_two_renders_on_the_xfuser_2_group(
     assert workers == {group_worker}
     assert len(split["takes"]) == 1
     assert np.abs(pixels(owner, split) - pixels(owner, alone)).max() <= 1
+
+
+def test_runs_on_the_group_s_slots_share_its_forwards(
+        owner: Any, stack: dict[str, str], group_worker: str, db_access: None) -> None:
+    from apps.runs.models import RunEvent
+
+    shapes: tuple[dict[str, Any], ...] = (
+        {"width": 64, "height": 48, "steps": 6}, {"width": 48, "height": 64, "steps": 5},
+        {"width": 64, "height": 64, "steps": 6, "guidance": 3.0})
+    before = stats_of(group_worker)
+    ids = [owner.post("/v1/runs", json=turbo(stack, "2", seed=20 + i, **shape)).json()["runId"]
+           for i, shape in enumerate(shapes)]
+    runs = [owner.wait_run(run_id, timeout=180) for run_id in ids]
+    assert [run["status"] for run in runs] == ["succeeded"] * 3, runs
+    batches = list(RunEvent.objects.filter(run_id__in=ids, type="progress")
+                   .values_list("payload__batch", flat=True))
+    assert len(batches) == sum(shape["steps"] for shape in shapes)
+    assert max(batches) > 1, batches  # the group's step batcher put several runs in a forward
+    # The group worker's heartbeat counts those forwards and their sizes, as any worker's does.
+    done = before.get("runs_succeeded", 0) + len(shapes)
+    after = wait_until("a heartbeat counting the three runs", lambda: (
+        s := stats_of(group_worker)).get("runs_succeeded", 0) >= done and s, 30)
+    assert after["forwards"] - before.get("forwards", 0) < len(batches)
+    assert any(int(size) > 1 for size in after["batchSizes"])
+
+
+def stats_of(worker: str) -> dict[str, Any]:
+    from apps.fleet.models import Worker
+
+    return dict(Worker.objects.get(name=worker).stats)
 
 
 def test_a_bad_inline_parallel_stops_the_worker_at_start(farm: Any) -> None:

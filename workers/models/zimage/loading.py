@@ -67,7 +67,7 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
             transformer.set_attention_backend(policy.attention)
         bounds = policy.batch_bounds()
         batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs), bounds.items,
-                              bounds.tokens, observe=_observer("forwards", batch_sizes=True))
+                              bounds.tokens, observe=forwards_observer())
         return DiffusionModel(name, sha, transformer, batcher, placement)
 
     return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
@@ -120,6 +120,12 @@ def _latent_tokens(latents: Any) -> int:
 
 
 _stats_lock = threading.Lock()
+
+
+def forwards_observer() -> Any:
+    """The denoiser's `observe`: forwards and their batch sizes in the heartbeat stats (also a
+    worker group's step batcher, workers/parallel/worker.py)."""
+    return _observer("forwards", batch_sizes=True)
 
 
 def _observer(name: str, *, batch_sizes: bool = False) -> Any:
