@@ -1,6 +1,6 @@
 """A live farm with a group worker: a run asking for `parallel: "2"` lands on the worker serving
 `xfuser.2` (2 gloo ranks) and renders what a single worker renders; runs on the group's slots
-share its forwards; asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL
+share its forwards; a rank SIGKILLed mid-run restarts the group and the run finishes once; asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL
 stops a worker at its start.
 
 Chosen behaviour for a split nobody serves: the run is accepted and waits (its `waiting` says
@@ -97,6 +97,33 @@ def test_runs_on_the_group_s_slots_share_its_forwards(
         s := stats_of(group_worker)).get("runs_succeeded", 0) >= done and s, 30)
     assert after["forwards"] - before.get("forwards", 0) < len(batches)
     assert any(int(size) > 1 for size in after["batchSizes"])
+
+
+def test_a_rank_killed_mid_run_restarts_the_group_and_the_run_finishes_once(
+        owner: Any, farm: Any, stack: dict[str, str], group_worker: str, db_access: None) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    from apps.runs.models import Run, RunEvent
+
+    run_id = owner.post("/v1/runs", json=turbo(stack, "2", width=512, height=512, steps=60,
+                                               seed=40)).json()["runId"]
+    wait_until("the run's first step on the group", lambda: RunEvent.objects.filter(
+        run_id=run_id, type="progress").exists(), 120, every=0.02)
+    worker = psutil.Process(farm.procs["xfuser"].pid)
+    ranks = {int(p.cmdline()[3]): p.pid for p in worker.children(recursive=True)
+             if "workers.parallel.rank" in p.cmdline()}
+    os.kill(ranks[1], signal.SIGKILL)
+
+    run = owner.wait_run(run_id, timeout=180)
+    assert run["status"] == "succeeded", run
+    assert Run.objects.get(pk=run_id).attempts == 2  # the killed attempt was handed back
+    assert len(run["takes"]) == 1
+    restarted = {int(p.cmdline()[3]): p.pid for p in worker.children(recursive=True)
+                 if "workers.parallel.rank" in p.cmdline()}
+    assert sorted(restarted) == [0, 1] and set(restarted.values()).isdisjoint(ranks.values())
 
 
 def stats_of(worker: str) -> dict[str, Any]:
