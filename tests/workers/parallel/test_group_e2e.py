@@ -1,7 +1,8 @@
 """A live farm with a group worker: a run asking for `parallel: "2"` lands on the worker serving
 `xfuser.2` (2 gloo ranks) and renders what a single worker renders; runs on the group's slots
-share its forwards; a rank SIGKILLed mid-run restarts the group and the run finishes once; asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL
-stops a worker at its start.
+share its forwards; a rank SIGKILLed mid-run restarts the group and the run finishes once;
+asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL stops a worker at
+its start.
 
 Chosen behaviour for a split nobody serves: the run is accepted and waits (its `waiting` says
 no live worker serves xfuser.<n>), as for any queue without a live worker — groups join later.
