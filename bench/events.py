@@ -104,9 +104,10 @@ def free_port() -> int:
 def start_server(port: int, log: Path) -> subprocess.Popen[bytes]:
     import httpx
 
+    from inline_farm.cli import uvicorn_argv
+
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
+        uvicorn_argv("127.0.0.1", port, "--log-level", "warning"),
         cwd=REPO, start_new_session=True, stdout=log.open("ab"), stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60

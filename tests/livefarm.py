@@ -16,6 +16,8 @@ from urllib.parse import quote
 
 import httpx
 
+from inline_farm.cli import uvicorn_argv
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -58,9 +60,7 @@ class LiveFarm:
         )
 
     def start_web(self) -> None:
-        self._spawn("web", [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application",
-                            "--host", "127.0.0.1", "--port", str(self.port), "--log-level",
-                            "warning"])
+        self._spawn("web", uvicorn_argv("127.0.0.1", self.port, "--log-level", "warning"))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -179,6 +179,19 @@ def test_a_finished_run_sends_its_snapshot_and_run_done_then_closes(
     assert [m["type"] for m in messages] == ["snapshot"] and code == 1000
 
 
+def test_the_web_declines_per_message_deflate_though_the_client_offers_it(farm, owner, personas):
+    """The web runs as `./farm up` runs it (inline_farm.cli.uvicorn_argv): small JSON frames go
+    out uncompressed, with no compressor per socket."""
+    run_id = delay_run(owner, 0.0)
+    owner.wait_run(run_id)
+    with open_events(farm, run_id, personas["owner"]) as ws:
+        offered = ws.request.headers.get("Sec-WebSocket-Extensions") if ws.request else None
+        assert offered is not None and "permessage-deflate" in offered
+        assert ws.response is not None
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+        read_until_closed(ws)
+
+
 def test_refusals_close_with_the_documented_codes(farm, owner, personas):
     run_id = delay_run(owner, 0.0)
     owner.wait_run(run_id)
