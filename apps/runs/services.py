@@ -25,13 +25,14 @@ from apps.fleet.selectors import model_catalog, model_sizes, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
-from apps.runs.events import events_insert, run_event_append, run_seqs_reserve
+from apps.runs.events import events_insert, run_event_append, run_group, run_seqs_reserve
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.selectors import assets_visible_to_owner
 from apps.takes.services import TakeDraft, takes_insert, takes_keep
 from apps.takes.wire import take_to_wire
+from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
 
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)).
@@ -326,13 +327,23 @@ def run_stop_notify(*, run_id: Any) -> None:
 # --- the worker's side ------------------------------------------------------------------------
 
 _CLAIM = """
-UPDATE runs_run AS r
-SET status = 'running', attempts = r.attempts + 1, lease_worker = %(worker)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    started_at = COALESCE(r.started_at, now()), dispatched_at = NULL, last_seq = r.last_seq + 1
-FROM graphs_graph AS g
-WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id
-RETURNING r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
+WITH claimed AS (
+    UPDATE runs_run AS r
+    SET status = 'running', attempts = r.attempts + 1, lease_worker = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = COALESCE(r.started_at, now()), dispatched_at = NULL,
+        last_seq = r.last_seq + 1
+    FROM graphs_graph AS g
+    WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id
+    RETURNING r.id, r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
+), logged AS (
+    INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
+    SELECT id, last_seq, 'status', jsonb_build_object(
+        'status', 'running', 'attempt', attempts, 'worker', %(worker)s::text), now()
+    FROM claimed
+    RETURNING seq
+)
+SELECT attempts, owner_id, target, queue, last_seq, sha256, document FROM claimed
 """
 
 
@@ -340,23 +351,22 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
     """Take a queued run for `worker` (compare-and-set); None if someone else has it or it ended.
 
     A duplicate delivery of a run id lands here and gets None: it never executes twice. One
-    statement moves the run, takes the lease, reserves the `status` event's seq and returns
-    the graph; the event insert commits with it.
+    statement (one round trip, atomic on its own) moves the run, takes the lease, logs the
+    `status` event with its seq and returns the graph; the event is published after it.
     """
     edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
     if not is_uuid(run_id):
         return None
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM, {"worker": worker, "lease": settings.INLINE_LEASE_SECONDS,
-                                    "run": run_id})
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        attempt, owner_id, target, queue, seq, sha, document = row
-        events_insert(run_id=run_id, first_seq=seq, events=[("status", {
-            "status": RunStatus.RUNNING, "attempt": attempt, "worker": worker,
-        })])
+    with connection.cursor() as cursor:  # no transaction block: BEGIN and COMMIT were 2 of 4
+        cursor.execute(_CLAIM, {"worker": worker, "lease": settings.INLINE_LEASE_SECONDS,
+                                "run": run_id})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    attempt, owner_id, target, queue, seq, sha, document = row
+    status = {"status": RunStatus.RUNNING, "attempt": attempt, "worker": worker}
+    group_send_after_commit(run_group(run_id), {"type": "run.event", "event": {
+        **status, "type": "status", "runId": str(run_id), "seq": seq}})
     if isinstance(document, str | bytes):
         document = json.loads(document)
     return Claim(str(run_id), attempt, owner_id, target, sha, document, queue)
@@ -385,7 +395,7 @@ SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
     error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
     last_seq = last_seq + %(events)s
 WHERE id = %(run)s AND attempts = %(attempt)s AND status = 'running'
-RETURNING last_seq, queue
+RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id)
 """
 
 
@@ -407,10 +417,16 @@ def run_finish(
             row = cursor.fetchone()
         if row is None:
             return False
-        last_seq, queue = row
-        if takes:
-            takes_insert(run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes)
-        every = [take_to_wire(t) for t in _run_takes(claim.run_id)]
+        last_seq, queue, had_takes = row
+        if had_takes:  # earlier flushes or attempts kept takes: the log's run_done lists all
+            if takes:
+                takes_insert(run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes)
+            rows = _run_takes(claim.run_id)
+        else:  # the common case, a quick graph's takes all written here: nothing to read back
+            rows = takes_insert(run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes,
+                                fresh=True) if takes else []
+            rows.sort(key=lambda t: (t.created_at, t.node_id, t.index))  # as Take's ordering
+        every = [take_to_wire(t) for t in rows]
         kept = {(t["nodeId"], t["index"]): t for t in every}
         done = {"status": status, "error": run_error_of(error), "takes": every}
         bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]

@@ -142,13 +142,16 @@ def takes_keep(
     return {(t.node_id, t.index): t for t in kept if (t.node_id, t.index) in wanted}
 
 
-def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft]) -> None:
-    """`takes_keep` without reading the kept takes back (the caller reads the run's takes).
+def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
+                 fresh: bool = False) -> list[Take]:
+    """`takes_keep` without reading the kept takes back; the takes inserted.
 
     A slot an earlier attempt already filled keeps its take, and the draft's bytes are not
-    written at all (a retry may render other bytes: they would be kept by nothing)."""
-    filled = set(Take.objects.filter(run_id=run_id, node_id__in={d.node_id for d in drafts})
-                 .values_list("node_id", "index"))
+    written at all (a retry may render other bytes: they would be kept by nothing). `fresh`:
+    the caller knows the run has no take yet (read under its row lock), so none is looked up."""
+    filled: set[tuple[str, int]] = set() if fresh else set(
+        Take.objects.filter(run_id=run_id, node_id__in={d.node_id for d in drafts})
+        .values_list("node_id", "index"))
     rows = []
     for d in drafts:
         if (d.node_id, d.index) in filled:
@@ -159,7 +162,7 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft]) -> 
         rows.append(Take(run_id=run_id, owner_id=owner_id, node_id=d.node_id, index=d.index,
                          sha256=digest, media_type=d.media_type, size=len(d.data), width=d.width,
                          height=d.height, seed=d.seed, lineage=d.lineage))
-    Take.objects.bulk_create(rows, ignore_conflicts=True)
+    return Take.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
