@@ -190,3 +190,22 @@ def test_a_group_worker_s_turbo_node_paints_what_a_single_worker_paints(
     assert recorder.progress == [(1, 3), (2, 3), (3, 3)]
     diff = np.abs(np.asarray(split, dtype=int) - np.asarray(alone, dtype=int))
     assert diff.max() <= 1  # latents within TOLERANCE; a pixel may round the other way
+
+
+def test_in_auto_mode_a_live_group_keeps_its_degrees_for_any_job(
+        ulysses_group: WorkerGroup, model_ref: ModelRef, make_job: Callable[..., Any]) -> None:
+    """A guided job on a live ulysses group is served as it is (both CFG halves on every rank),
+    never by restarting the group as cfg=2; a group that is not running starts with cfg=2."""
+    from workers.parallel import worker
+    from workers.parallel.config import GroupSetup
+
+    ulysses_group.run(make_job(steps=1), model_ref, ULYSSES)  # alive, as ulysses=2
+    worker.configure(GroupSetup(2, None, nvlink=True), group=ulysses_group)
+    try:
+        assert worker._degrees([make_job(guidance=4.0)]) == ULYSSES
+        stopped = WorkerGroup(2)
+        worker.configure(GroupSetup(2, None, nvlink=True), group=stopped)
+        assert worker._degrees([make_job(guidance=4.0), make_job()]) == CFG
+        assert worker._degrees([make_job()]) == ULYSSES
+    finally:
+        worker.configure(None)
