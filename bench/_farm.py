@@ -84,13 +84,21 @@ def _drop_db(db: dict[str, Any], name: str) -> None:
 
 def each_user(tokens: list[str], user: Any) -> None:
     """Run `user(token, k)` for every token at once, one thread each, until all are done."""
-    import threading
+    all_at_once(lambda k_token: user(k_token[1], k_token[0]), list(enumerate(tokens)))
 
-    threads = [threading.Thread(target=user, args=(t, k)) for k, t in enumerate(tokens)]
+
+def all_at_once(work: Any, items: list[Any]) -> float:
+    """`work(item)` for every item at once, one thread each; seconds until the last is done."""
+    import threading
+    import time
+
+    threads = [threading.Thread(target=work, args=(item,)) for item in items]
+    start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return time.perf_counter() - start
 
 
 def per_second(stamps: list[float], start: float) -> float:

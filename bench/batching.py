@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._farm import bench_farm, wait_for_model, wait_run_done  # after sys.path is set
+from bench._farm import all_at_once, bench_farm, wait_for_model, wait_run_done  # after sys.path
 from bench._mid import mid_transformer, write_mid
 
 CONCURRENCY = (1, 4, 16)
@@ -155,13 +154,7 @@ def sampler_alone(pipe: Any, side: int, steps: int, n: int) -> tuple[float, floa
     jobs = [SampleJob(engine.noise(engine.latent_shape(side, side),
                                    torch.Generator("cpu").manual_seed(i), "cpu"),
                       sigmas, timesteps, captions[i]) for i in range(n)]
-    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return loop, n / (time.perf_counter() - start)
+    return loop, n / all_at_once(batcher.run, jobs)
 
 
 def print_table(results: dict[tuple[str, str, int], float], steps: int) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._farm import all_at_once
 from bench._mid import write_mid
 
 REPEATS = 3
@@ -68,13 +68,7 @@ def constant(degrees: Any) -> Any:
 def batched(batcher: Any, steps: int, side: int, guidance: float) -> tuple[float, Any]:
     """BATCH jobs through `batcher` from BATCH threads: seconds per step of the whole batch."""
     jobs = [make_job(steps, side, guidance) for _ in range(BATCH)]
-    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return (time.perf_counter() - start) / steps, jobs[0].latents
+    return all_at_once(batcher.run, jobs) / steps, jobs[0].latents
 
 
 def main() -> None:

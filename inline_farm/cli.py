@@ -51,7 +51,6 @@ class _Stop(Exception):
 # --- Paths and environment --------------------------------------------------------------------
 
 
-
 def uvicorn_argv(host: str, port: int, *extra: str) -> list[str]:
     """The web's command line (HTTP and websockets), for `./farm up`, `./farm web`, the tests'
     live farm and the benches.
@@ -64,6 +63,7 @@ def uvicorn_argv(host: str, port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", host,
             "--port", str(port), "--lifespan", "off", "--ws-per-message-deflate", "false",
             *extra]
+
 
 def _data_dir(args: argparse.Namespace) -> Path:
     raw = args.data_dir or os.environ.get("INLINE_DATA_DIR") or REPO_ROOT / "data"

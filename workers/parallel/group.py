@@ -68,7 +68,7 @@ class WorkerGroup:
         self.last_report: dict[str, Any] = {}  # rank 0's account of the last forward's split
         self.forwards = 0  # forwards answered by this group (all incarnations)
         self._lock = threading.Lock()  # one forward at a time
-        self._batchers: dict[tuple[ModelRef, Degrees], StepBatcher] = {}
+        self._batchers: dict[tuple[ModelRef, Any], StepBatcher] = {}  # (model, key) → batcher
         self._procs: list[subprocess.Popen[bytes]] = []
         self._exits: list[int] = []  # a pidfd per rank: readable once it exits
         self._conn: Connection | None = None
