@@ -113,6 +113,10 @@ DATABASES = {
 INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
 DATABASES["default"]["OPTIONS"] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
+    # Let a connection keep prepared statements (Django turns them off). Only the hot
+    # hand-written statements use them (inline_farm/prepared.py); Django's own cursors bind
+    # parameters client-side and never prepare.
+    "prepare_threshold": 0,
 }
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

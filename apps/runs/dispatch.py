@@ -38,6 +38,7 @@ from apps.runs.services import LOCK_QUEUE_DISPATCH, advisory_lock, run_stop_noti
 from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
+from inline_farm.prepared import prepared_cursor
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ WHERE owners.owner_id IS NOT NULL
 
 
 def _eligible_exists(queue: str, fresh: Any) -> bool:
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_ELIGIBLE, {"q": queue, "fresh": fresh})
         return bool(cursor.fetchone()[0])
 
@@ -132,7 +133,7 @@ def _eligible_exists(queue: str, fresh: Any) -> bool:
 def _heads(queue: str, fresh: Any, room: int) -> tuple[list[tuple[Any, ...]], int]:
     """(each waiting owner's next eligible runs with their running count, the queue's busy
     count) in one round trip; no rows when nothing is eligible."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "room": room})
         rows = list(cursor.fetchall())
     return [row[:8] for row in rows], int(rows[0][8]) if rows else 0
@@ -175,7 +176,7 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
 def _mark_published(run_ids: list[str]) -> list[str]:
     if not run_ids:
         return []
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             "UPDATE runs_run SET dispatched_at = now() WHERE id = ANY(%s::uuid[]) "
             "AND status = 'queued' RETURNING id", [run_ids],

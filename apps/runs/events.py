@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 
 from apps.runs.models import Run, RunEvent, RunStatus
 from inline_farm.effects import group_send_after_commit
+from inline_farm.prepared import prepared_cursor
 
 
 def run_group(run_id: Any) -> str:
@@ -51,7 +52,7 @@ def run_seqs_reserve(*, run_id: Any, attempt: int, count: int) -> int | None:
     """Reserve `count` seqs for attempt `attempt`'s next events (locking the run row until
     commit); the first of them, or None once the attempt no longer owns the running run. Call
     inside a transaction, then `events_insert` them."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_FENCED_BUMP, [count, run_id, attempt])
         row = cursor.fetchone()
     return None if row is None else int(row[0]) - count + 1

@@ -8,9 +8,12 @@ from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
+from apps.graphs.models import Graph
 from apps.runs.events import event_to_wire
 from apps.runs.models import Run, RunEvent
 from apps.runs.wire import run_to_wire
+from apps.takes.models import Take
+from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 
 def _runs_for(user: User) -> QuerySet[Run]:
@@ -20,37 +23,38 @@ def _runs_for(user: User) -> QuerySet[Run]:
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-# Clients poll a run's state; this read is the hottest of the farm. Written out (two statements,
-# no ORM query building: that was most of its cost) with the same scoping as `_runs_for`.
-_RUN_VISIBLE = """
-SELECT r.id, r.owner_id, r.graph_id, r.target, r.status, r.priority, r.client_run_id,
-       r.requirement, r.queue, r.attempts, r.lease_worker, r.lease_expires_at, r.dispatched_at,
-       r.last_seq, r.error_code, r.error_message, r.error_node, r.created_at, r.started_at,
-       r.finished_at, g.sha256 AS graph_sha256,
-       EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = r.id) AS has_takes
+# Clients poll a run's state; this read is the hottest of the farm. Written out (one prepared
+# statement, a second only once the run has takes; no ORM query building: that was most of its
+# cost) with the same scoping as `_runs_for`.
+_RUN_VISIBLE = f"""
+SELECT {model_columns(Run, "r")}, g.sha256,
+       EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = r.id)
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
     SELECT mate.user_id FROM accounts_team_members mine
     JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+"""
+_RUN_TAKES = f"""
+SELECT {model_columns(Take, "t")} FROM takes_take t WHERE t.run_id = %(run)s
+ORDER BY t.created_at, t.node_id, t.index
 """
 
 
 def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     """The run `run_id` if `user` may see it (own, a teammate's, or any for staff), with its
     graph's sha256 and its takes loaded."""
-    from apps.graphs.models import Graph
-    from apps.takes.models import Take
-
-    found = list(Run.objects.raw(_RUN_VISIBLE, {"run": run_id, "all": user.is_staff,
-                                                "me": user.pk}))
-    if not found:
-        return None
-    run = found[0]
-    run.graph = Graph(pk=run.graph_id, sha256=getattr(run, "graph_sha256"))  # noqa: B009 — a raw column
-    takes: list[Take] = []
-    if getattr(run, "has_takes"):  # noqa: B009 — a raw column; most polls (queued, running) skip
-        takes = list(Take.objects.raw("SELECT * FROM takes_take WHERE run_id = %s "
-                                      "ORDER BY created_at, node_id, index", [run.pk]))
+    with prepared_cursor() as cursor:
+        cursor.execute(_RUN_VISIBLE, {"run": run_id, "all": user.is_staff, "me": user.pk})
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        *columns, graph_sha256, has_takes = row
+        run = model_from_row(Run, columns)
+        takes: list[Take] = []
+        if has_takes:  # most polls (queued, running) skip this
+            cursor.execute(_RUN_TAKES, {"run": run.pk})
+            takes = [model_from_row(Take, t) for t in cursor.fetchall()]
+    run.graph = Graph(pk=run.graph_id, sha256=graph_sha256)
     # What prefetch_related("takes") would have set: run.takes.all() answers these.
     setattr(run, "_prefetched_objects_cache", {"takes": takes})  # noqa: B010
     return run

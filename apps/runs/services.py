@@ -34,6 +34,7 @@ from apps.takes.services import TakeDraft, takes_insert, takes_keep
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
+from inline_farm.prepared import prepared_cursor
 
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)).
 LOCK_OWNER_SUBMIT = 1
@@ -162,7 +163,7 @@ def _existing_run(
                     f"clientRunId {client_run_id!r} was already used for a different graph or target"
                 )
             return key.run, 0
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_IN_FLIGHT, {"owner": owner.pk, "sha": sha, "target": target})
         run_id, in_flight = cursor.fetchone()
     if run_id is None:
@@ -184,7 +185,7 @@ SELECT id FROM kept UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s
 
 def _graph_id(sha: str, graph: GraphDoc) -> int:
     """The stored graph of content hash `sha`, inserted on first use (one round trip)."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_GRAPH_UPSERT, {"sha": sha, "doc": json.dumps(graph.model_dump())})
         row = cursor.fetchone()
     if row is None:  # another transaction committed it after this statement's snapshot
@@ -357,7 +358,7 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
     edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
     if not is_uuid(run_id):
         return None
-    with connection.cursor() as cursor:  # no transaction block: BEGIN and COMMIT were 2 of 4
+    with prepared_cursor() as cursor:  # no transaction block: BEGIN and COMMIT were 2 of 4
         cursor.execute(_CLAIM, {"worker": worker, "lease": settings.INLINE_LEASE_SECONDS,
                                 "run": run_id})
         row = cursor.fetchone()
@@ -408,7 +409,7 @@ def run_finish(
     edge_check([RunStatus.RUNNING], status)
     error = error or {}
     with transaction.atomic():
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(_FINISH, {
                 "status": status, "code": error.get("code", ""),
                 "message": error.get("message", ""), "node": error.get("nodeId") or "",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connection
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.takes.models import Asset, Take
+from inline_farm.prepared import prepared_cursor
 
 
 def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
@@ -42,6 +42,6 @@ def assets_visible_to_owner(
     it, saving a lookup)."""
     if owner is None:
         owner = User.objects.get(pk=owner_id)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
         return {str(row[0]) for row in cursor.fetchall()}

@@ -1,0 +1,65 @@
+"""The hot hand-written statements are planned once per connection, and read back as the ORM
+reads (inline_farm/prepared.py)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
+
+from apps.graphs.models import Graph
+from apps.runs.models import Run
+from apps.runs.selectors import run_get_for_user
+from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+
+pytestmark = pytest.mark.django_db
+
+
+def _prepared_here() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_a_hot_statement_is_prepared_once_and_reused_on_its_connection() -> None:
+    marker = "SELECT 41 + %(n)s AS prepared_probe"
+    with prepared_cursor() as cursor:
+        cursor.execute(marker, {"n": 1})
+        assert cursor.fetchone() == (42,)
+        cursor.execute(marker, {"n": 2})
+        assert cursor.fetchone() == (43,)
+    kept = [s for s in _prepared_here() if "prepared_probe" in s]
+    assert kept == ["SELECT 41 + $1 AS prepared_probe"]
+
+
+def test_a_run_read_through_it_equals_the_orm_read() -> None:
+    owner = get_user_model().objects.create(username="prep-owner")
+    graph = Graph.objects.create(sha256="ab" * 32, document={"nodes": {}})
+    run = Run.objects.create(owner=owner, graph=graph, target="out",
+                             requirement={"nodeTypes": ["image/save"], "models": []})
+    read = run_get_for_user(user=owner, run_id=str(run.pk))
+    assert read is not None
+    orm = Run.objects.get(pk=run.pk)
+    for field in Run._meta.concrete_fields:
+        assert getattr(read, field.attname) == getattr(orm, field.attname), field.name
+    assert read.requirement == {"nodeTypes": ["image/save"], "models": []}  # decoded JSON
+    assert read.graph.sha256 == "ab" * 32 and list(read.takes.all()) == []
+    with prepared_cursor() as cursor:
+        cursor.execute(f"SELECT {model_columns(Graph, 'g')} FROM graphs_graph g "
+                       "WHERE g.id = %(id)s", {"id": graph.pk})
+        assert model_from_row(Graph, cursor.fetchone()).document == {"nodes": {}}
+
+
+def test_its_errors_are_djangos_and_it_joins_the_open_transaction() -> None:
+    owner = get_user_model().objects.create(username="prep-errors")
+    graph = Graph.objects.create(sha256="cd" * 32, document={})
+    with pytest.raises(IntegrityError), transaction.atomic(), prepared_cursor() as cursor:
+        cursor.execute("INSERT INTO graphs_graph (sha256, document, created_at) "
+                       "VALUES (%(sha)s, '{}'::jsonb, now())", {"sha": "cd" * 32})
+    with transaction.atomic():
+        with prepared_cursor() as cursor:
+            cursor.execute("UPDATE graphs_graph SET document = '{\"x\": 1}'::jsonb "
+                           "WHERE id = %(id)s", {"id": graph.pk})
+        transaction.set_rollback(True)
+    graph.refresh_from_db()
+    assert graph.document == {} and owner.pk
