@@ -213,6 +213,13 @@ CELERY_RESULT_BACKEND = None
 # by the dispatcher (queued runs) or the reaper (expired leases). acks_late would only add
 # broker-specific redelivery delays (Redis visibility timeout, RabbitMQ consumer_timeout).
 CELERY_TASK_ACKS_LATE = False
+# For the same reason Redis does not emulate acks: with acks on receipt, kombu's emulation only
+# guarded the moment between the pop and the ack, at the cost of two Redis transactions per
+# message (an unacked hash and index entry written, then removed) and a restore poll, ~1/10 of
+# a worker's CPU on quick runs (py-spy, bench/hotpath.py). A message lost in that moment is
+# re-published by the dispatcher like any other (INLINE_REDISPATCH_SECONDS).
+_REDIS_BROKER = BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://"))
+CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False} if _REDIS_BROKER else {}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A worker whose slots are all busy takes no message (Redis): otherwise, acked at start, it
 # reserves the next one while another worker's slot stands free (measured: a run waited a whole
