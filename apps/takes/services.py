@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -11,11 +13,13 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
 from apps.takes.models import Asset, Take, TakeRemoval
 from apps.takes.storage import blob_delete, blob_lock, blob_put
+from inline_farm.prepared import prepared_cursor
 
 ACCEPTED_UPLOADS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 
@@ -142,27 +146,55 @@ def takes_keep(
     return {(t.node_id, t.index): t for t in kept if (t.node_id, t.index) in wanted}
 
 
+_TAKES_INSERT = """
+INSERT INTO takes_take (id, run_id, owner_id, node_id, index, sha256, media_type, size, width,
+                        height, seed, lineage, created_at)
+SELECT t.id, %(run)s, %(owner)s, t.node_id, t.index, t.sha256, t.media_type, t.size, t.width,
+       t.height, t.seed, t.lineage, t.created_at
+FROM unnest(%(ids)s::uuid[], %(nodes)s::text[], %(indexes)s::int[], %(shas)s::text[],
+            %(types)s::text[], %(sizes)s::bigint[], %(widths)s::int[], %(heights)s::int[],
+            %(seeds)s::bigint[], %(lineages)s::jsonb[], %(created)s::timestamptz[])
+     AS t(id, node_id, index, sha256, media_type, size, width, height, seed, lineage, created_at)
+ON CONFLICT DO NOTHING
+"""
+
+
 def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
                  fresh: bool = False) -> list[Take]:
     """`takes_keep` without reading the kept takes back; the takes inserted.
 
     A slot an earlier attempt already filled keeps its take, and the draft's bytes are not
     written at all (a retry may render other bytes: they would be kept by nothing). `fresh`:
-    the caller knows the run has no take yet (read under its row lock), so none is looked up."""
+    the caller knows the run has no take yet (read under its row lock), so none is looked up.
+    The rows go in one prepared statement (inline_farm/prepared.py)."""
     filled: set[tuple[str, int]] = set() if fresh else set(
         Take.objects.filter(run_id=run_id, node_id__in={d.node_id for d in drafts})
         .values_list("node_id", "index"))
     rows = []
+    now = timezone.now()
     for d in drafts:
         if (d.node_id, d.index) in filled:
             continue
         digest = hashlib.sha256(d.data).hexdigest()
         blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
         blob_put(d.data)
-        rows.append(Take(run_id=run_id, owner_id=owner_id, node_id=d.node_id, index=d.index,
-                         sha256=digest, media_type=d.media_type, size=len(d.data), width=d.width,
-                         height=d.height, seed=d.seed, lineage=d.lineage))
-    return Take.objects.bulk_create(rows, ignore_conflicts=True)
+        rows.append(Take(id=uuid.uuid4(), run_id=run_id, owner_id=owner_id, node_id=d.node_id,
+                         index=d.index, sha256=digest, media_type=d.media_type,
+                         size=len(d.data), width=d.width, height=d.height, seed=d.seed,
+                         lineage=d.lineage, created_at=now))
+    if rows:
+        with prepared_cursor() as cursor:
+            cursor.execute(_TAKES_INSERT, {
+                "run": run_id, "owner": owner_id, "ids": [t.id for t in rows],
+                "nodes": [t.node_id for t in rows], "indexes": [t.index for t in rows],
+                "shas": [t.sha256 for t in rows], "types": [t.media_type for t in rows],
+                "sizes": [t.size for t in rows], "widths": [t.width for t in rows],
+                "heights": [t.height for t in rows], "seeds": [t.seed for t in rows],
+                "lineages": [json.dumps(t.lineage) for t in rows],
+                "created": [t.created_at for t in rows]})
+        for take in rows:  # as bulk_create leaves them: saved rows of this database
+            take._state.adding, take._state.db = False, connection.alias
+    return rows
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
