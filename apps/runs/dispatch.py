@@ -9,7 +9,9 @@ running), then age.
 Cost: `queue_dispatch` runs after every submit, finish, cancel and requeue, and reads only what it
 selects — one probe per owner waiting in the queue (a loose index scan), never one per queued
 run — so it stays flat as the queue grows. One dispatcher per queue at a time (an advisory lock),
-so concurrent submits never overfill the window.
+so concurrent submits never overfill the window; while the window is full nobody takes the lock
+(a burst of submits would otherwise pass through it one commit at a time): each slot's finisher
+dispatches after its own commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -49,19 +51,43 @@ CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's s
 # --- dispatch ---------------------------------------------------------------------------------
 
 def queue_dispatch(queue: str) -> int:
-    """Publish the next runs of `queue` into its free slots; returns how many were published."""
-    if _queue_capacity(queue) <= 0:
+    """Publish the next runs of `queue` into its free slots; returns how many were published.
+    Call after the commit that made runs eligible or freed slots (a submit, finish, requeue)."""
+    window = _queue_capacity(queue)
+    if window <= 0:
         return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
     fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    if not _eligible_exists(queue, fresh):
-        return 0  # the common case after a finish: nothing waits, no transaction needed
+    eligible, busy = _eligible_and_busy(queue, fresh)
+    if not eligible or busy >= window:
+        # Nothing waits (the common case after a finish), or every slot is taken: whoever
+        # frees one dispatches after their commit, and sees every run committed before it.
+        return 0
     with transaction.atomic():
         return queue_dispatch_locked(queue)
 
 
+def queue_dispatch_for_submit(queue: str) -> int:
+    """A submit's dispatch, inside its transaction, after the run's insert.
+
+    With a free slot it dispatches at once (`queue_dispatch_locked`: the queue's lock is held
+    until the submit commits). With none — a burst — it takes no lock: every submit would
+    queue behind the one holding it, through that one's commit. It looks again after commit
+    instead (`queue_dispatch`): a slot freed after this read was either filled by its finisher's
+    dispatch or is seen then, so no run is left waiting beside a free slot.
+    """
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return 0
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    if _eligible_and_busy(queue, fresh)[1] >= window:
+        transaction.on_commit(lambda: queue_dispatch(queue))
+        return 0
+    return queue_dispatch_locked(queue)
+
+
 def queue_dispatch_locked(queue: str) -> int:
-    """`queue_dispatch` inside the caller's transaction (a submit dispatches in its own): holds
-    the queue's dispatch lock until that transaction ends; messages go out after commit."""
+    """`queue_dispatch` inside the caller's transaction: holds the queue's dispatch lock until
+    that transaction ends; messages go out after commit."""
     window = _queue_capacity(queue)
     if window <= 0:
         return 0
@@ -83,9 +109,14 @@ def runs_dispatch() -> int:
     return sum(queue_dispatch(queue) for queue in _queues_waiting())
 
 
-_ELIGIBLE = """
+# Whether a run waits to be published, and the queue's busy count (running + published and
+# not yet claimed), both read without the dispatch lock (partial indexes: flat in queue depth).
+_ELIGIBLE_AND_BUSY = """
 SELECT EXISTS (SELECT 1 FROM runs_run WHERE status = 'queued' AND queue = %(q)s
-               AND (dispatched_at IS NULL OR dispatched_at < %(fresh)s))
+               AND (dispatched_at IS NULL OR dispatched_at < %(fresh)s)),
+       (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
+       + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+            AND dispatched_at >= %(fresh)s)
 """
 
 # Per owner waiting in the queue (a loose index scan over run_queued_heads), their next `room`
@@ -124,10 +155,11 @@ WHERE owners.owner_id IS NOT NULL
 """
 
 
-def _eligible_exists(queue: str, fresh: Any) -> bool:
+def _eligible_and_busy(queue: str, fresh: Any) -> tuple[bool, int]:
     with prepared_cursor() as cursor:
-        cursor.execute(_ELIGIBLE, {"q": queue, "fresh": fresh})
-        return bool(cursor.fetchone()[0])
+        cursor.execute(_ELIGIBLE_AND_BUSY, {"q": queue, "fresh": fresh})
+        eligible, busy = cursor.fetchone()
+    return bool(eligible), int(busy)
 
 
 def _heads(queue: str, fresh: Any, room: int) -> tuple[list[tuple[Any, ...]], int]:

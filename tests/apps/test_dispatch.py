@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs.dispatch import capacity_forget, runs_dispatch
+from apps.runs.dispatch import (
+    _queue_key,
+    capacity_forget,
+    queue_dispatch_for_submit,
+    runs_dispatch,
+)
 from apps.runs.models import Run
+from apps.runs.services import LOCK_QUEUE_DISPATCH
+from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -123,3 +135,60 @@ def test_fair_share_holds_across_many_owners_and_a_deep_queue(
     published = Run.objects.filter(pk__in=_published(django_capture_on_commit_callbacks))
     owners = sorted(published.values_list("owner__username", flat=True))
     assert owners == ["u1", "u2", "u3"]  # one each, oldest owners' heads; u0 already runs one
+
+
+@contextmanager
+def _dispatch_lock_held_elsewhere(queue: str) -> Iterator[None]:
+    """Another session holds `queue`'s dispatch lock (as a dispatcher mid-commit would)."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as conn:
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_QUEUE_DISPATCH, _queue_key(queue)])
+            held.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_with_every_slot_taken_a_submit_waits_on_no_lock_and_looks_again_after_commit(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(1)
+    running = make_run("busy", status="running")
+    submitted = make_run("someone")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '2s'")  # a wait for the lock fails the test
+    with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
+        execute=False
+    ) as after_commit:
+        assert queue_dispatch_for_submit("gpu.24g") == 0
+    assert len(after_commit) == 1
+    # The slot frees after the submit's read, and its finisher's dispatch came too early to
+    # see the submit's run: the look after commit publishes it.
+    Run.objects.filter(pk=running.pk).update(status="succeeded", finished_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=False):
+        after_commit[0]()
+    submitted.refresh_from_db()
+    assert submitted.dispatched_at is not None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_with_a_free_slot_a_submit_dispatches_inside_its_transaction(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(1)
+    submitted = make_run("someone")
+    with django_capture_on_commit_callbacks(execute=False) as after_commit:
+        assert queue_dispatch_for_submit("gpu.24g") == 1
+    assert len(after_commit) == 1  # the message, published once the submit commits
+    submitted.refresh_from_db()
+    assert submitted.dispatched_at is not None
