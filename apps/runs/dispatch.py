@@ -9,9 +9,9 @@ running), then age.
 Cost: `queue_dispatch` runs after every submit, finish, cancel and requeue, and reads only what it
 selects — one probe per owner waiting in the queue (a loose index scan), never one per queued
 run — so it stays flat as the queue grows. One dispatcher per queue at a time (an advisory lock),
-so concurrent submits never overfill the window; while the window is full nobody takes the lock
-(a burst of submits would otherwise pass through it one commit at a time): each slot's finisher
-dispatches after its own commit.
+so concurrent submits never overfill the window. A submit that finds the lock held does not wait
+for it (a burst would pass through it one commit at a time) but looks again after its commit;
+while every slot is taken nobody takes it: each slot's finisher dispatches after its commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -36,7 +36,12 @@ from apps.fleet.routing import RunCannotFit
 from apps.fleet.selectors import queue_for, workers_live
 from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
-from apps.runs.services import LOCK_QUEUE_DISPATCH, advisory_lock, run_stop_notify
+from apps.runs.services import (
+    LOCK_QUEUE_DISPATCH,
+    advisory_lock,
+    advisory_try_lock,
+    run_stop_notify,
+)
 from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
@@ -69,20 +74,18 @@ def queue_dispatch(queue: str) -> int:
 def queue_dispatch_for_submit(queue: str) -> int:
     """A submit's dispatch, inside its transaction, after the run's insert.
 
-    With a free slot it dispatches at once (`queue_dispatch_locked`: the queue's lock is held
-    until the submit commits). With none — a burst — it takes no lock: every submit would
-    queue behind the one holding it, through that one's commit. It looks again after commit
-    instead (`queue_dispatch`): a slot freed after this read was either filled by its finisher's
-    dispatch or is seen then, so no run is left waiting beside a free slot.
+    When the queue's dispatch lock is free it dispatches at once and holds the lock until the
+    submit commits. When another dispatcher holds it — a burst of submits — it does not wait
+    (every submit would pass through the lock one commit at a time) but looks again after its
+    commit (`queue_dispatch`): that holder either saw this run or commits before the look.
     """
     window = _queue_capacity(queue)
     if window <= 0:
         return 0
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    if _eligible_and_busy(queue, fresh)[1] >= window:
+    if not advisory_try_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue)):
         transaction.on_commit(lambda: queue_dispatch(queue))
         return 0
-    return queue_dispatch_locked(queue)
+    return _dispatch_holding_lock(queue, window)
 
 
 def queue_dispatch_locked(queue: str) -> int:
@@ -92,6 +95,10 @@ def queue_dispatch_locked(queue: str) -> int:
     if window <= 0:
         return 0
     advisory_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue))
+    return _dispatch_holding_lock(queue, window)
+
+
+def _dispatch_holding_lock(queue: str, window: int) -> int:
     fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
     heads, busy = _heads(queue, fresh, window)
     room = window - busy

@@ -138,6 +138,13 @@ def advisory_lock(namespace: int, key: int) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
+def advisory_try_lock(namespace: int, key: int) -> bool:
+    """`advisory_lock` without waiting: False (and no lock) when another transaction holds it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [namespace, key])
+        return bool(cursor.fetchone()[0])
+
+
 _IN_FLIGHT = """
 SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
         WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s

@@ -19,6 +19,7 @@ from apps.graphs.models import Graph
 from apps.runs.dispatch import (
     _queue_key,
     capacity_forget,
+    queue_dispatch,
     queue_dispatch_for_submit,
     runs_dispatch,
 )
@@ -159,11 +160,10 @@ def _dispatch_lock_held_elsewhere(queue: str) -> Iterator[None]:
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_with_every_slot_taken_a_submit_waits_on_no_lock_and_looks_again_after_commit(
+def test_a_submit_waits_on_no_other_dispatcher_and_looks_again_after_commit(
     make_run, slots, django_capture_on_commit_callbacks
 ):
     slots(1)
-    running = make_run("busy", status="running")
     submitted = make_run("someone")
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '2s'")  # a wait for the lock fails the test
@@ -172,13 +172,30 @@ def test_with_every_slot_taken_a_submit_waits_on_no_lock_and_looks_again_after_c
     ) as after_commit:
         assert queue_dispatch_for_submit("gpu.24g") == 0
     assert len(after_commit) == 1
-    # The slot frees after the submit's read, and its finisher's dispatch came too early to
-    # see the submit's run: the look after commit publishes it.
-    Run.objects.filter(pk=running.pk).update(status="succeeded", finished_at=timezone.now())
+    submitted.refresh_from_db()
+    assert submitted.dispatched_at is None
+    # The other dispatcher committed without seeing this run: the look after commit publishes it.
     with django_capture_on_commit_callbacks(execute=False):
         after_commit[0]()
     submitted.refresh_from_db()
     assert submitted.dispatched_at is not None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(1)
+    make_run("busy", status="running")
+    waiting = make_run("someone")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '2s'")
+    with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
+        execute=False
+    ):
+        assert queue_dispatch("gpu.24g") == 0
+    waiting.refresh_from_db()
+    assert waiting.dispatched_at is None
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
