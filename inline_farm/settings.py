@@ -107,10 +107,9 @@ DATABASES = {
     )
 }
 # A psycopg connection pool per process: opening a PostgreSQL connection costs ~3 ms, several
-# times the queries of a whole request. A connection whose server session was terminated (or a
-# restarted server) is replaced as it leaves the pool, not handed out: the backend
-# (inline_farm/postgres) looks at its socket, and pings it only when something waits there
-# (CONN_HEALTH_CHECKS would ping every connection handed out: a round trip per request).
+# times the queries of a whole request. `check` pings a connection as it leaves the pool, so one
+# whose server session was terminated (or a restarted server) is replaced, not handed out
+# (CONN_HEALTH_CHECKS: Django passes psycopg's check_connection to the pool).
 INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
 DATABASES["default"]["OPTIONS"] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
@@ -119,7 +118,7 @@ DATABASES["default"]["OPTIONS"] = {
     # parameters client-side and never prepare.
     "prepare_threshold": 0,
 }
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []

@@ -1,1 +1,0 @@
-"""Django's PostgreSQL backend, with the pool's checkout check made free (see base.py)."""
