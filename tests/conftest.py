@@ -132,8 +132,10 @@ def smoke_stack_reported(
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             turbo = client.get("/v1/models/zimage/turbo").json()
-            model = next(p for p in turbo["params"] if p["name"] == "model")
-            if names["model"] in model["choices"]:
+            # Every file: a heartbeat's scan during the write reports the model file before
+            # the text encoder's folder is there (a flaky 400 "no live worker holds …").
+            choices = {p["name"]: p.get("choices") or [] for p in turbo["params"]}
+            if all(file in choices.get(param, []) for param, file in names.items()):
                 return names
             time.sleep(0.2)
     raise AssertionError(f"no worker reported the {name or SMOKE_NAME} stack")
