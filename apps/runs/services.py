@@ -123,9 +123,9 @@ def _run_create_or_find(
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    # Dispatch in the same transaction when a slot is free (the message goes out after
-    # commit), else once more after commit. Should this process die in between, the run is
-    # published again after INLINE_REDISPATCH_SECONDS by beat's pass.
+    # Dispatch in the same transaction (the message goes out after commit), or, when another
+    # dispatcher holds the queue's lock, once more after commit. Should this process die in
+    # between, the run is published again after INLINE_REDISPATCH_SECONDS by beat's pass.
     from apps.runs.dispatch import queue_dispatch_for_submit
 
     queue_dispatch_for_submit(run.queue)

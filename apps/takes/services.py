@@ -156,12 +156,13 @@ FROM unnest(%(ids)s::uuid[], %(nodes)s::text[], %(indexes)s::int[], %(shas)s::te
             %(seeds)s::bigint[], %(lineages)s::jsonb[], %(created)s::timestamptz[])
      AS t(id, node_id, index, sha256, media_type, size, width, height, seed, lineage, created_at)
 ON CONFLICT DO NOTHING
+RETURNING id
 """
 
 
 def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
                  fresh: bool = False) -> list[Take]:
-    """`takes_keep` without reading the kept takes back; the takes inserted.
+    """`takes_keep` without reading the kept takes back; returns the takes it inserted.
 
     A slot an earlier attempt already filled keeps its take, and the draft's bytes are not
     written at all (a retry may render other bytes: they would be kept by nothing). `fresh`:
@@ -192,7 +193,9 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
                 "heights": [t.height for t in rows], "seeds": [t.seed for t in rows],
                 "lineages": [json.dumps(t.lineage) for t in rows],
                 "created": [t.created_at for t in rows]})
-        for take in rows:  # as bulk_create leaves them: saved rows of this database
+            inserted = {row[0] for row in cursor.fetchall()}  # not a slot filled meanwhile
+        rows = [t for t in rows if t.id in inserted]
+        for take in rows:  # as the ORM leaves saved rows of this database
             take._state.adding, take._state.db = False, connection.alias
     return rows
 

@@ -26,7 +26,7 @@ from apps.runs.dispatch import runs_reap
 from apps.runs.models import Run, RunEvent
 from apps.runs.services import Claim, run_claim, run_events_flush, run_finish, run_hand_back
 from apps.takes.models import Take
-from apps.takes.services import TakeDraft
+from apps.takes.services import TakeDraft, takes_insert
 
 pytestmark = pytest.mark.django_db
 
@@ -191,3 +191,16 @@ def test_a_stale_attempt_of_a_run_that_then_failed_for_good_writes_nothing():
                       takes=[_draft((4, 4, 4))]) is False
     assert _log(run) == log and not Take.objects.filter(run=run).exists()
     assert [kind for _, kind, _ in log].count("run_done") == 1
+
+
+def test_takes_insert_returns_only_the_takes_it_inserted_never_a_filled_slot() -> None:
+    run = _run()
+    first = takes_insert(run_id=run.pk, owner_id=run.owner_id, drafts=[_draft((1, 2, 3))],
+                         fresh=True)
+    assert [t.node_id for t in first] == ["out"]
+    # The same slot again (as if filled between a caller's look and its insert): kept once.
+    again = takes_insert(run_id=run.pk, owner_id=run.owner_id,
+                         drafts=[_draft((9, 9, 9)), _draft((4, 5, 6), index=1)], fresh=True)
+    assert [(t.node_id, t.index) for t in again] == [("out", 1)]
+    kept = Take.objects.get(run=run, node_id="out", index=0)
+    assert kept.pk == first[0].pk and kept.sha256 == first[0].sha256
