@@ -4,7 +4,8 @@ Same tiny random-weight Z-Image stack, same machine, same size/steps/seeds, meas
 The farm path is: HTTP submit (validate, store, dispatch) → broker → worker claim → executor →
 runner → PNG take → the run's websocket reports `run_done` → HTTP GET of the bytes, as a Studio
 client watches a render (polling would steal CPU from the worker on a small machine). Seeds vary
-per iteration so the worker's node cache never answers.
+per iteration so the worker's node cache never answers. Farm and direct runs alternate, one of
+each per iteration, so a machine that speeds up or slows down mid-run moves both alike.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/generate.py [--runs 20] [--size 256]
 """
@@ -37,15 +38,16 @@ def main() -> None:
         wait_for_model(client, names["model"])
         graph = _graph(names, args.size, args.steps)
         _farm_once(client, graph, seed=10_000)  # warm: model load, first forward
-        farm_ms = [_farm_once(client, graph, seed=i) for i in range(args.runs)]
-
         pipe = smoke_pipeline()
         _direct_once(pipe, args.size, args.steps, seed=10_000)
-        direct_ms = [_direct_once(pipe, args.size, args.steps, seed=i) for i in range(args.runs)]
+        farm_ms, direct_ms = [], []
+        for i in range(args.runs):
+            farm_ms.append(_farm_once(client, graph, seed=i))
+            direct_ms.append(_direct_once(pipe, args.size, args.steps, seed=i))
 
     f50, d50 = statistics.median(farm_ms), statistics.median(direct_ms)
     print(f"bench/generate: tiny Z-Image stack, {args.size}x{args.size}, {args.steps} steps, "
-          f"{args.runs} runs each, CPU ({torch.get_num_threads()} threads)")
+          f"{args.runs} runs each, alternating, CPU ({torch.get_num_threads()} threads)")
     print(f"  diffusers pipeline direct : p50 {d50:8.1f} ms   mean {statistics.mean(direct_ms):8.1f} ms")
     print(f"  farm submit → take bytes  : p50 {f50:8.1f} ms   mean {statistics.mean(farm_ms):8.1f} ms")
     print(f"  farm overhead             : p50 {f50 - d50:8.1f} ms   ratio farm/direct {f50 / d50:.2f}x")

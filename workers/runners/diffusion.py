@@ -9,6 +9,8 @@ Seeds draw from `torch.Generator("cpu").manual_seed(seed)`, so a seed gives the 
 any device profile (up to the device's float rounding). Every loader notes the file's sha256 in
 the lineage (`models: {"<folder>/<name>": sha256}`); samplers note the seed.
 Torch and diffusers are imported inside the functions: importing this module is cheap.
+Every torch computation runs on the worker's device thread (workers/device/thread.py); the
+runners themselves run on the slots' threads.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workers.device.thread import on_device_thread
 from workers.models.catalog import ModelFileMissing
 from workers.models.zimage.values import Conditioning, DiffusionModel, Latent, TextEncoder, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
@@ -56,7 +59,7 @@ def latent_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     from workers.models.zimage import engine
 
     shape = _checked(lambda: engine.latent_shape(params["width"], params["height"]))
-    return {"latent": Latent(torch.zeros(shape), empty=True)}
+    return {"latent": Latent(on_device_thread(torch.zeros, shape), empty=True)}
 
 
 @runner("sample")
@@ -80,8 +83,13 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     width, height = latent.pixel_size
     sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height, denoise))
     device = model.placement.device
-    eps = engine.noise(tuple(latent.samples.shape), torch.Generator("cpu").manual_seed(seed), device)
-    start = eps if denoise >= 1.0 else engine.renoise(latent.samples.to(device), eps, sigmas[0])
+
+    def start_latents() -> Any:
+        generator = torch.Generator("cpu").manual_seed(seed)
+        eps = engine.noise(tuple(latent.samples.shape), generator, device)
+        return eps if denoise >= 1.0 else engine.renoise(latent.samples.to(device), eps, sigmas[0])
+
+    start = on_device_thread(start_latents)
     neg = _negative_embeds(positive, negative, guidance)
     ctx.note_lineage(seed=seed)
     out = _denoise(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance)
@@ -100,7 +108,7 @@ def vae_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     from workers.models.zimage import engine
 
     vae, image = _expect(inputs, "vae", Vae), _rgb(inputs)
-    return {"latent": Latent(_checked(lambda: engine.encode_image(vae, image)))}
+    return {"latent": Latent(_checked(lambda: on_device_thread(engine.encode_image, vae, image)))}
 
 
 @runner("zimage/turbo")
@@ -125,7 +133,7 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     generator, device = torch.Generator("cpu").manual_seed(seed), model.placement.device
     if inputs.get("image") is None:
         sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height))
-        start = engine.noise(shape, generator, device)
+        start = on_device_thread(engine.noise, shape, generator, device)
     else:
         image = _rgb(inputs)
         if image.size != (width, height):
@@ -134,8 +142,12 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
             image = image.resize((width, height), Image.Resampling.LANCZOS)
         strength = float(params["strength"])
         sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height, strength))
-        init = engine.encode_image(vae, image, generator)  # draws before the noise, as diffusers
-        start = engine.renoise(init.to(device), engine.noise(shape, generator, device), sigmas[0])
+
+        def img2img_start() -> Any:
+            init = engine.encode_image(vae, image, generator)  # draws before the noise, as diffusers
+            return engine.renoise(init.to(device), engine.noise(shape, generator, device), sigmas[0])
+
+        start = on_device_thread(img2img_start)
     ctx.note_lineage(seed=seed)
     out = _denoise(ctx, model, start, sigmas, timesteps, positive, negative, guidance, preview=vae)
     return {"image": _decode(vae, out)}
@@ -194,7 +206,8 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
         if vae is not None and interval is not None and done < total and now - last[0] >= interval:
             from workers.models.zimage.preview import preview_png
 
-            png, last[0] = preview_png(vae, job.latents, job.sigmas[done], job.velocity), now
+            png = on_device_thread(preview_png, vae, job.latents, job.sigmas[done], job.velocity)
+            last[0] = now
         ctx.progress(done, total, png, batch=job.batch)
 
     return report
@@ -227,7 +240,7 @@ def _encode(encoder: TextEncoder, text: str) -> Any:
     from workers.models.zimage import engine
 
     if encoder.batched is None:
-        return engine.encode_prompt(encoder, text)
+        return on_device_thread(engine.encode_prompt, encoder, text)
     return encoder.batched.call(text)
 
 
@@ -237,16 +250,22 @@ def _decode(vae: Vae, latents: Any) -> Any:
     from workers.models.zimage import engine
 
     if vae.batched is None:
-        return engine.decode_latents(vae, latents)
+        return on_device_thread(engine.decode_latents, vae, latents)
     return vae.batched.call(latents)
 
 
 def _load(ctx: NodeContext, load: Callable[..., Any], folder: str, name: str) -> Any:
-    """Load a model file through the per-process cache; note its sha256 in the lineage."""
+    """Load a model file through the per-process cache; note its sha256 in the lineage.
+
+    On a CPU worker the load runs on the device thread (copying weights runs torch's parallel
+    kernels); on a GPU it stays on the slot, so a load never stalls the other slots' sampling."""
     from workers.models.zimage.loading import ModelLoadError
 
     try:
-        value = load(ctx.models_dir, name, ctx.policy)
+        if ctx.policy.device == "cpu":
+            value = on_device_thread(load, ctx.models_dir, name, ctx.policy)
+        else:
+            value = load(ctx.models_dir, name, ctx.policy)
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
     models = {**ctx.lineage.get("models", {}), f"{folder}/{name}": value.sha256}

@@ -16,10 +16,9 @@ job never waits for anyone. A lone job therefore never waits at all: it is stepp
 the diffusers pipeline steps it, bit for bit. Batched jobs differ from their solo runs only by
 float rounding (the kernels' reduction order changes with the batch's shapes).
 
-Every forward runs on one thread per process (`on_device_thread`), whichever slot drives: torch's
-CPU kernels keep an OpenMP team per calling thread, and forwards hopping between sixteen slot
-threads each woke (and left spinning) a team of its own; on this 2-core machine a 16-job batch
-stepped ~10% slower than the diffusers loop that way, and as fast as it on one thread.
+Every forward and its Euler updates run on the process's device thread (`on_device_thread`,
+workers/device/thread.py), whichever slot drives: torch's CPU kernels keep a thread team per
+calling thread, and a second team makes every parallel region of the process run single-threaded.
 
 Isolation: a forward that raises is retried on each half of its batch (an out-of-memory first
 lowers the item bound for the following iterations), down to single jobs; only a job that fails
@@ -33,9 +32,9 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
+from workers.device.thread import on_device_thread
 from workers.sampling.job import SampleJob
 
 log = logging.getLogger(__name__)
@@ -45,24 +44,6 @@ Tensor = Any  # torch.Tensor
 Predict = Callable[[list[SampleJob]], list[Tensor]]
 GATHER_SECONDS = 0.02  # the most an iteration waits for the last batch's jobs to come back
 OOM_RECOVERY_FORWARDS = 50  # forwards after an out-of-memory before the item bound is lifted
-
-
-T = TypeVar("T")
-_device_thread: ThreadPoolExecutor | None = None
-_device_lock = threading.Lock()
-
-
-def on_device_thread(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on the process's one device thread (see the module doc); its exception is
-    raised here. Called from the device thread itself, it runs inline."""
-    global _device_thread
-    if threading.current_thread().name.startswith("inline-device"):
-        return fn(*args)
-    with _device_lock:
-        if _device_thread is None:
-            _device_thread = ThreadPoolExecutor(1, thread_name_prefix="inline-device")
-        executor = _device_thread
-    return executor.submit(fn, *args).result()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -211,15 +192,21 @@ class StepBatcher:
 
     def _forward(self, batch: list[SampleJob]) -> None:
         try:
-            velocities = on_device_thread(self._predict, batch)
+            on_device_thread(self._step, batch)
         # Not swallowed: a job that fails alone gets it, and its owner re-raises it from run().
         except Exception as exc:  # noqa: BLE001
             self._split_after(batch, exc)
             return
-        for job, velocity in zip(batch, velocities, strict=True):
-            euler_step(job, velocity)
-            job.batch = len(batch)
         self._count(len(batch))
+
+    def _step(self, batch: list[SampleJob]) -> None:
+        """One forward over `batch` and each job's Euler update (on the device thread). Every
+        update is computed before any job changes, so a failure leaves the batch as it was for
+        the retry."""
+        velocities = self._predict(batch)
+        stepped = [euler_latents(job, v) for job, v in zip(batch, velocities, strict=True)]
+        for job, velocity, latents in zip(batch, velocities, stepped, strict=True):
+            job.latents, job.velocity, job.step, job.batch = latents, velocity, job.step + 1, len(batch)
 
     def _split_after(self, batch: list[SampleJob], exc: Exception) -> None:
         """A failed forward: retry each half (an OOM also lowers the item bound); a job that
@@ -253,10 +240,9 @@ class StepBatcher:
             self._observe(jobs)
 
 
-def euler_step(job: SampleJob, velocity: Tensor) -> None:
-    """x ← x + (σ_{i+1} − σ_i)·v, in float32, exactly as FlowMatchEulerDiscreteScheduler.step."""
+def euler_latents(job: SampleJob, velocity: Tensor) -> Tensor:
+    """The job's next latents x + (σ_{i+1} − σ_i)·v, in float32, exactly as
+    FlowMatchEulerDiscreteScheduler.step."""
     i = job.step
     dt = job.sigmas[i + 1] - job.sigmas[i]  # 0-d float32
-    job.latents = (job.latents.float() + dt * velocity).to(velocity.dtype)
-    job.velocity = velocity
-    job.step = i + 1
+    return (job.latents.float() + dt * velocity).to(velocity.dtype)

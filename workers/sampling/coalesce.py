@@ -9,6 +9,9 @@ Only requests with the same `key(item)` share a call (e.g. a latent's shape for 
 a batch holds at most `max_items` requests and `max_cost` total `cost(item)`, the oldest first;
 one over the budget alone still runs, alone. A failing call is retried on each half of its batch
 down to single requests, so only the request that fails alone gets the error.
+
+Every call runs on the process's device thread (workers/device/thread.py), as the step
+batcher's forwards do.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from workers.device.thread import on_device_thread
 from workers.sampling.batcher import is_out_of_memory, release_cached_memory
 
 T = TypeVar("T")
@@ -100,7 +104,7 @@ class Coalescer(Generic[T, R]):
 
     def _run(self, batch: list[_Request[T]]) -> None:
         try:
-            results = self._fn([request.item for request in batch])
+            results = on_device_thread(self._fn, [request.item for request in batch])
         # Not swallowed: the request that fails alone gets it; its caller re-raises it.
         except Exception as exc:  # noqa: BLE001
             if is_out_of_memory(exc):
