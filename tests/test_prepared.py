@@ -62,3 +62,28 @@ def test_its_errors_are_djangos_and_it_joins_the_open_transaction() -> None:
         transaction.set_rollback(True)
     graph.refresh_from_db()
     assert graph.document == {}  # the update was rolled back with the transaction
+
+
+def test_a_take_read_through_it_equals_the_orm_read_and_keeps_the_scoping() -> None:
+    from apps.accounts.models import Team
+    from apps.takes.models import Take
+    from apps.takes.selectors import take_get_for_user
+
+    users = get_user_model().objects
+    owner, mate, stranger = (users.create(username=f"take-{n}") for n in ("owner", "mate", "x"))
+    staff = users.create(username="take-staff", is_staff=True)
+    Team.objects.create(name="take-team").members.add(owner, mate)
+    graph = Graph.objects.create(sha256="ef" * 32, document={"nodes": {}})
+    run = Run.objects.create(owner=owner, graph=graph, target="out",
+                             requirement={"nodeTypes": ["image/save"], "models": []})
+    take = Take.objects.create(run=run, owner=owner, node_id="out", sha256="12" * 32,
+                               media_type="image/png", size=3, width=4, height=2, seed=9,
+                               lineage={"seed": 9, "models": {"vae/a.safetensors": "00"}})
+    orm = Take.objects.get(pk=take.pk)
+    for user in (owner, mate, staff):
+        read = take_get_for_user(user=user, take_id=str(take.pk))
+        assert read is not None, user.username
+        for field in Take._meta.concrete_fields:
+            assert getattr(read, field.attname) == getattr(orm, field.attname), field.name
+    assert take_get_for_user(user=stranger, take_id=str(take.pk)) is None
+    assert take_get_for_user(user=owner, take_id="00000000-0000-0000-0000-000000000000") is None

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.takes.models import Asset, Take
-from inline_farm.prepared import prepared_cursor
+from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 
 def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
@@ -17,8 +17,23 @@ def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
+# A client fetches each take it is told about (its metadata, its bytes): one prepared statement
+# with the same scoping as `_scoped`, as the run read (apps/runs/selectors.py) does. The ORM's
+# two queries (the visible owners, then the take) took ~6.5 ms of a GET, the run's read ~3.7 ms.
+_TAKE_VISIBLE = f"""
+SELECT {model_columns(Take, "t")} FROM takes_take t
+WHERE t.id = %(take)s AND (%(all)s OR t.owner_id = %(me)s OR t.owner_id IN (
+    SELECT mate.user_id FROM accounts_team_members mine
+    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+"""
+
+
 def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
-    return _scoped(Take.objects.all(), user).filter(pk=take_id).first()
+    """The take `take_id` if `user` may see it (own, a teammate's, or any for staff)."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_TAKE_VISIBLE, {"take": take_id, "all": user.is_staff, "me": user.pk})
+        row = cursor.fetchone()
+    return None if row is None else model_from_row(Take, row)
 
 
 def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
