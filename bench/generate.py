@@ -51,6 +51,8 @@ def main() -> None:
     print(f"  diffusers pipeline direct : p50 {d50:8.1f} ms   mean {statistics.mean(direct_ms):8.1f} ms")
     print(f"  farm submit → take bytes  : p50 {f50:8.1f} ms   mean {statistics.mean(farm_ms):8.1f} ms")
     print(f"  farm overhead             : p50 {f50 - d50:8.1f} ms   ratio farm/direct {f50 / d50:.2f}x")
+    paired = statistics.median(f - d for f, d in zip(farm_ms, direct_ms, strict=True))
+    print(f"  per pair (farm − the direct run after it): p50 {paired:8.1f} ms")
 
 
 def _graph(names: dict[str, str], size: int, steps: int) -> dict:
