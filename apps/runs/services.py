@@ -25,7 +25,13 @@ from apps.fleet.selectors import model_catalog, model_sizes, queue_for
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
-from apps.runs.events import events_insert, run_event_append, run_group, run_seqs_reserve
+from apps.runs.events import (
+    events_insert,
+    run_event_append,
+    run_events_append_fenced,
+    run_group,
+    run_seqs_reserve,
+)
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
@@ -385,7 +391,14 @@ def run_events_flush(
 ) -> dict[tuple[str, int], dict[str, Any]] | None:
     """Write our attempt's buffered events and takes in one transaction; None (nothing written)
     once the attempt no longer owns the run. Returns the kept takes' wire shapes by slot
-    (node id, index) — a slot a lost earlier attempt already filled answers that take."""
+    (node id, index) — a slot a lost earlier attempt already filled answers that take.
+
+    Events without takes (progress): one statement, no transaction block
+    (`run_events_append_fenced`)."""
+    if events and not takes:
+        written = run_events_append_fenced(run_id=claim.run_id, attempt=claim.attempt,
+                                           events=[(t, _bind_takes(p, {})) for t, p in events])
+        return None if written is None else {}
     with transaction.atomic():
         # Reserve the seqs first: the fence answers before any take's bytes are written.
         first_seq = run_seqs_reserve(run_id=claim.run_id, attempt=claim.attempt, count=len(events))

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from PIL import Image
 
@@ -174,6 +176,36 @@ def test_a_stale_attempt_writes_nothing_once_the_run_was_requeued_and_claimed_ag
     assert take.sha256 == _sha(_draft((5, 5, 5)))
     done = [p for _, kind, p in _log(run) if kind == "run_done"]
     assert len(done) == 1 and [t["id"] for t in done[0]["takes"]] == [str(take.pk)]
+
+
+def test_progress_flushes_are_fenced_numbered_in_order_and_one_statement_each():
+    """A flush without takes (progress, a node without takes) is one statement outside any
+    transaction block: the seq bump and the rows go in together, and a stale attempt writes
+    nothing."""
+    run = _run()
+    stale = _claim(run, WORKER_A)
+    runs_reap()
+    current = _claim(run, WORKER_B)
+    before = _log(run)
+
+    progress = [("progress", {"nodeId": "s", "step": i, "total": 3}) for i in (1, 2, 3)]
+    assert run_events_flush(claim=stale, events=progress) is None
+    assert _log(run) == before
+
+    with CaptureQueriesContext(connection) as queries:
+        assert run_events_flush(claim=current, events=progress) == {}
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert run_events_flush(claim=current, events=[
+        ("node_done", {"nodeId": "s", "nodeType": "x", "cached": False, "takeSlots": []})]) == {}
+    log = _log(run)
+    last = before[-1][0]
+    assert [(seq, kind) for seq, kind, _ in log[len(before):]] == [
+        (last + 1, "progress"), (last + 2, "progress"), (last + 3, "progress"),
+        (last + 4, "node_done")]
+    assert [p["step"] for _, kind, p in log if kind == "progress"] == [1, 2, 3]
+    assert log[-1][2] == {"nodeId": "s", "nodeType": "x", "cached": False, "takes": []}
+    run.refresh_from_db()
+    assert run.last_seq == last + 4
 
 
 def test_a_stale_attempt_of_a_run_that_then_failed_for_good_writes_nothing():
