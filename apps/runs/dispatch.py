@@ -71,18 +71,22 @@ def queue_dispatch(queue: str) -> int:
         return queue_dispatch_locked(queue)
 
 
-def queue_dispatch_for_submit(queue: str) -> int:
+def queue_dispatch_for_submit(queue: str, *, locked: bool | None = None) -> int:
     """A submit's dispatch, inside its transaction, after the run's insert.
 
     When the queue's dispatch lock is free it dispatches at once and holds the lock until the
     submit commits. When another dispatcher holds it — a burst of submits — it does not wait
     (every submit would pass through the lock one commit at a time) but looks again after its
     commit (`queue_dispatch`): that holder either saw this run or commits before the look.
+    `locked`: the submit already tried the lock in a statement of its own
+    (`pg_try_advisory_xact_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))`), and got it or not.
     """
     window = _queue_capacity(queue)
     if window <= 0:
         return 0
-    if not advisory_try_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue)):
+    if locked is None:
+        locked = advisory_try_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
+    if not locked:
         transaction.on_commit(lambda: queue_dispatch(queue))
         return 0
     return _dispatch_holding_lock(queue, window)
@@ -94,7 +98,7 @@ def queue_dispatch_locked(queue: str) -> int:
     window = _queue_capacity(queue)
     if window <= 0:
         return 0
-    advisory_lock(LOCK_QUEUE_DISPATCH, _queue_key(queue))
+    advisory_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
     return _dispatch_holding_lock(queue, window)
 
 
@@ -237,8 +241,9 @@ def _queues_waiting() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _queue_key(queue: str) -> int:
-    """A stable int4 for a queue name (advisory lock key)."""
+def queue_lock_key(queue: str) -> int:
+    """A stable int4 for a queue name: the second key of its dispatch lock (the first is
+    LOCK_QUEUE_DISPATCH)."""
     import zlib
 
     return zlib.crc32(queue.encode()) - 2**31

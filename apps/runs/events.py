@@ -90,7 +90,7 @@ def run_events_append_fenced(
         seqs = sorted(row[0] for row in cursor.fetchall())
     if not seqs:
         return None
-    _publish(run_id, [{**p, "type": t, "runId": str(run_id), "seq": seq}
+    events_publish(run_id, [{**p, "type": t, "runId": str(run_id), "seq": seq}
                       for seq, (t, p) in zip(seqs, events, strict=True)])
     return seqs
 
@@ -126,11 +126,11 @@ def events_insert(
         pk, created = made[seq]
         rows.append(RunEvent.from_db(connection.alias, _EVENT_FIELDS,
                                      (pk, run_id, seq, type, payload, created)))
-    _publish(run_id, [event_to_wire(event) for event in rows])
+    events_publish(run_id, [event_to_wire(event) for event in rows])
     return rows
 
 
-def _publish(run_id: Any, wire: list[dict[str, Any]]) -> None:
+def events_publish(run_id: Any, wire: list[dict[str, Any]]) -> None:
     """Send events to the run's group after commit, as one channel message."""
     message = ({"type": "run.event", "event": wire[0]} if len(wire) == 1
                else {"type": "run.events", "events": wire})

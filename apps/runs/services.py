@@ -10,7 +10,10 @@ progress flushes (one per flush), finish (one, with the takes and the last event
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.events import (
     events_insert,
+    events_publish,
     run_event_append,
     run_events_append_fenced,
     run_group,
@@ -35,8 +39,10 @@ from apps.runs.events import (
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
+from apps.takes.models import Take
 from apps.takes.selectors import assets_visible_to_owner
 from apps.takes.services import TakeDraft, takes_insert, takes_keep
+from apps.takes.storage import BLOB_LOCK_SPACE, blob_lock_key, blob_put
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
@@ -100,6 +106,8 @@ def run_submit(
     requirement = _requirement(normalised, order)
     _priority_check(owner, priority)
     sha = normalised.sha256()
+    if client_run_id is None and not _team_limits(owner):
+        return _run_create_plain(owner, normalised, sha, target, priority, requirement)
     try:
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
                                    requirement)
@@ -135,6 +143,90 @@ def _run_create_or_find(
     from apps.runs.dispatch import queue_dispatch_for_submit
 
     queue_dispatch_for_submit(run.queue)
+    return run, True
+
+
+# A submit without clientRunId by an owner without team limits (the common case), after the
+# owner's lock: the coalescing and in-flight checks, the graph upsert and the run's insert (both
+# only when the checks pass), and a try at the queue's dispatch lock, in one statement where
+# they were four (bench/hotpath.py's web-side timeline). The INSERT's columns and casts come
+# from the Run model (`_submit_plain`), so a migration that adds a column changes the text.
+_SUBMIT_PLAIN = """
+WITH flight AS (
+    SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
+            WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
+              AND r.status IN ('queued', 'running') LIMIT 1) AS same,
+           (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
+              AND status IN ('queued', 'running')) AS busy
+), go AS (
+    SELECT 1 FROM flight WHERE same IS NULL AND busy < %(limit)s
+), stored AS (
+    INSERT INTO graphs_graph (sha256, document, created_at)
+    SELECT %(sha)s, %(doc)s::jsonb, now() FROM go
+    ON CONFLICT (sha256) DO NOTHING RETURNING id
+), graph AS (
+    SELECT id FROM stored
+    UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s AND EXISTS (SELECT 1 FROM go)
+    LIMIT 1
+), made AS (
+    {insert} RETURNING graph_id
+)
+SELECT flight.same, flight.busy, (SELECT graph_id FROM made),
+       pg_try_advisory_xact_lock(%(lock_space)s, %(lock_key)s)
+FROM flight
+"""
+
+
+@functools.cache
+def _submit_plain() -> tuple[str, list[Any]]:
+    """(`_SUBMIT_PLAIN` with the run's INSERT filled in from the Run model, the fields whose
+    values that INSERT takes as parameters `f_<column>`); the graph's id comes from the
+    statement."""
+    fields = list(Run._meta.concrete_fields)
+    columns = ", ".join(f.column for f in fields)
+    values = ", ".join("graph.id" if f.column == "graph_id"
+                       else f"%(f_{f.column})s::{f.db_type(connection)}" for f in fields)
+    insert = f"INSERT INTO runs_run ({columns}) SELECT {values} FROM graph"
+    return _SUBMIT_PLAIN.format(insert=insert), [f for f in fields if f.column != "graph_id"]
+
+
+@transaction.atomic
+def _run_create_plain(
+    owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
+    requirement: dict[str, Any],
+) -> tuple[Run, bool]:
+    """`_run_create_or_find` without clientRunId or team limits, in three round trips after
+    BEGIN (the owner's lock, `_SUBMIT_PLAIN`, the dispatch) instead of six."""
+    from apps.runs.dispatch import queue_dispatch_for_submit, queue_lock_key
+
+    advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
+    limits = _limits_of(owner)
+    limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
+    run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
+              queue=queue_for(requirement), created_at=timezone.now())
+    statement, fields = _submit_plain()
+    params = {f"f_{f.column}": f.get_db_prep_save(getattr(run, f.attname), connection)
+              for f in fields}
+    params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
+                  doc=json.dumps(graph.model_dump()), lock_space=LOCK_QUEUE_DISPATCH,
+                  lock_key=queue_lock_key(run.queue))
+    for _ in range(2):
+        with prepared_cursor() as cursor:
+            cursor.execute(statement, params)
+            same, busy, graph_id, dispatch_locked = cursor.fetchone()
+        if same is not None:
+            return Run.objects.get(pk=same), False  # coalesced onto the run in flight
+        if busy >= limit:
+            raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
+        if graph_id is not None:
+            break
+        # Another submit committed the same new graph after this statement's snapshot was taken:
+        # its insert waited and did nothing, and the snapshot cannot see the row. Look again.
+    else:
+        raise IntegrityError(f"graph {sha} was neither inserted nor found")
+    run.graph_id = graph_id
+    run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
+    queue_dispatch_for_submit(run.queue, locked=dispatch_locked)
     return run, True
 
 
@@ -428,6 +520,8 @@ def run_finish(
     (fenced by `attempt`); False, and nothing written, if we no longer own the run."""
     edge_check([RunStatus.RUNNING], status)
     error = error or {}
+    if _finish_first_takes(claim, status, error, events, takes):
+        return True
     with transaction.atomic():
         with prepared_cursor() as cursor:
             cursor.execute(_FINISH, {
@@ -456,6 +550,100 @@ def run_finish(
     return True
 
 
+# The finish of a run that has no take yet (the common case: a quick graph's takes all come
+# with its finish) in one statement: the takes' blob locks, the fenced status change, the takes
+# and the last events. With BEGIN and COMMIT that is three round trips where the general path
+# below makes six (bench/hotpath.py's worker-side timeline). No row: the attempt lost the run,
+# or the run has takes already (an earlier flush or attempt) — the general path answers both.
+_FINISH_FIRST_TAKES = """
+WITH held AS (
+    SELECT count(pg_advisory_xact_lock_shared(%(space)s, k)) AS n FROM unnest(%(keys)s::int[]) k
+), done AS (
+    UPDATE runs_run
+    SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
+        error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
+        last_seq = last_seq + cardinality(%(types)s::text[])
+    WHERE id = %(run)s::uuid AND attempts = %(attempt)s AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = %(run)s::uuid)
+      AND (SELECT n FROM held) >= 0
+    RETURNING last_seq, queue
+), kept AS (
+    INSERT INTO takes_take (id, run_id, owner_id, node_id, index, sha256, media_type, size,
+                            width, height, seed, lineage, created_at)
+    SELECT t.id, %(run)s::uuid, %(owner)s, t.node_id, t.index, t.sha256, t.media_type, t.size,
+           t.width, t.height, t.seed, t.lineage, %(created)s
+    FROM done, unnest(%(ids)s::uuid[], %(nodes)s::text[], %(indexes)s::int[], %(shas)s::text[],
+                      %(media)s::text[], %(sizes)s::bigint[], %(widths)s::int[],
+                      %(heights)s::int[], %(seeds)s::bigint[], %(lineages)s::jsonb[])
+         AS t(id, node_id, index, sha256, media_type, size, width, height, seed, lineage)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), logged AS (
+    INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
+    SELECT %(run)s::uuid, done.last_seq - cardinality(%(types)s::text[]) + e.n, e.type,
+           e.payload, now()
+    FROM done, unnest(%(types)s::text[], %(payloads)s::jsonb[]) WITH ORDINALITY AS e(type, payload, n)
+    RETURNING 1
+)
+SELECT last_seq, queue, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged) FROM done
+"""
+
+
+class _NotFirstTakes(Exception):
+    """Roll `_finish_first_takes` back: the general path keeps one take per slot."""
+
+
+def _finish_first_takes(
+    claim: Claim, status: str, error: dict[str, str],
+    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft],
+) -> bool:
+    """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
+    general path. The bytes are stored after the statement, which holds their blob locks until
+    commit (apps/takes/storage.py), and only when it wrote the takes: an attempt that lost the
+    run stores none."""
+    now = timezone.now()
+    rows = sorted((Take(id=uuid.uuid4(), run_id=claim.run_id, owner_id=claim.owner_id,
+                        node_id=d.node_id, index=d.index, sha256=hashlib.sha256(d.data).hexdigest(),
+                        media_type=d.media_type, size=len(d.data), width=d.width,
+                        height=d.height, seed=d.seed, lineage=d.lineage, created_at=now)
+                   for d in takes), key=lambda t: (t.node_id, t.index))  # as Take's ordering
+    every = [take_to_wire(t) for t in rows]
+    kept = {(t["nodeId"], t["index"]): t for t in every}
+    done = {"status": status, "error": run_error_of(error), "takes": every}
+    bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
+    try:
+        with transaction.atomic():
+            with prepared_cursor() as cursor:
+                cursor.execute(_FINISH_FIRST_TAKES, {
+                    "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
+                    "status": status, "code": error.get("code", ""),
+                    "message": error.get("message", ""), "node": error.get("nodeId") or "",
+                    "run": claim.run_id, "attempt": claim.attempt, "owner": claim.owner_id,
+                    "created": now, "ids": [t.id for t in rows],
+                    "nodes": [t.node_id for t in rows], "indexes": [t.index for t in rows],
+                    "shas": [t.sha256 for t in rows], "media": [t.media_type for t in rows],
+                    "sizes": [t.size for t in rows], "widths": [t.width for t in rows],
+                    "heights": [t.height for t in rows], "seeds": [t.seed for t in rows],
+                    "lineages": [json.dumps(t.lineage) for t in rows],
+                    "types": [t for t, _ in bound], "payloads": [json.dumps(p) for _, p in bound]})
+                row = cursor.fetchone()
+            if row is None:
+                return False  # the general path answers
+            last_seq, queue, inserted, logged = row
+            if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
+                raise _NotFirstTakes
+            for take, draft in zip(rows, sorted(takes, key=lambda d: (d.node_id, d.index)),
+                                   strict=True):
+                blob_put(draft.data, take.sha256)
+            first = last_seq - len(bound) + 1
+            events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
+                                          for i, (t, p) in enumerate(bound)])
+            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+    except _NotFirstTakes:
+        return False
+    return True
+
+
 def run_error_of(error: dict[str, str]) -> dict[str, Any] | None:
     """The wire shape of an outcome's error (as `run_error` shapes a stored run's)."""
     if not error.get("code"):
@@ -472,8 +660,6 @@ def _takes_write(claim: Claim, takes: Sequence[TakeDraft]) -> dict[tuple[str, in
 
 
 def _run_takes(run_id: str) -> list[Any]:
-    from apps.takes.models import Take
-
     return list(Take.objects.filter(run_id=run_id).order_by("created_at", "node_id", "index"))
 
 

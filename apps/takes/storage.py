@@ -22,9 +22,10 @@ def blob_path(sha256: str) -> Path:
     return Path(settings.INLINE_BLOB_DIR) / sha256[:2] / sha256
 
 
-def blob_put(data: bytes) -> str:
-    """Store `data` (idempotent: same bytes, same name, written once); return its sha256."""
-    digest = hashlib.sha256(data).hexdigest()
+def blob_put(data: bytes, digest: str | None = None) -> str:
+    """Store `data` (idempotent: same bytes, same name, written once); return its sha256
+    (`digest`, when the caller has it already)."""
+    digest = digest or hashlib.sha256(data).hexdigest()
     path = blob_path(digest)
     if path.exists():
         return digest
@@ -58,9 +59,13 @@ def blob_lock(sha256: str, *, shared: bool) -> None:
     a reference that is being written. Call inside `transaction.atomic()`.
     """
     fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    key = int(sha256[:8], 16) - 2**31  # a signed int4
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {fn}(%s, %s)", [BLOB_LOCK_SPACE, key])
+        cursor.execute(f"SELECT {fn}(%s, %s)", [BLOB_LOCK_SPACE, blob_lock_key(sha256)])
+
+
+def blob_lock_key(sha256: str) -> int:
+    """The second key of blob `sha256`'s advisory lock (a signed int4)."""
+    return int(sha256[:8], 16) - 2**31
 
 
 def blob_delete(sha256: str) -> bool:

@@ -17,10 +17,10 @@ from django.utils import timezone
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
 from apps.runs.dispatch import (
-    _queue_key,
     capacity_forget,
     queue_dispatch,
     queue_dispatch_for_submit,
+    queue_lock_key,
     runs_dispatch,
 )
 from apps.runs.models import Run
@@ -145,7 +145,7 @@ def _dispatch_lock_held_elsewhere(queue: str) -> Iterator[None]:
 
     def hold() -> None:
         with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_QUEUE_DISPATCH, _queue_key(queue)])
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_QUEUE_DISPATCH, queue_lock_key(queue)])
             held.set()
             done.wait(30)
 

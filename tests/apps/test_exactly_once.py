@@ -29,6 +29,7 @@ from apps.runs.models import Run, RunEvent
 from apps.runs.services import Claim, run_claim, run_events_flush, run_finish, run_hand_back
 from apps.takes.models import Take
 from apps.takes.services import TakeDraft, takes_insert
+from apps.takes.storage import blob_path
 
 pytestmark = pytest.mark.django_db
 
@@ -163,6 +164,7 @@ def test_a_stale_attempt_writes_nothing_once_the_run_was_requeued_and_claimed_ag
                             takes=[_draft((7, 7, 7), node="other")]) is None
     assert run_finish(claim=stale, status="succeeded", events=[_node_done()],
                       takes=[_draft((6, 6, 6))]) is False
+    assert not blob_path(_sha(_draft((6, 6, 6)))).exists()  # no bytes kept by nothing
     assert run_finish(claim=stale, status="failed",
                       error={"code": "node_failed", "message": "x", "nodeId": "out"}) is False
     assert run_hand_back(run_id=str(run.pk), attempt=stale.attempt, reason="stale") is False

@@ -1,0 +1,86 @@
+"""A plain submit (no clientRunId, no team limit) is one statement after the owner's lock
+(apps/runs/services.py `_SUBMIT_PLAIN`); these check its one race by hand: another submit
+commits the same new graph document while this one's statement runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from apps.graphs.models import Graph
+from apps.graphs.schema import GraphDoc
+from apps.runs.models import Run
+from apps.runs.services import _run_create_plain
+from tests.livefarm import database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REQUIREMENT = {"nodeTypes": ["image/load"], "models": []}
+
+
+def _graph() -> GraphDoc:
+    return GraphDoc.model_validate({"nodes": {"src": {
+        "type": "image/load", "params": {"asset": str(uuid.uuid4())}}}})
+
+
+def _waiting_on_a_transaction(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "transactionid"
+
+
+def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> None:
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    graph = _graph()
+    sha = graph.sha256()
+    other = psycopg.connect(database_url(connection.settings_dict))
+    other.execute("INSERT INTO graphs_graph (sha256, document, created_at) "
+                  "VALUES (%s, '{}'::jsonb, now())", [sha])  # not committed yet
+    result: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                result["pid"] = cursor.fetchone()[0]
+            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT)
+        except Exception as exc:  # noqa: BLE001 — reported by the asserts below
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not ("pid" in result and _waiting_on_a_transaction(result["pid"])):
+        assert time.monotonic() < deadline and thread.is_alive(), result
+        time.sleep(0.02)
+    other.commit()  # the submit's insert did nothing, and its snapshot cannot see this row
+    thread.join(30)
+    other.close()
+
+    assert "error" not in result, result
+    run, created = result["run"]
+    stored = Graph.objects.get(sha256=sha)
+    assert created and Run.objects.get(pk=run.pk).graph_id == stored.pk == run.graph_id
+    assert Graph.objects.filter(sha256=sha).count() == 1
+
+
+def test_a_plain_submit_coalesces_and_counts_what_is_in_flight() -> None:
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    graph = _graph()
+    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT)
+    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT)
+    assert created and not created_again and again.pk == first.pk
+    stored = Run.objects.get(pk=first.pk)
+    assert (stored.status, stored.queue, stored.requirement, stored.owner_id) == (
+        "queued", first.queue, REQUIREMENT, owner.pk)
+    assert stored.created_at == first.created_at
