@@ -83,7 +83,9 @@ def test_runs_on_the_group_s_slots_share_its_forwards(
     shapes: tuple[dict[str, Any], ...] = (
         {"width": 64, "height": 48, "steps": 6}, {"width": 48, "height": 64, "steps": 5},
         {"width": 64, "height": 64, "steps": 6, "guidance": 3.0})
-    before = stats_of(group_worker)
+    # Counts reported while an earlier test's run was still going would be counted as ours.
+    before = wait_until("the group worker idle in its heartbeat", lambda: (
+        s := stats_of(group_worker)).get("busy", 0) == 0 and s, 30)
     ids = [owner.post("/v1/runs", json=turbo(stack, "2", seed=20 + i, **shape)).json()["runId"]
            for i, shape in enumerate(shapes)]
     runs = [owner.wait_run(run_id, timeout=180) for run_id in ids]
