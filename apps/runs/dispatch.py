@@ -269,8 +269,14 @@ def _queue_capacity(queue: str) -> int:
 
 
 def capacity_forget() -> None:
-    """Make the next dispatch read the fleet again (after a drain, resume or new worker)."""
+    """Make the next dispatch and the next reroute pass read the fleet again (tests)."""
     _capacity["at"] = float("-inf")
+    _reroute.update(fleet=None, changed=float("-inf"), looked=float("-inf"))
+
+
+REROUTE_SETTLE_S = 10.0  # after the fleet changes, every pass looks for orphans this long
+REROUTE_FULL_EVERY_S = 60.0  # and one pass looks at least this often, whatever the fleet does
+_reroute: dict[str, Any] = {"fleet": None, "changed": float("-inf"), "looked": float("-inf")}
 
 
 def _reroute_orphans() -> None:
@@ -278,15 +284,30 @@ def _reroute_orphans() -> None:
 
     The queue is chosen at submit; workers come and go (drained, replaced, new GPU types), so a
     run must not wait forever on a queue nobody listens to. One `queue_for` per distinct
-    requirement, one UPDATE per group: cheap however many runs wait.
+    requirement, one UPDATE per group.
+
+    Finding those requirements reads every queued run of an unserved queue (6 ms per pass at
+    10,000 queued, bench/dispatch.py's backlog), so a pass looks only when the answer can have
+    changed: the live fleet (what `queue_for` reads) differs from the last look, or changed less
+    than REROUTE_SETTLE_S ago (a submit routed by the old fleet may commit after the first
+    look), or REROUTE_FULL_EVERY_S has passed. With the same fleet, a run submitted since was
+    routed by that fleet already.
     """
-    live = workers_live()
-    if not live.exists():
+    fleet = list(workers_live().order_by("name").values_list(
+        "name", "incarnation", "state", "queues", "device", "model_files"))
+    if not fleet:
         return  # no live worker at all: nothing better to choose, keep the submit-time choice
+    now, seen = time.monotonic(), hash(repr(fleet))
+    if seen != _reroute["fleet"]:
+        _reroute.update(fleet=seen, changed=now)
+    elif (now - _reroute["changed"] > REROUTE_SETTLE_S
+          and now - _reroute["looked"] < REROUTE_FULL_EVERY_S):
+        return
+    _reroute["looked"] = now
     # A queue whose workers are all draining counts as unserved: its runs move to another pool
     # when one fits them (else they stay, and their wait reason says the pool is draining).
-    served = {q for queues in live.exclude(state=WorkerState.DRAINING).values_list(
-        "queues", flat=True) for q in queues}
+    served = {q for _, _, state, queues, _, _ in fleet if state != WorkerState.DRAINING
+              for q in queues}
     orphans = (
         Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
         .values_list("queue", "requirement").distinct()
