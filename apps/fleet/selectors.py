@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -49,22 +50,39 @@ def model_sizes() -> dict[tuple[str, str], int]:
     return sizes
 
 
+# A poll of a queued run says why it waits; the fleet read behind it is one prepared statement
+# (the ORM's query building and model instances cost a poll more than the run read did).
+_LIVE_SERVING = """
+SELECT queues::text, state, slots,
+       CASE jsonb_typeof(running) WHEN 'array' THEN jsonb_array_length(running) ELSE 0 END
+FROM fleet_worker
+WHERE last_heartbeat >= now() - make_interval(secs => %(lost)s) AND state <> %(offline)s
+  AND queues ?| %(queues)s::text[]
+"""
+
+
 def queue_wait_reasons(queues: set[str]) -> dict[str, str]:
     """Why runs queued on each of `queues` are waiting, in words (one query for all)."""
-    serving: dict[str, list[Any]] = {q: [] for q in queues}
-    for worker in workers_live().only("queues", "state", "slots", "running"):
-        for q in worker.queues:
-            if q in serving:
-                serving[q].append(worker)
+    from inline_farm.prepared import prepared_cursor
+
+    serving: dict[str, list[tuple[str, int, int]]] = {q: [] for q in queues}
+    with prepared_cursor() as cursor:
+        cursor.execute(_LIVE_SERVING, {"lost": settings.INLINE_WORKER_LOST_SECONDS,
+                                       "offline": WorkerState.OFFLINE, "queues": sorted(queues)})
+        for worker_queues, state, slots, running in cursor.fetchall():
+            for q in json.loads(worker_queues):
+                if q in serving:
+                    serving[q].append((state, slots, running))
     reasons = {}
     for queue, workers in serving.items():
-        online = [w for w in workers if w.state != WorkerState.DRAINING]
+        online = [(slots, running) for state, slots, running in workers
+                  if state != WorkerState.DRAINING]
         if not workers:
             reasons[queue] = f"no live worker serves {queue}; it waits for one to join"
         elif not online:
             reasons[queue] = f"every worker serving {queue} is draining; it waits for a resume"
         else:
-            busy = sum(len(w.running) for w in online)
-            slots = sum(w.slots for w in online)
+            busy = sum(running for _, running in online)
+            slots = sum(n for n, _ in online)
             reasons[queue] = f"waiting for a free slot on {queue} ({busy} of {slots} busy)"
     return reasons

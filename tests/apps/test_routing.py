@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -68,3 +70,16 @@ def test_draining_pools_are_the_last_resort_and_the_wait_reason_says_so():
     assert "draining" in reasons["gpu.48g"]
     assert "free slot" in reasons["gpu.141g"]
     assert "no live worker serves gpu.80g" in reasons["gpu.80g"]
+
+
+def test_the_wait_reason_counts_the_busy_slots_of_the_live_online_workers_serving_the_queue():
+    busy = _host("a@h", 48, "gpu.48g", [])
+    busy.running = ["r1", "r2"]
+    busy.save()
+    _host("b@h", 48, "gpu.48g", [])  # 2 free slots
+    _host("c@h", 48, "gpu.48g", [], state="draining")  # not counted
+    lost = _host("d@h", 48, "gpu.48g", [])
+    Worker.objects.filter(pk=lost.pk).update(last_heartbeat=timezone.now() - timedelta(hours=1))
+    _host("e@h", 48, "gpu.48g", [], state="offline")
+    assert queue_wait_reasons({"gpu.48g"}) == {
+        "gpu.48g": "waiting for a free slot on gpu.48g (2 of 4 busy)"}
