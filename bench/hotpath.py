@@ -11,6 +11,9 @@ client would. Printed side by side, in one run:
 - sequential submit → done (p50 / p90) and its breakdown per run: HTTP submit, submit → claimed
   (insert, dispatch, broker hop, claim), each node, claimed → finished (nodes, take, finish),
   finished → the client's poll saw it;
+- the CPU each process spent per sequential run (web, worker, every PostgreSQL process, this
+  client), from /proc: steadier than wall time on a shared box, and where a burst's
+  throughput goes (2 cores serve ~2,000 ms of CPU a second);
 - a burst: `--burst` runs from 8 threads by 8 users: accepted/s and completed/s (each thread
   submits its runs, then polls each until done, pausing 20 ms between polls).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import sys
 import threading
@@ -92,6 +96,32 @@ def sequential(client: httpx.Client, asset: str, runs: int) -> list[dict[str, An
                      "claim_to_finish": finished - started, "finish_to_seen": seen - finished,
                      "run_id": run["id"]})
     return rows
+
+
+def cpu_seconds(farm: Any) -> dict[str, float]:
+    """CPU seconds used so far (user + system) by the farm's web and worker processes, by every
+    PostgreSQL server process (the farm's backends and the server's own), and by this client."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    postgres = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _comm(p) == "postgres"]
+    times = os.times()
+    return {"web": of(farm.procs["web"].pid), "worker": of(farm.procs["worker1"].pid),
+            "postgres": sum(of(pid) for pid in postgres), "client": times.user + times.system}
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def node_ms(database_url: str, run_ids: list[str]) -> dict[str, float]:
@@ -171,7 +201,9 @@ def main() -> None:
                            files={"file": ("a.png", data, "image/png")})
             asset_of[t] = r.json()["id"]
         sequential(client, asset_of[tokens[0]], 10)  # warm up every process
+        cpu_before = cpu_seconds(farm)
         rows = sequential(client, asset_of[tokens[0]], args.runs)
+        cpu_after = cpu_seconds(farm)
         nodes = node_ms(farm.env["DATABASE_URL"], [r["run_id"] for r in rows])
         base = floor(data, args.runs)
         acc, comp = burst(farm.url, tokens, asset_of, args.burst)
@@ -190,6 +222,9 @@ def main() -> None:
         print(f"    {label:<44} {_p([r[key] for r in rows], .5):7.2f} ms")
     for node, ms in sorted(nodes.items()):
         print(f"      node {node:<38} {ms:7.2f} ms")
+    cpu = {k: (cpu_after[k] - cpu_before[k]) / args.runs * 1000 for k in cpu_before}
+    print("  CPU per run (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+          + f"; total {sum(cpu.values()):.2f}")
     print(f"\nburst: {args.burst} runs from 8 threads by 8 users: "
           f"{acc:.0f} accepted/s, {comp:.0f} completed/s")
 
