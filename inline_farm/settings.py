@@ -242,6 +242,15 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    # httpx logs every request at INFO: the benches' and tests' clients would print each one.
-    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # httpx logs every request at INFO: the benches' and tests' clients printed each one.
+        "httpx": {"level": "WARNING"},
+        # Celery logs two INFO lines per task (received; succeeded in …s): ~4% of a worker's CPU
+        # on quick runs (py-spy, bench/hotpath.py), and a line per run that says less than the
+        # run's own events. Failures are still logged (ERROR); `LOG_LEVEL` does not bring these
+        # back: set CELERY_TASK_LOG_LEVEL=INFO for that.
+        "celery.worker.strategy": {"level": env_str("CELERY_TASK_LOG_LEVEL", "WARNING")},
+        "celery.app.trace": {"level": env_str("CELERY_TASK_LOG_LEVEL", "WARNING")},
+    },
 }
