@@ -61,14 +61,23 @@ def run_seqs_reserve(*, run_id: Any, attempt: int, count: int) -> int | None:
 
 _APPEND_FENCED = """
 WITH bumped AS (
-    UPDATE runs_run SET last_seq = last_seq + cardinality(%(types)s::text[])
+    UPDATE runs_run SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb)
     WHERE id = %(run)s::uuid AND status = 'running' AND attempts = %(attempt)s
     RETURNING last_seq)
 INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
-SELECT %(run)s::uuid, b.last_seq - cardinality(%(types)s::text[]) + e.n, e.type, e.payload, now()
-FROM bumped b, unnest(%(types)s::text[], %(payloads)s::jsonb[]) WITH ORDINALITY AS e(type, payload, n)
+SELECT %(run)s::uuid, b.last_seq - jsonb_array_length(%(events)s::jsonb) + e.n, e.doc->>0,
+       e.doc->1, now()
+FROM bumped b, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
 RETURNING seq
 """
+
+
+def events_doc(events: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """Events as one JSON parameter, `[[type, payload], …]`, that a statement unpacks with
+    `jsonb_array_elements(…) WITH ORDINALITY AS e(doc, n)` (type `e.doc->>0`, payload
+    `e.doc->1`). psycopg dumps a list parameter element by element in Python: for a finish's
+    arrays that was ~90 µs of a worker's CPU, one `json.dumps` is ~3 µs."""
+    return json.dumps([[t, p] for t, p in events])
 
 
 def run_events_append_fenced(
@@ -84,9 +93,8 @@ def run_events_append_fenced(
     if not events:
         return []
     with prepared_cursor() as cursor:
-        cursor.execute(_APPEND_FENCED, {
-            "run": str(run_id), "attempt": attempt, "types": [t for t, _ in events],
-            "payloads": [json.dumps(p) for _, p in events]})
+        cursor.execute(_APPEND_FENCED, {"run": str(run_id), "attempt": attempt,
+                                        "events": events_doc(events)})
         seqs = sorted(row[0] for row in cursor.fetchall())
     if not seqs:
         return None
@@ -97,8 +105,8 @@ def run_events_append_fenced(
 
 _EVENTS_INSERT = """
 INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
-SELECT %(run)s, e.seq, e.type, e.payload, now()
-FROM unnest(%(seqs)s::int[], %(types)s::text[], %(payloads)s::jsonb[]) AS e(seq, type, payload)
+SELECT %(run)s, %(first)s + e.n - 1, e.doc->>0, e.doc->1, now()
+FROM jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
 RETURNING seq, id, created_at
 """
 
@@ -117,9 +125,8 @@ def events_insert(
         return []
     seqs = [first_seq + i for i in range(len(events))]
     with prepared_cursor() as cursor:
-        cursor.execute(_EVENTS_INSERT, {
-            "run": run_id, "seqs": seqs, "types": [t for t, _ in events],
-            "payloads": [json.dumps(p) for _, p in events]})
+        cursor.execute(_EVENTS_INSERT, {"run": run_id, "first": first_seq,
+                                        "events": events_doc(events)})
         made = {seq: (pk, created) for seq, pk, created in cursor.fetchall()}
     rows = []
     for seq, (type, payload) in zip(seqs, events, strict=True):

@@ -29,6 +29,7 @@ from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.events import (
+    events_doc,
     events_insert,
     events_publish,
     run_event_append,
@@ -562,7 +563,7 @@ WITH held AS (
     UPDATE runs_run
     SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
         error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
-        last_seq = last_seq + cardinality(%(types)s::text[])
+        last_seq = last_seq + jsonb_array_length(%(events)s::jsonb)
     WHERE id = %(run)s::uuid AND attempts = %(attempt)s AND status = 'running'
       AND NOT EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = %(run)s::uuid)
       AND (SELECT n FROM held) >= 0
@@ -572,17 +573,16 @@ WITH held AS (
                             width, height, seed, lineage, created_at)
     SELECT t.id, %(run)s::uuid, %(owner)s, t.node_id, t.index, t.sha256, t.media_type, t.size,
            t.width, t.height, t.seed, t.lineage, %(created)s
-    FROM done, unnest(%(ids)s::uuid[], %(nodes)s::text[], %(indexes)s::int[], %(shas)s::text[],
-                      %(media)s::text[], %(sizes)s::bigint[], %(widths)s::int[],
-                      %(heights)s::int[], %(seeds)s::bigint[], %(lineages)s::jsonb[])
-         AS t(id, node_id, index, sha256, media_type, size, width, height, seed, lineage)
+    FROM done, jsonb_to_recordset(%(takes)s::jsonb)
+         AS t(id uuid, node_id text, index int, sha256 text, media_type text, size bigint,
+              width int, height int, seed bigint, lineage jsonb)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), logged AS (
     INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
-    SELECT %(run)s::uuid, done.last_seq - cardinality(%(types)s::text[]) + e.n, e.type,
-           e.payload, now()
-    FROM done, unnest(%(types)s::text[], %(payloads)s::jsonb[]) WITH ORDINALITY AS e(type, payload, n)
+    SELECT %(run)s::uuid, done.last_seq - jsonb_array_length(%(events)s::jsonb) + e.n,
+           e.doc->>0, e.doc->1, now()
+    FROM done, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
     RETURNING 1
 )
 SELECT last_seq, queue, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged) FROM done
@@ -619,13 +619,12 @@ def _finish_first_takes(
                     "status": status, "code": error.get("code", ""),
                     "message": error.get("message", ""), "node": error.get("nodeId") or "",
                     "run": claim.run_id, "attempt": claim.attempt, "owner": claim.owner_id,
-                    "created": now, "ids": [t.id for t in rows],
-                    "nodes": [t.node_id for t in rows], "indexes": [t.index for t in rows],
-                    "shas": [t.sha256 for t in rows], "media": [t.media_type for t in rows],
-                    "sizes": [t.size for t in rows], "widths": [t.width for t in rows],
-                    "heights": [t.height for t in rows], "seeds": [t.seed for t in rows],
-                    "lineages": [json.dumps(t.lineage) for t in rows],
-                    "types": [t for t, _ in bound], "payloads": [json.dumps(p) for _, p in bound]})
+                    "created": now, "takes": json.dumps([{
+                        "id": str(t.id), "node_id": t.node_id, "index": t.index,
+                        "sha256": t.sha256, "media_type": t.media_type, "size": t.size,
+                        "width": t.width, "height": t.height, "seed": t.seed,
+                        "lineage": t.lineage} for t in rows]),
+                    "events": events_doc(bound)})
                 row = cursor.fetchone()
             if row is None:
                 return False  # the general path answers
