@@ -10,7 +10,9 @@ Every view of the farm is sync, so here a request is read in the loop, handed ON
 long-lived threads that runs Django's sync handler (the same middleware, URLs and views) and
 collects the response, then written back by the loop. A request whose body is large or of
 unknown length (an upload over INLINE_MAX_BODY_BYTES, a chunked body) goes to Django's ASGI
-handler instead, which spools it to disk and streams as before.
+handler instead, which spools it to disk and streams as before. /v1/ requests run a shorter
+middleware chain (settings.API_MIDDLEWARE: no sessions, CSRF, auth or messages, which a
+Bearer-token API never reads).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefi
 from django.core.handlers.base import BaseHandler
 from django.http import JsonResponse
 from django.http.response import HttpResponseBase
+from django.test.utils import override_settings
 from django.urls import set_script_prefix
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,9 @@ class SyncDoor:
         self.fallback = fallback
         self.handler = BaseHandler()
         self.handler.load_middleware(is_async=False)
+        self.api_handler = BaseHandler()  # /v1/: settings.API_MIDDLEWARE (no browser session)
+        with override_settings(MIDDLEWARE=settings.API_MIDDLEWARE):
+            self.api_handler.load_middleware(is_async=False)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="http")
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -71,7 +77,8 @@ class SyncDoor:
         except RequestDataTooBig:
             response = _error(413, "too_large", "the request body is over the limit")
         else:
-            response = self.handler.get_response(request)
+            handler = self.api_handler if request.path_info.startswith("/v1/") else self.handler
+            response = handler.get_response(request)
         try:
             content = (b"".join(response) if response.streaming  # type: ignore[arg-type]
                        else response.content)  # type: ignore[attr-defined]

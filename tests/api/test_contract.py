@@ -112,6 +112,21 @@ def test_cookies_are_secure_behind_tls_when_configured(farm, strict_web):
     assert login.headers["location"].startswith("/admin/login/")
 
 
+def test_api_responses_keep_the_security_headers_and_set_no_browser_state(farm, owner):
+    """/v1 runs settings.API_MIDDLEWARE (no sessions, CSRF, auth or messages middleware): its
+    answers carry the same security headers as the admin's and never a cookie or Vary: Cookie;
+    the admin, on the full chain, still gets its CSRF cookie."""
+    for response in (owner.get("/v1/runs"), owner.get("/v1/runs/00000000-0000-0000-0000-0000000"
+                                                      "00000"), owner.post("/v1/runs", json={})):
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "same-origin"
+        assert "set-cookie" not in response.headers
+        assert "cookie" not in response.headers.get("vary", "").lower()
+    admin = httpx.get(f"{farm.url}/admin/login/")
+    assert admin.headers["x-frame-options"] == "DENY" and "csrftoken=" in admin.headers["set-cookie"]
+
+
 # --- response models never drop a field -------------------------------------------------------
 
 def test_declared_response_models_keep_fields_they_do_not_declare(owner):
