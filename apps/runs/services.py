@@ -14,7 +14,8 @@ import functools
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,12 +104,15 @@ def run_submit(
     """
     normalised = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
     order = closure_order(normalised, target)
-    _assets_check(owner, normalised, order)
+    assets = list(param_refs(normalised, order, "asset"))
+    plain = client_run_id is None and not _team_limits(owner)
+    if not plain:
+        _assets_check(owner, assets)  # the plain path checks them in its statement
     requirement = _requirement(normalised, order)
     _priority_check(owner, priority)
     sha = normalised.sha256()
-    if client_run_id is None and not _team_limits(owner):
-        return _run_create_plain(owner, normalised, sha, target, priority, requirement)
+    if plain:
+        return _run_create_plain(owner, normalised, sha, target, priority, requirement, assets)
     try:
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
                                    requirement)
@@ -148,19 +152,28 @@ def _run_create_or_find(
 
 
 # A submit without clientRunId by an owner without team limits (the common case), after the
-# owner's lock: the coalescing and in-flight checks, the graph upsert and the run's insert (both
-# only when the checks pass), and a try at the queue's dispatch lock, in one statement where
-# they were four (bench/hotpath.py's web-side timeline). The INSERT's columns and casts come
-# from the Run model (`_submit_plain`), so a migration that adds a column changes the text.
+# owner's lock: which of its assets the owner may use, the coalescing and in-flight checks, the
+# graph upsert and the run's insert (both only when every check passes), and a try at the
+# queue's dispatch lock, in one statement where they were five (bench/hotpath.py's web-side
+# timeline). The asset check reads what `assets_visible_to_owner` reads. The INSERT's columns
+# and casts come from the Run model (`_submit_plain`), so a migration that adds a column
+# changes the text.
 _SUBMIT_PLAIN = """
-WITH flight AS (
+WITH visible AS (
+    SELECT a.id FROM takes_asset a
+    WHERE a.id = ANY(%(assets)s::uuid[]) AND (%(staff)s OR a.owner_id = %(owner)s
+          OR a.owner_id IN (SELECT mate.user_id FROM accounts_team_members mine
+                            JOIN accounts_team_members mate ON mate.team_id = mine.team_id
+                            WHERE mine.user_id = %(owner)s))
+), flight AS (
     SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
             WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
               AND r.status IN ('queued', 'running') LIMIT 1) AS same,
            (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
               AND status IN ('queued', 'running')) AS busy
 ), go AS (
-    SELECT 1 FROM flight WHERE same IS NULL AND busy < %(limit)s
+    SELECT 1 FROM flight WHERE same IS NULL AND busy < %(limit)s AND %(found)s = (
+        SELECT count(*) FROM visible)
 ), stored AS (
     INSERT INTO graphs_graph (sha256, document, created_at)
     SELECT %(sha)s, %(doc)s::jsonb, now() FROM go
@@ -173,7 +186,7 @@ WITH flight AS (
     {insert} RETURNING graph_id
 )
 SELECT flight.same, flight.busy, (SELECT graph_id FROM made),
-       pg_try_advisory_xact_lock(%(lock_space)s, %(lock_key)s)
+       pg_try_advisory_xact_lock(%(lock_space)s, %(lock_key)s), ARRAY(SELECT id FROM visible)
 FROM flight
 """
 
@@ -194,13 +207,13 @@ def _submit_plain() -> tuple[str, list[Any]]:
 @transaction.atomic
 def _run_create_plain(
     owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
-    requirement: dict[str, Any],
+    requirement: dict[str, Any], assets: list[AssetRef],
 ) -> tuple[Run, bool]:
-    """`_run_create_or_find` without clientRunId or team limits, in three round trips after
-    BEGIN (the owner's lock, `_SUBMIT_PLAIN`, the dispatch) instead of six."""
+    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits: BEGIN,
+    the owner's lock and `_SUBMIT_PLAIN` in one round trip (a pipeline), then the dispatch,
+    where they were seven round trips."""
     from apps.runs.dispatch import queue_dispatch_for_submit, queue_lock_key
 
-    advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
@@ -208,13 +221,22 @@ def _run_create_plain(
     statement, fields = _submit_plain()
     params = {f"f_{f.column}": f.get_db_prep_save(getattr(run, f.attname), connection)
               for f in fields}
+    wanted = sorted(set(_asset_ids(assets)))
     params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
                   doc=json.dumps(graph.model_dump()), lock_space=LOCK_QUEUE_DISPATCH,
-                  lock_key=queue_lock_key(run.queue))
-    for _ in range(2):
-        with prepared_cursor() as cursor:
+                  lock_key=queue_lock_key(run.queue), assets=wanted, found=len(wanted),
+                  staff=owner.is_staff)
+    for attempt in range(2):
+        with prepared_cursor() as cursor, _pipelined(first=attempt == 0):
+            if attempt == 0:
+                # The owner's lock is its own statement, ahead of `_SUBMIT_PLAIN`, whose snapshot
+                # (taken when it starts, after the lock is granted) then sees every earlier
+                # submit of the owner. Pipelined, both (and BEGIN) cost one round trip.
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                               [LOCK_OWNER_SUBMIT, owner.pk])
             cursor.execute(statement, params)
-            same, busy, graph_id, dispatch_locked = cursor.fetchone()
+            same, busy, graph_id, dispatch_locked, visible = cursor.fetchone()
+        _assets_found(assets, {str(v) for v in visible})
         if same is not None:
             return Run.objects.get(pk=same), False  # coalesced onto the run in flight
         if busy >= limit:
@@ -229,6 +251,17 @@ def _run_create_plain(
     run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
     queue_dispatch_for_submit(run.queue, locked=dispatch_locked)
     return run, True
+
+
+@contextmanager
+def _pipelined(*, first: bool) -> Iterator[None]:
+    """psycopg's pipeline mode on this connection while the block runs (`first`): statements are
+    sent without waiting for each answer; a fetch waits for all of them, in order."""
+    if not first:
+        yield
+        return
+    with connection.connection.pipeline():
+        yield
 
 
 def advisory_lock(namespace: int, key: int) -> None:
@@ -344,13 +377,22 @@ def _priority_check(owner: User, priority: int) -> None:
         )
 
 
-def _assets_check(owner: User, graph: GraphDoc, order: list[str]) -> None:
-    refs = list(param_refs(graph, order, "asset"))
-    if not refs:
-        return
-    wanted = [str(value) for _, _, value in refs if is_uuid(value)]
+AssetRef = tuple[str, Any, Any]  # (node id, param, value): `param_refs(…, "asset")`
+
+
+def _assets_check(owner: User, refs: list[AssetRef]) -> None:
+    wanted = _asset_ids(refs)
     visible = (assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted, owner=owner)
                if wanted else set())
+    _assets_found(refs, visible)
+
+
+def _asset_ids(refs: list[AssetRef]) -> list[str]:
+    return [str(value) for _, _, value in refs if is_uuid(value)]
+
+
+def _assets_found(refs: list[AssetRef], visible: set[str]) -> None:
+    """GraphInvalid naming the first node whose asset the owner may not use (or that is gone)."""
     for node_id, param, value in refs:
         if str(value) not in visible:
             raise GraphInvalid(

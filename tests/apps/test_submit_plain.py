@@ -1,6 +1,7 @@
 """A plain submit (no clientRunId, no team limit) is one statement after the owner's lock
-(apps/runs/services.py `_SUBMIT_PLAIN`); these check its one race by hand: another submit
-commits the same new graph document while this one's statement runs."""
+(apps/runs/services.py `_SUBMIT_PLAIN`, pipelined behind the lock); these check its one race by
+hand (another submit commits the same new graph document while this one's statement runs) and
+the asset check it took over from a statement of its own."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 result["pid"] = cursor.fetchone()[0]
-            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT)
+            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT, [])
         except Exception as exc:  # noqa: BLE001 — reported by the asserts below
             result["error"] = exc
         finally:
@@ -77,10 +78,49 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
 def test_a_plain_submit_coalesces_and_counts_what_is_in_flight() -> None:
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
     graph = _graph()
-    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT)
-    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT)
+    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
     assert created and not created_again and again.pk == first.pk
     stored = Run.objects.get(pk=first.pk)
     assert (stored.status, stored.queue, stored.requirement, stored.owner_id) == (
         "queued", first.queue, REQUIREMENT, owner.pk)
     assert stored.created_at == first.created_at
+
+
+def _asset(owner: Any) -> str:
+    from apps.takes.models import Asset
+
+    return str(Asset.objects.create(owner=owner, sha256="0" * 64, media_type="image/png",
+                                    size=1).pk)
+
+
+def _loads(asset: str) -> dict[str, Any]:
+    return {"nodes": {"src0": {"type": "image/load", "params": {"asset": asset}}},
+            "target": "src0"}
+
+
+def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a_miss() -> None:
+    from apps.graphs.validation import GraphInvalid
+    from apps.runs.services import run_submit
+
+    users = get_user_model().objects
+    owner = users.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    stranger = users.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    staff = users.create(username=f"plain-{uuid.uuid4().hex[:8]}", is_staff=True)
+    mine, theirs = _asset(owner), _asset(stranger)
+
+    def submit(user: Any, body: dict[str, Any]) -> Any:
+        graph = GraphDoc.model_validate({"nodes": body["nodes"]})
+        return run_submit(owner=user, graph=graph, target=body["target"])
+
+    _, created = submit(owner, _loads(mine))
+    assert created and Run.objects.filter(owner=owner).count() == 1
+    graphs = Graph.objects.count()
+    for body, node in ((_loads(theirs), "src0"), (_loads("not-a-uuid"), "src0"),
+                       (_loads(str(uuid.uuid4())), "src0")):
+        with pytest.raises(GraphInvalid) as refused:
+            submit(owner, body)
+        assert (refused.value.code, refused.value.node_id) == ("asset_not_found", node)
+    assert Run.objects.filter(owner=owner).count() == 1 and Graph.objects.count() == graphs
+    _, created = submit(staff, _loads(theirs))  # staff may use anyone's
+    assert created
