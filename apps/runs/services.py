@@ -43,14 +43,8 @@ from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.models import Take
 from apps.takes.selectors import assets_visible_to_owner
-from apps.takes.services import TakeDraft, blob_release, takes_insert, takes_keep
-from apps.takes.storage import (
-    BLOB_LOCK_SPACE,
-    blob_lock_key,
-    blob_path,
-    blob_put,
-    blobs_put_meanwhile,
-)
+from apps.takes.services import TakeDraft, takes_insert, takes_keep
+from apps.takes.storage import BLOB_LOCK_SPACE, blob_lock_key, blob_put
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
@@ -646,9 +640,9 @@ def _finish_first_takes(
     events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft],
 ) -> bool:
     """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
-    general path. The bytes are stored while the statement runs (`blobs_put_meanwhile`), which
-    then holds their blob locks until commit; when it wrote no take (an attempt that lost the
-    run), what this call created goes back to retention's check."""
+    general path. The bytes are stored after the statement, which holds their blob locks until
+    commit (apps/takes/storage.py), and only when it wrote the takes: an attempt that lost the
+    run stores none."""
     now = timezone.now()
     rows = sorted((Take(id=uuid.uuid4(), run_id=claim.run_id, owner_id=claim.owner_id,
                         node_id=d.node_id, index=d.index, sha256=hashlib.sha256(d.data).hexdigest(),
@@ -659,8 +653,6 @@ def _finish_first_takes(
     kept = {(t["nodeId"], t["index"]): t for t in every}
     done = {"status": status, "error": run_error_of(error), "takes": every}
     bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
-    drafts = sorted(takes, key=lambda d: (d.node_id, d.index))
-    stored = blobs_put_meanwhile([(d.data, t.sha256) for t, d in zip(rows, drafts, strict=True)])
     try:
         with transaction.atomic():
             with prepared_cursor() as cursor:
@@ -677,21 +669,18 @@ def _finish_first_takes(
                     "events": events_doc(bound)})
                 row = cursor.fetchone()
             if row is None:
-                raise _NotFirstTakes  # the general path answers
+                return False  # the general path answers
             last_seq, queue, inserted, logged = row
             if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
                 raise _NotFirstTakes
-            stored()  # durable before COMMIT; the statement holds every take's blob lock now,
-            for take, draft in zip(rows, drafts, strict=True):  # so what is there stays there
-                if not blob_path(take.sha256).exists():  # retention took it before the lock
-                    blob_put(draft.data, take.sha256)
+            for take, draft in zip(rows, sorted(takes, key=lambda d: (d.node_id, d.index)),
+                                   strict=True):
+                blob_put(draft.data, take.sha256)
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
             transaction.on_commit(lambda: dispatch_queue_soon(queue))
     except _NotFirstTakes:
-        for digest in stored():  # written for takes this statement did not write
-            blob_release(digest)  # unless something references them now
         return False
     return True
 

@@ -94,7 +94,7 @@ def take_remove(*, take_ids: Iterable[Any], by: User, reason: str) -> list[TakeR
             for take in takes
         )
         for digest in sorted(released):
-            transaction.on_commit(partial(blob_release, digest))
+            transaction.on_commit(partial(_blob_release, digest))
     return removals
 
 
@@ -111,7 +111,7 @@ def _blob_referenced(sha256: str) -> bool:
             or Asset.objects.filter(sha256=sha256).exists())
 
 
-def blob_release(sha256: str) -> None:
+def _blob_release(sha256: str) -> None:
     """Delete the bytes of `sha256` if still nothing references them (after the removal commit)."""
     with transaction.atomic():
         blob_lock(sha256, shared=False)

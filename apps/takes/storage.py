@@ -5,9 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from django.conf import settings
@@ -45,37 +42,6 @@ def blob_put(data: bytes, digest: str | None = None) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return digest
-
-
-_writer: list[ThreadPoolExecutor] = []
-_writer_lock = threading.Lock()
-
-
-def blobs_put_meanwhile(blobs: list[tuple[bytes, str]]) -> Callable[[], set[str]]:
-    """Start storing `blobs` ((data, sha256) pairs) on a writer thread, and return `wait()`:
-    it returns once all are durable, with the digests this call created (not there before).
-
-    For a writer that stores bytes while its statement runs (a quick run's finish: its take's
-    write and fsync took ~1 ms after the statement, bench/timeline.py). Until the writer holds
-    the blob's lock (`blob_lock`), retention may delete what was written meanwhile: once it
-    holds it, it checks with `blob_path(…).exists()` and puts again what is gone; a writer that
-    ends up referencing nothing hands what it created to retention's check
-    (apps/takes/services.py `blob_release`)."""
-    if not blobs:
-        return set
-    with _writer_lock:
-        if not _writer:
-            _writer.append(ThreadPoolExecutor(2, thread_name_prefix="blob-put"))
-    futures = [_writer[0].submit(_put_new, data, digest) for data, digest in blobs]
-    return lambda: {digest for (_, digest), f in zip(blobs, futures, strict=True) if f.result()}
-
-
-def _put_new(data: bytes, digest: str) -> bool:
-    """`blob_put`; True when this call created the file."""
-    if blob_path(digest).exists():
-        return False
-    blob_put(data, digest)
-    return True
 
 
 def blob_read(sha256: str) -> bytes:

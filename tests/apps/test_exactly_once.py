@@ -238,20 +238,3 @@ def test_takes_insert_returns_only_the_takes_it_inserted_never_a_filled_slot() -
     assert [(t.node_id, t.index) for t in again] == [("out", 1)]
     kept = Take.objects.get(run=run, node_id="out", index=0)
     assert kept.pk == first[0].pk and kept.sha256 == first[0].sha256
-
-
-def test_a_finish_stores_its_take_s_bytes_even_when_retention_deleted_them_meanwhile(
-    monkeypatch: Any,
-) -> None:
-    """The finish writes the bytes while its statement runs (`blobs_put_meanwhile`); retention
-    may delete them before the statement takes their blob lock. Simulated here as a writer whose
-    file is gone by then: once the lock is held, the finish puts the bytes again."""
-    import apps.runs.services as services
-
-    monkeypatch.setattr(services, "blobs_put_meanwhile", lambda blobs: set)  # written, then gone
-    run = _run()
-    draft = _draft((4, 4, 4))
-    assert run_finish(claim=_claim(run, WORKER_B), status="succeeded", events=[_node_done()],
-                      takes=[draft])
-    assert blob_path(_sha(draft)).read_bytes() == draft.data
-    assert Take.objects.get(run=run).sha256 == _sha(draft)
