@@ -1,0 +1,122 @@
+"""Two checkouts' hot paths, compared run by run on one machine: A, B, A, B, …
+
+    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/ab.py OTHER_CHECKOUT [--runs 300]
+
+This box's speed swings by up to ~2× from minute to minute (other tenants), so two benchmark
+runs one after the other compare the machine's phases as much as the code. Here both farms are
+up at once (this checkout's and OTHER_CHECKOUT's, each the processes of bench/hotpath.py: web,
+one worker, beat, on a database of its own) and the client alternates bench/hotpath.py's
+sequential run between them: every phase of the machine falls on both alike. The idle farm
+only heartbeats meanwhile. B's broker and channel layer are the Redis databases two above
+BROKER_URL's and CHANNEL_REDIS_URL's.
+
+Printed per farm: submit → done p50 / p90 and the CPU per run of its web, worker and
+PostgreSQL (all PostgreSQL processes: both farms' backends, so that line is shared), and the
+ratio B / A of the p50s. OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.hotpath import _graph, _png, wait_done  # noqa: E402
+
+# Run in each checkout: bring its farm up, say where it is, and hold it until stdin closes.
+_HOLD = """
+import json, sys
+sys.path.insert(0, ".")
+from bench._farm import bench_farm
+from bench.hotpath import wait_for_worker
+with bench_farm(beat=True) as (farm, token, _models):
+    wait_for_worker(farm.url)
+    print(json.dumps({"url": farm.url, "token": token, "web": farm.procs["web"].pid,
+                      "worker": farm.procs["worker1"].pid}), flush=True)
+    sys.stdin.read()
+"""
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _other_db(url: str) -> str:
+    """`url` on the Redis database two above its own: B's broker and channel layer must not be
+    A's (both workers serve queue `cpu`; one would take the other's runs)."""
+    base, _, db = url.rstrip("/").rpartition("/")
+    if not db.isdigit():
+        raise SystemExit(f"give BROKER_URL and CHANNEL_REDIS_URL a database number: {url}")
+    return f"{base}/{int(db) + 2}"
+
+
+def _hold(checkout: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen([str(checkout / ".venv" / "bin" / "python"), "-c", _HOLD],
+                            cwd=checkout, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, **env, "PYTHONPATH": str(checkout)})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"the farm of {checkout} did not come up")
+    return proc, json.loads(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("other", type=Path, help="the checkout to compare with (B)")
+    parser.add_argument("--runs", type=int, default=300, help="sequential runs on each farm")
+    args = parser.parse_args()
+    farms = {}
+    holders = []
+    try:
+        other_env = {k: _other_db(os.environ[k]) for k in ("BROKER_URL", "CHANNEL_REDIS_URL")}
+        for label, checkout, env in (("A", REPO, {}), ("B", args.other.resolve(), other_env)):
+            proc, farm = _hold(checkout, env)
+            holders.append(proc)
+            client = httpx.Client(base_url=farm["url"], timeout=60,
+                                  headers={"Authorization": f"Bearer {farm['token']}"})
+            asset = client.post("/v1/assets", files={"file": ("a.png", _png(), "image/png")}
+                                ).json()["id"]
+            farms[label] = {**farm, "checkout": checkout, "client": client, "asset": asset,
+                            "times": [], "cpu": {"web": 0.0, "worker": 0.0}}
+        for n in range(-20, args.runs):  # 20 warm-up runs each
+            for farm in farms.values():
+                before = {k: _cpu(farm[k]) for k in ("web", "worker")}
+                started = time.perf_counter()
+                run_id = farm["client"].post("/v1/runs", json=_graph(farm["asset"], n + 40)
+                                             ).json()["runId"]
+                run, _ = wait_done(farm["client"], run_id)
+                assert run["status"] == "succeeded", run
+                if n >= 0:
+                    farm["times"].append(time.perf_counter() - started)
+                    for k in ("web", "worker"):
+                        farm["cpu"][k] += _cpu(farm[k]) - before[k]
+    finally:
+        for proc in holders:
+            proc.communicate("")
+
+    print(f"\nA/B, {args.runs} sequential hot-path runs each, alternating run by run:")
+    p50 = {}
+    for label, farm in farms.items():
+        times = sorted(farm["times"])
+        p50[label] = statistics.median(times) * 1000
+        cpu = ", ".join(f"{k} {v / args.runs * 1000:.2f}" for k, v in farm["cpu"].items())
+        print(f"  {label} {str(farm['checkout']):<28} submit → done p50 {p50[label]:6.2f} ms, "
+              f"p90 {times[int(0.9 * len(times))] * 1000:6.2f} ms; CPU per run (ms): {cpu}")
+    print(f"  B / A p50: {p50['B'] / p50['A']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
