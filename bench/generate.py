@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import torch
 
-from bench._farm import bench_farm, wait_for_model, wait_run_done
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._farm import bench_farm, wait_for_model, wait_run_done  # noqa: E402
 
 
 def main() -> None:
