@@ -113,7 +113,7 @@ def main() -> None:
         times = sorted(farm["times"])
         p50[label] = statistics.median(times) * 1000
         cpu = ", ".join(f"{k} {v / args.runs * 1000:.2f}" for k, v in farm["cpu"].items())
-        print(f"  {label} {str(farm['checkout']):<28} submit → done p50 {p50[label]:6.2f} ms, "
+        print(f"  {label} {farm['checkout']!s:<28} submit → done p50 {p50[label]:6.2f} ms, "
               f"p90 {times[int(0.9 * len(times))] * 1000:6.2f} ms; CPU per run (ms): {cpu}")
     print(f"  B / A p50: {p50['B'] / p50['A']:.2f}")
 

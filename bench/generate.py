@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._farm import bench_farm, wait_for_model, wait_run_done  # noqa: E402
+from bench._farm import bench_farm, wait_for_model, wait_run_done
 
 
 def main() -> None:
