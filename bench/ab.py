@@ -10,9 +10,9 @@ sequential run between them: every phase of the machine falls on both alike. The
 only heartbeats meanwhile. B's broker and channel layer are the Redis databases two above
 BROKER_URL's and CHANNEL_REDIS_URL's.
 
-Printed per farm: submit → done p50 / p90 and the CPU per run of its web, worker and
-PostgreSQL (all PostgreSQL processes: both farms' backends, so that line is shared), and the
-ratio B / A of the p50s. OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
+Printed per farm: submit → done p50 / p90 and the CPU per run of its web and worker, and the
+ratio B / A of the p50s; with `--bursts K`, then K bursts on each, alternating, and their
+accepted/s and completed/s. OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
 """
 
 from __future__ import annotations
@@ -32,18 +32,19 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.hotpath import _graph, _png, wait_done  # noqa: E402
+from bench.hotpath import _graph, _png, burst, wait_done  # noqa: E402
 
 # Run in each checkout: bring its farm up, say where it is, and hold it until stdin closes.
 _HOLD = """
 import json, sys
 sys.path.insert(0, ".")
 from bench._farm import bench_farm
-from bench.hotpath import wait_for_worker
+from bench.hotpath import more_tokens, wait_for_worker
 with bench_farm(beat=True) as (farm, token, _models):
     wait_for_worker(farm.url)
-    print(json.dumps({"url": farm.url, "token": token, "web": farm.procs["web"].pid,
-                      "worker": farm.procs["worker1"].pid}), flush=True)
+    print(json.dumps({"url": farm.url, "tokens": [token, *more_tokens(farm.env, 8)],
+                      "web": farm.procs["web"].pid, "worker": farm.procs["worker1"].pid}),
+          flush=True)
     sys.stdin.read()
 """
 
@@ -77,6 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("other", type=Path, help="the checkout to compare with (B)")
     parser.add_argument("--runs", type=int, default=300, help="sequential runs on each farm")
+    parser.add_argument("--bursts", type=int, default=0,
+                        help="then this many bursts on each, alternating (bench/hotpath.py's: "
+                             "200 runs from 8 threads by 8 users)")
     args = parser.parse_args()
     farms = {}
     holders = []
@@ -85,12 +89,14 @@ def main() -> None:
         for label, checkout, env in (("A", REPO, {}), ("B", args.other.resolve(), other_env)):
             proc, farm = _hold(checkout, env)
             holders.append(proc)
+            assets = {t: httpx.post(f"{farm['url']}/v1/assets", files={
+                "file": ("a.png", _png(), "image/png")}, headers={"Authorization": f"Bearer {t}"}
+            ).json()["id"] for t in farm["tokens"]}
             client = httpx.Client(base_url=farm["url"], timeout=60,
-                                  headers={"Authorization": f"Bearer {farm['token']}"})
-            asset = client.post("/v1/assets", files={"file": ("a.png", _png(), "image/png")}
-                                ).json()["id"]
-            farms[label] = {**farm, "checkout": checkout, "client": client, "asset": asset,
-                            "times": [], "cpu": {"web": 0.0, "worker": 0.0}}
+                                  headers={"Authorization": f"Bearer {farm['tokens'][0]}"})
+            farms[label] = {**farm, "checkout": checkout, "client": client, "assets": assets,
+                            "asset": assets[farm["tokens"][0]], "times": [], "bursts": [],
+                            "cpu": {"web": 0.0, "worker": 0.0}}
         for n in range(-20, args.runs):  # 20 warm-up runs each
             for farm in farms.values():
                 before = {k: _cpu(farm[k]) for k in ("web", "worker")}
@@ -103,6 +109,9 @@ def main() -> None:
                     farm["times"].append(time.perf_counter() - started)
                     for k in ("web", "worker"):
                         farm["cpu"][k] += _cpu(farm[k]) - before[k]
+        for _ in range(args.bursts):
+            for farm in farms.values():
+                farm["bursts"].append(burst(farm["url"], farm["tokens"], farm["assets"], 200))
     finally:
         for proc in holders:
             proc.communicate("")
@@ -116,6 +125,10 @@ def main() -> None:
         print(f"  {label} {farm['checkout']!s:<28} submit → done p50 {p50[label]:6.2f} ms, "
               f"p90 {times[int(0.9 * len(times))] * 1000:6.2f} ms; CPU per run (ms): {cpu}")
     print(f"  B / A p50: {p50['B'] / p50['A']:.2f}")
+    for label, farm in farms.items():
+        if farm["bursts"]:
+            pairs = "; ".join(f"{a:.0f} / {c:.0f}" for a, c in farm["bursts"])
+            print(f"  {label} bursts of 200, accepted/s / completed/s: {pairs}")
 
 
 if __name__ == "__main__":
