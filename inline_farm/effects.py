@@ -60,8 +60,17 @@ def _redis_broker() -> Any:
             options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
             if url.startswith(("redis://", "rediss://")) and not options.get("global_keyprefix"):
                 import redis
+                from redis.backoff import ExponentialBackoff
+                from redis.retry import Retry
 
-                client = redis.Redis.from_url(url)
+                # Celery's publish retried 3 times; so does this. redis-py itself replaces an
+                # idle pooled connection the broker dropped; the retry covers a command cut off
+                # mid-way (Redis restarting), which would otherwise wait for the dispatcher's
+                # safety net. A retry after a lost reply may push twice: a duplicate delivery is
+                # a no-op (the claim's compare-and-set).
+                client = redis.Redis.from_url(
+                    url, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+                    retry_on_error=[redis.ConnectionError, redis.TimeoutError])
             _broker.update(url=url, client=client)
         return _broker["client"]
 
@@ -94,8 +103,6 @@ def task_message(task_name: str, args: list[Any], queue: str) -> str:
             "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
         },
     })
-
-
 
 
 def group_send_after_commit(group: str, message: dict[str, Any]) -> None:

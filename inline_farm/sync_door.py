@@ -47,7 +47,9 @@ class SyncDoor:
         self.fallback = fallback
         self.handler = BaseHandler()
         self.handler.load_middleware(is_async=False)
-        self.api_handler = BaseHandler()  # /v1/: settings.API_MIDDLEWARE (no browser session)
+        # /v1/: settings.API_MIDDLEWARE. Django's handler loads its chain from
+        # settings.MIDDLEWARE; that is swapped for this one load, at startup, before any request.
+        self.api_handler = BaseHandler()
         with override_settings(MIDDLEWARE=settings.API_MIDDLEWARE):
             self.api_handler.load_middleware(is_async=False)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="http")

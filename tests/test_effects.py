@@ -57,3 +57,4 @@ def test_publish_pushes_onto_the_queue_named_list(scratch_queue):
     sent = [json.loads(client.rpop(queue)) for _ in range(2)]  # kombu pops from the right: FIFO
     assert [json.loads(base64.b64decode(m["body"]))[0] for m in sent] == [["run-1"], ["run-2"]]
     assert client.llen(queue) == 0
+

@@ -42,7 +42,7 @@ from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.models import Take
-from apps.takes.selectors import assets_visible_to_owner
+from apps.takes.selectors import ASSETS_VISIBLE, assets_visible_to_owner
 from apps.takes.services import TakeDraft, takes_insert, takes_keep
 from apps.takes.storage import BLOB_LOCK_SPACE, blob_lock_key, blob_put
 from apps.takes.wire import take_to_wire
@@ -155,17 +155,11 @@ def _run_create_or_find(
 # owner's lock: which of its assets the owner may use, the coalescing and in-flight checks, the
 # graph upsert and the run's insert (both only when every check passes), and a try at the
 # queue's dispatch lock, in one statement where they were five (bench/hotpath.py's web-side
-# timeline). The asset check reads what `assets_visible_to_owner` reads. The INSERT's columns
+# timeline). The asset check is `assets_visible_to_owner`'s statement. The INSERT's columns
 # and casts come from the Run model (`_submit_plain`), so a migration that adds a column
 # changes the text.
 _SUBMIT_PLAIN = """
-WITH visible AS (
-    SELECT a.id FROM takes_asset a
-    WHERE a.id = ANY(%(assets)s::uuid[]) AND (%(staff)s OR a.owner_id = %(owner)s
-          OR a.owner_id IN (SELECT mate.user_id FROM accounts_team_members mine
-                            JOIN accounts_team_members mate ON mate.team_id = mine.team_id
-                            WHERE mine.user_id = %(owner)s))
-), flight AS (
+WITH visible AS ({assets_visible}), flight AS (
     SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
             WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
               AND r.status IN ('queued', 'running') LIMIT 1) AS same,
@@ -201,7 +195,8 @@ def _submit_plain() -> tuple[str, list[Any]]:
     values = ", ".join("graph.id" if f.column == "graph_id"
                        else f"%(f_{f.column})s::{f.db_type(connection)}" for f in fields)
     insert = f"INSERT INTO runs_run ({columns}) SELECT {values} FROM graph"
-    return _SUBMIT_PLAIN.format(insert=insert), [f for f in fields if f.column != "graph_id"]
+    statement = _SUBMIT_PLAIN.format(insert=insert, assets_visible=ASSETS_VISIBLE)
+    return statement, [f for f in fields if f.column != "graph_id"]
 
 
 @transaction.atomic
@@ -224,8 +219,8 @@ def _run_create_plain(
     wanted = sorted(set(_asset_ids(assets)))
     params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
                   doc=json.dumps(graph.model_dump()), lock_space=LOCK_QUEUE_DISPATCH,
-                  lock_key=queue_lock_key(run.queue), assets=wanted, found=len(wanted),
-                  staff=owner.is_staff)
+                  lock_key=queue_lock_key(run.queue), ids=wanted, found=len(wanted),
+                  all=owner.is_staff, me=owner.pk)
     for attempt in range(2):
         with prepared_cursor() as cursor, _pipelined(first=attempt == 0):
             if attempt == 0:

@@ -40,7 +40,9 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
     return _scoped(Asset.objects.all(), user).filter(pk=asset_id).first()
 
 
-_ASSETS_VISIBLE = """
+# The assets (`%(ids)s`) that user `%(me)s` may use: own, a teammate's, any when `%(all)s`
+# (staff). Also part of a plain submit's statement (apps/runs/services.py `_SUBMIT_PLAIN`).
+ASSETS_VISIBLE = """
 SELECT a.id FROM takes_asset a
 WHERE a.id = ANY(%(ids)s::uuid[]) AND (%(all)s OR a.owner_id = %(me)s OR a.owner_id IN (
     SELECT mate.user_id FROM accounts_team_members mine
@@ -58,5 +60,5 @@ def assets_visible_to_owner(
     if owner is None:
         owner = User.objects.get(pk=owner_id)
     with prepared_cursor() as cursor:
-        cursor.execute(_ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
+        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
         return {str(row[0]) for row in cursor.fetchall()}

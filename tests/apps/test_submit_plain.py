@@ -124,3 +124,9 @@ def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a
     assert Run.objects.filter(owner=owner).count() == 1 and Graph.objects.count() == graphs
     _, created = submit(staff, _loads(theirs))  # staff may use anyone's
     assert created
+    from apps.accounts.models import Team
+
+    team = Team.objects.create(name=f"plain-{uuid.uuid4().hex[:8]}")
+    team.members.add(owner, stranger)
+    _, created = submit(owner, _loads(theirs))  # a teammate's, now
+    assert created
