@@ -25,7 +25,7 @@ def health_first(app: Any) -> Any:
     async def wrapped(scope: Scope, receive: Any, send: Any) -> None:
         if (scope.get("path") in ("/v1/health", "/v1/health/")
                 and scope.get("method") in ("GET", "HEAD") and not scope.get("query_string")
-                and _host_allowed(scope)):
+                and host_allowed(scope)):
             await _health(scope, send)
             return
         await app(scope, receive, send)
@@ -33,7 +33,7 @@ def health_first(app: Any) -> Any:
     return wrapped
 
 
-def _host_allowed(scope: Scope) -> bool:
+def host_allowed(scope: Scope) -> bool:
     """ALLOWED_HOSTS as Django checks it; anything else goes to Django, which answers 400."""
     from django.conf import settings
     from django.http.request import split_domain_port, validate_host

@@ -37,8 +37,9 @@ from django.db.models import Model
 M = TypeVar("M", bound=Model)
 
 
-class _PreparingCursor(ServerBindingCursor):  # type: ignore[misc]  # an untyped base (above)
-    """Server-side binding, and every statement it runs is prepared (kept per connection)."""
+class PreparingCursor(ServerBindingCursor):  # type: ignore[misc]  # an untyped base (above)
+    """Server-side binding, and every statement it runs is prepared (kept per connection).
+    On a psycopg connection of its own (inline_farm/run_door.py) or inside `prepared_cursor`."""
 
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
                 binary: bool | None = None) -> Any:
@@ -52,7 +53,7 @@ def prepared_cursor() -> Iterator[CursorWrapper]:
     connection.ensure_connection()
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        raw = _PreparingCursor(connection.connection)
+        raw = PreparingCursor(connection.connection)
     # As `connection.cursor()` does: logged (DEBUG, CaptureQueriesContext) when queries are.
     cursor = (connection.make_debug_cursor(raw) if connection.queries_logged
               else connection.make_cursor(raw))

@@ -12,7 +12,8 @@ collects the response, then written back by the loop. A request whose body is la
 unknown length (an upload over INLINE_MAX_BODY_BYTES, a chunked body) goes to Django's ASGI
 handler instead, which spools it to disk and streams as before. /v1/ requests run a shorter
 middleware chain (settings.API_MIDDLEWARE: no sessions, CSRF, auth or messages, which a
-Bearer-token API never reads).
+Bearer-token API never reads). The poll of one run, `GET /v1/runs/{id}`, is first offered to
+inline_farm/run_door.py, which answers a plain 200 without this handler.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from django.http.response import HttpResponseBase
 from django.test.utils import override_settings
 from django.urls import set_script_prefix
 
+from inline_farm.run_door import Reply, RunDoor
+
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
-Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 class SyncDoor:
@@ -53,6 +55,7 @@ class SyncDoor:
         with override_settings(MIDDLEWARE=settings.API_MIDDLEWARE):
             self.api_handler.load_middleware(is_async=False)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="http")
+        self.runs = RunDoor()  # most polls of a run are answered there, without this handler
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not _small_body(scope):
@@ -62,10 +65,14 @@ class SyncDoor:
         if body is None:
             return  # the client went away before its body arrived
         loop = asyncio.get_running_loop()
-        status, headers, content = await loop.run_in_executor(self.pool, self._respond, scope,
-                                                              body)
+        respond = self._poll if self.runs.wants(scope) else self._respond
+        status, headers, content = await loop.run_in_executor(self.pool, respond, scope, body)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+
+    def _poll(self, scope: Scope, body: bytes) -> Reply:
+        """`GET /v1/runs/{id}`: the run door's answer, or else Django's."""
+        return self.runs.answer(scope) or self._respond(scope, body)
 
     def _respond(self, scope: Scope, body: bytes) -> Reply:
         """On a pool thread: what ASGIHandler.handle does, synchronously."""

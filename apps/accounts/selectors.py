@@ -42,6 +42,17 @@ def user_for_token(secret: str) -> User | None:
     return user
 
 
+def user_for_token_remembered(secret: str) -> User | None:
+    """`user_for_token` when this process remembers the answer; None when it would have to ask
+    the database (the caller then takes the path that does)."""
+    digest = token_hash(secret)
+    with _tokens_lock:
+        hit = _tokens.get(digest)
+    if hit is not None and time.monotonic() - hit[0] < TOKEN_CACHE_SECONDS:
+        return hit[1]
+    return None
+
+
 def _user_for_token_digest(digest: str) -> User | None:
     token = (
         ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits

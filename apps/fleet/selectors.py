@@ -61,18 +61,21 @@ WHERE last_heartbeat >= now() - make_interval(secs => %(lost)s) AND state <> %(o
 """
 
 
-def queue_wait_reasons(queues: set[str]) -> dict[str, str]:
-    """Why runs queued on each of `queues` are waiting, in words (one query for all)."""
+def queue_wait_reasons(queues: set[str], cursor: Any = None) -> dict[str, str]:
+    """Why runs queued on each of `queues` are waiting, in words (one query for all), read on
+    `cursor` (a preparing one: inline_farm/prepared.py) or else on Django's connection."""
     from inline_farm.prepared import prepared_cursor
 
+    if cursor is None:
+        with prepared_cursor() as cursor:
+            return queue_wait_reasons(queues, cursor)
     serving: dict[str, list[tuple[str, int, int]]] = {q: [] for q in queues}
-    with prepared_cursor() as cursor:
-        cursor.execute(_LIVE_SERVING, {"lost": settings.INLINE_WORKER_LOST_SECONDS,
-                                       "offline": WorkerState.OFFLINE, "queues": sorted(queues)})
-        for worker_queues, state, slots, running in cursor.fetchall():
-            for q in json.loads(worker_queues):
-                if q in serving:
-                    serving[q].append((state, slots, running))
+    cursor.execute(_LIVE_SERVING, {"lost": settings.INLINE_WORKER_LOST_SECONDS,
+                                   "offline": WorkerState.OFFLINE, "queues": sorted(queues)})
+    for worker_queues, state, slots, running in cursor.fetchall():
+        for q in json.loads(worker_queues):
+            if q in serving:
+                serving[q].append((state, slots, running))
     reasons = {}
     for queue, workers in serving.items():
         online = [(slots, running) for state, slots, running in workers

@@ -23,10 +23,11 @@ def _runs_for(user: User) -> QuerySet[Run]:
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-# Clients poll a run's state; this read is the hottest of the farm. Written out (one prepared
+# Clients poll a run's state; this read is the hottest of the farm (inline_farm/run_door.py
+# answers most polls with it). Written out (one prepared
 # statement: the run, with one row per take when it has any; no ORM query building: that was
 # most of its cost) with the same scoping as `_runs_for`.
-_RUN_VISIBLE = f"""
+RUN_VISIBLE = f"""
 SELECT {model_columns(Run, "r")}, g.sha256, {model_columns(Take, "t")}
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 LEFT JOIN takes_take t ON t.run_id = r.id
@@ -42,8 +43,16 @@ def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     """The run `run_id` if `user` may see it (own, a teammate's, or any for staff), with its
     graph's sha256 and its takes loaded."""
     with prepared_cursor() as cursor:
-        cursor.execute(_RUN_VISIBLE, {"run": run_id, "all": user.is_staff, "me": user.pk})
-        rows = cursor.fetchall()
+        cursor.execute(RUN_VISIBLE, run_visible_params(user, run_id))
+        return run_from_rows(cursor.fetchall())
+
+
+def run_visible_params(user: User, run_id: Any) -> dict[str, Any]:
+    return {"run": run_id, "all": user.is_staff, "me": user.pk}
+
+
+def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:
+    """The run of RUN_VISIBLE's rows (None for none), as `run_get_for_user` returns it."""
     if not rows:
         return None
     run = model_from_row(Run, rows[0][:_RUN_COLUMNS])
