@@ -11,7 +11,8 @@ only heartbeats meanwhile. B's broker and channel layer are the Redis databases 
 BROKER_URL's and CHANNEL_REDIS_URL's.
 
 Printed per farm: submit → done p50 / p90 and the CPU per run of its web and worker, and the
-ratio B / A of the p50s; with `--bursts K`, then K bursts on each, alternating, and their
+ratio B / A of the p50s; then `--polls` polls of a finished run (p50, p90, the web's CPU per
+poll); with `--bursts K`, then K bursts on each, alternating, and their
 accepted/s and completed/s. OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
 """
 
@@ -78,12 +79,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("other", type=Path, help="the checkout to compare with (B)")
     parser.add_argument("--runs", type=int, default=300, help="sequential runs on each farm")
+    parser.add_argument("--polls", type=int, default=1000,
+                        help="then this many polls of one finished run on each, alternating "
+                             "in tens: a client's GET /v1/runs/{id} alone")
     parser.add_argument("--bursts", type=int, default=0,
                         help="then this many bursts on each, alternating (bench/hotpath.py's: "
                              "200 runs from 8 threads by 8 users)")
     args = parser.parse_args()
     farms = {}
     holders = []
+    run_id_of: dict[str, str] = {}
     try:
         other_env = {k: _other_db(os.environ[k]) for k in ("BROKER_URL", "CHANNEL_REDIS_URL")}
         for label, checkout, env in (("A", REPO, {}), ("B", args.other.resolve(), other_env)):
@@ -105,10 +110,22 @@ def main() -> None:
                                              ).json()["runId"]
                 run, _ = wait_done(farm["client"], run_id)
                 assert run["status"] == "succeeded", run
+                run_id_of[farm["url"]] = run_id
                 if n >= 0:
                     farm["times"].append(time.perf_counter() - started)
                     for k in ("web", "worker"):
                         farm["cpu"][k] += _cpu(farm[k]) - before[k]
+        for farm in farms.values():
+            farm["polled"] = run_id_of[farm["url"]]
+            farm["polls"], farm["poll_cpu"] = [], 0.0
+        for _ in range(0, args.polls, 10):
+            for farm in farms.values():
+                before_web = _cpu(farm["web"])
+                for _ in range(10):
+                    started = time.perf_counter()
+                    farm["client"].get(f"/v1/runs/{farm['polled']}").raise_for_status()
+                    farm["polls"].append(time.perf_counter() - started)
+                farm["poll_cpu"] += _cpu(farm["web"]) - before_web
         for _ in range(args.bursts):
             for farm in farms.values():
                 farm["bursts"].append(burst(farm["url"], farm["tokens"], farm["assets"], 200))
@@ -125,6 +142,14 @@ def main() -> None:
         print(f"  {label} {farm['checkout']!s:<28} submit → done p50 {p50[label]:6.2f} ms, "
               f"p90 {times[int(0.9 * len(times))] * 1000:6.2f} ms; CPU per run (ms): {cpu}")
     print(f"  B / A p50: {p50['B'] / p50['A']:.2f}")
+    if args.polls:
+        print(f"\n{len(farms['A']['polls'])} polls of a finished run each (GET /v1/runs/{{id}}), "
+              "alternating in tens:")
+        for label, farm in farms.items():
+            polls = sorted(farm["polls"])
+            print(f"  {label} poll p50 {statistics.median(polls) * 1000:6.3f} ms, p90 "
+                  f"{polls[int(0.9 * len(polls))] * 1000:6.3f} ms; web CPU per poll "
+                  f"{farm['poll_cpu'] / len(polls) * 1000:.3f} ms")
     for label, farm in farms.items():
         if farm["bursts"]:
             pairs = "; ".join(f"{a:.0f} / {c:.0f}" for a, c in farm["bursts"])
