@@ -49,6 +49,7 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     queues = instance.app.amqp.queues
     if not _executes_runs(queues.consume_from or {}):
         return  # the control worker: no device, no torch
+    _checkout_without_ping()
     _lower_cpu_priority(settings.INLINE_WORKER_NICE)
     device = runtime.policy().describe()
     queue = gpu_queue_for_vram(device["vram_gb"]) if device["profile"] != "cpu" else None
@@ -59,6 +60,23 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     _config.update(name=sender, queues=names, slots=int(instance.concurrency or 1))
     with _presence_lock:
         presence_start(sender, names, _config["slots"])
+
+
+def _checkout_without_ping() -> None:
+    """A run worker's pooled connections leave the pool without psycopg's ping.
+
+    The ping (CONN_HEALTH_CHECKS) was a round trip before every attempt's claim, on the path
+    from submit to done: 0.5–1.2 ms on a busy 2-core box (bench/timeline.py). Here it buys
+    nothing: every database call of an attempt (claim, cancel check, flush, finish, hand-back)
+    goes through `db_retry`, which on a dead connection (a terminated session, a restarted
+    server) closes it and repeats the fenced call on a fresh one, and a failure inside a node
+    is a worker fault, retried (workers/faults.py). The web keeps the ping: a request there is
+    not repeated. Runs before the process's first connection (the pool reads this when made).
+    """
+    from django.db import connection
+
+    connection.settings_dict["CONN_HEALTH_CHECKS"] = False
+    connection.close_pool()  # type: ignore[attr-defined]  # Django 5.1+; none yet; were there one, it would have been made with the ping
 
 
 def _lower_cpu_priority(increment: int) -> None:
