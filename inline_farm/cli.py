@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from inline_farm import embedded
+from inline_farm.env import env_bool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("auto", "gpu-max", "lowvram", "cpu")
@@ -59,10 +60,16 @@ def uvicorn_argv(host: str, port: int, *extra: str) -> list[str]:
     deflating each one once per socket (a compressor per connection) was 15% of the web's CPU
     at 200 sockets (bench/events.py under py-spy) for little saved; previews are PNG already.
     Off, the bench's p99 went from ~690 to ~580 ms and the web's CPU down by a tenth.
+
+    No access log unless INLINE_ACCESS_LOG=1: clients poll their runs every few milliseconds,
+    so a line per request floods the terminal and the logs, and uvicorn builds each line's
+    arguments (client address, quoted path) even when its logger drops them (bench/hotpath.py
+    under py-spy); runs, their events and errors are logged by the farm itself.
     """
+    access = [] if env_bool("INLINE_ACCESS_LOG", False) else ["--no-access-log"]
     return [sys.executable, "-m", "uvicorn", "inline_farm.asgi:application", "--host", host,
             "--port", str(port), "--lifespan", "off", "--ws-per-message-deflate", "false",
-            *extra]
+            *access, *extra]
 
 
 def _data_dir(args: argparse.Namespace) -> Path:

@@ -197,3 +197,13 @@ def test_farm_token_prints_the_token_last_and_leaves_nothing_running(scratch: Pa
     assert TOKEN.match(first[-1]) and TOKEN.match(second[-1])
     assert first[-1] != second[-1]
     assert _processes_of(data_dir) == []  # the embedded PostgreSQL it started is stopped again
+
+
+def test_the_web_keeps_no_access_log_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll every few ms would be a log line each: uvicorn's access log is opt-in."""
+    from inline_farm.cli import uvicorn_argv
+
+    monkeypatch.delenv("INLINE_ACCESS_LOG", raising=False)
+    assert "--no-access-log" in uvicorn_argv("127.0.0.1", 8188)
+    monkeypatch.setenv("INLINE_ACCESS_LOG", "1")
+    assert "--no-access-log" not in uvicorn_argv("127.0.0.1", 8188)
