@@ -101,23 +101,48 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     if me is not None:
         me.start()
         log.info("worker %s serving %s with %d slots", me.name, ", ".join(me.queues), me.slots)
-    _tick_often(getattr(getattr(sender, "controller", None), "hub", None))
+    controller = getattr(sender, "controller", None)
+    if controller is not None and getattr(controller, "hub", None) is not None:
+        _wake_on_free_slot(controller.hub, controller.pool)
 
 
-HUB_TICK_S = 0.02
+SAFETY_TICK_S = 1.0
 
 
-def _tick_often(hub: Any) -> None:
-    """Wake the worker's event loop every HUB_TICK_S.
+def _wake_on_free_slot(hub: Any, pool: Any) -> None:
+    """Wake the worker's event loop when a slot frees up.
 
-    With the threads pool, a slot that frees up does not wake Celery's event loop, and kombu's
+    With the threads pool, a task that ends does not wake Celery's event loop, and kombu's
     Redis transport re-arms its BRPOP (paused while every slot was reserved) only on a loop
-    tick: without a timer the next tick came up to a second later, and a burst of short runs
-    completed at ~4/s whatever the slots. The dispatcher already bounds messages to free slots,
-    so ticking often costs a few wakeups, not extra deliveries.
+    tick: with nothing else waking it, a burst of short runs completed at ~4/s whatever the
+    slots. A 20 ms timer did it before, at ~0.47 ms of the loop's CPU per tick: 23 ms of CPU a
+    second on an idle worker, and under load about as much Celery loop as run (py-spy --gil on
+    the hot path: the main thread held the GIL for 48% of the worker's samples).
+
+    Here each task's future, once it is done — after Celery's own callback has released the
+    slot (its prefetch count) — asks the loop to run once (`Hub.call_soon` is thread-safe and
+    wakes a sleeping loop since kombu 5.7). A slow tick stays as a safety net. Measured: an
+    idle worker's CPU 23.5 → 8.5 ms a second; under the hot path's load about the same as the
+    20 ms timer (a wake per run replaces a tick per run), bursts no slower (bench/ab.py).
     """
-    if hub is not None:
-        hub.call_repeatedly(HUB_TICK_S, lambda: None)
+    from celery.concurrency.thread import TaskPool
+
+    if not isinstance(pool, TaskPool):  # another pool (solo, prefork): tick as before
+        hub.call_repeatedly(0.02, _nothing)
+        return
+    apply = pool.on_apply
+
+    def on_apply(*args: Any, **kwargs: Any) -> Any:
+        result = apply(*args, **kwargs)
+        result.f.add_done_callback(lambda _: hub.call_soon(_nothing))  # .f: its Future
+        return result
+
+    pool.on_apply = on_apply
+    hub.call_repeatedly(SAFETY_TICK_S, _nothing)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _executes_runs(queues: Any) -> bool:
