@@ -14,10 +14,24 @@ A statement is prepared on its first call on a connection and reused by every la
 connection; the connection pool keeps connections, so in practice each is planned a few times
 per process. PostgreSQL re-plans a prepared statement by itself when a table it reads changes.
 
+And planned once: connections run with `plan_cache_mode = force_generic_plan` (settings.py;
+Django's own queries are never prepared, so only these statements see it). Left to choose,
+PostgreSQL planned a statement afresh on every call whenever its generic plan looked dearer
+than the custom ones, which with 10,000 runs queued on another queue (bench/dispatch.py) was
+the case for the submit's statement, the dispatcher's heads and the publish UPDATE: their
+planning went from ~0.02–0.09 ms to 0.1–0.8 ms a call (the server's statement log), the
+larger part of the deep queue's extra cost per run. A generic plan knows no parameter's value:
+- write a statement whose plan depends on *which* value (a queue name, where one queue may hold
+  thousands of rows and another none) with that value in its text, as a literal, one statement
+  per value (apps/runs/dispatch.py's eligibility probe), and keep the set of such values small.
+
 Rules for the statements sent through it:
+- check the generic plan of a new statement (`SET plan_cache_mode = force_generic_plan`,
+  `PREPARE`, `EXPLAIN EXECUTE`) with a deep table, not only its plan for one value;
 - name their result columns (no `SELECT *`): a migration that adds a column would otherwise make
   a live process's prepared statement fail ("cached plan must not change result type");
-- pass values as parameters, never formatted into the text (each text is its own statement);
+- pass values as parameters, never formatted into the text (each text is its own statement),
+  but for the few values a plan must know (above);
 - give a parameter a cast where PostgreSQL cannot infer its type (`%(ids)s::uuid[]`).
 A transaction-pooling proxy (pgbouncer in transaction mode) does not keep prepared statements
 per client; the farm connects to PostgreSQL directly.

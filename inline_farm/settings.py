@@ -127,6 +127,8 @@ DATABASES["default"]["OPTIONS"] = {
     # hand-written statements use them (inline_farm/prepared.py); Django's own cursors bind
     # parameters client-side and never prepare.
     "prepare_threshold": 0,
+    # ...and plan each once per connection (inline_farm/prepared.py: why).
+    "options": "-c plan_cache_mode=force_generic_plan",
 }
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -209,3 +209,22 @@ def test_with_a_free_slot_a_submit_dispatches_inside_its_transaction(
     assert len(after_commit) == 1  # the message, published once the submit commits
     submitted.refresh_from_db()
     assert submitted.dispatched_at is not None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_commit_callbacks):
+    """The eligibility probe writes the queue's name into its text (apps/runs/dispatch.py): a
+    name with a quote and a percent sign (INLINE_WORKER_QUEUES takes any) reads right."""
+    odd = "odd'queue%s"
+    Worker.objects.update_or_create(name="odd@host", defaults={
+        "queues": [odd], "slots": 1, "last_heartbeat": timezone.now()})
+    capacity_forget()
+    runs = [make_run("someone", age=age) for age in (2, 1)]
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(queue=odd)
+    with django_capture_on_commit_callbacks(execute=False):
+        assert queue_dispatch(odd) == 1  # one slot: the older run
+    assert set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True)) == {
+        runs[0].pk}
+    with django_capture_on_commit_callbacks(execute=False):
+        assert queue_dispatch(odd) == 0  # its slot is taken by the published run
+    capacity_forget()
