@@ -1,4 +1,5 @@
-"""deploy/env.example lists every environment variable the settings read, and nothing else."""
+"""deploy/env.example lists every environment variable the settings (and the launcher, for the
+web's command line) read, and nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _settings_variables() -> set[str]:
-    source = (REPO_ROOT / "inline_farm" / "settings.py").read_text()
+    source = "".join((REPO_ROOT / "inline_farm" / name).read_text()
+                     for name in ("settings.py", "cli.py"))
     return set(re.findall(r"""env_\w+\(\s*["']([A-Z][A-Z0-9_]*)["']""", source))
 
 
