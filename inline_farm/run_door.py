@@ -48,7 +48,7 @@ Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 _PATH = re.compile(r"/v1/runs/([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                    r"[0-9a-fA-F]{12})")
-POOL_SIZE = 4  # the web's polls are short reads; a thread past these waits for one
+POOL_SIZE = 4  # connections per web process, beside INLINE_DB_POOL_SIZE; polls are short reads
 POOL_WAIT_S = 2.0  # then Django answers
 
 
@@ -76,12 +76,13 @@ class RunDoor:
             return None
         try:
             wire = self._read(run_visible_params(user, match.group(1)))
+            if wire is None:
+                return None  # not found, or not theirs: Django's 404
+            body = json.dumps(RunOut.model_validate(wire).model_dump(),
+                              cls=NinjaJSONEncoder).encode()
         except Exception:  # Django answers (and reports) whatever this was
             log.debug("the run door passed a poll to Django", exc_info=True)
             return None
-        if wire is None:
-            return None  # not found, or not theirs: Django's 404
-        body = json.dumps(RunOut.model_validate(wire).model_dump(), cls=NinjaJSONEncoder).encode()
         return 200, [*self._headers, (b"Content-Length", str(len(body)).encode())], body
 
     def _read(self, params: dict[str, Any]) -> dict[str, Any] | None:
