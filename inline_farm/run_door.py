@@ -35,10 +35,8 @@ from ninja.responses import NinjaJSONEncoder
 from psycopg_pool import ConnectionPool
 
 from apps.accounts.selectors import user_for_token_remembered
-from apps.fleet.selectors import queue_wait_reasons
 from apps.runs.schemas import RunOut
-from apps.runs.selectors import RUN_VISIBLE, run_from_rows, run_visible_params
-from apps.runs.wire import run_to_wire
+from apps.runs.selectors import RUN_VISIBLE, run_from_rows, run_visible_params, runs_to_wire
 from inline_farm.prepared import PreparingCursor
 
 log = logging.getLogger(__name__)
@@ -121,14 +119,11 @@ class RunDoor:
 
 
 def _run_wire(conn: psycopg.Connection[Any], params: dict[str, Any]) -> dict[str, Any] | None:
+    """What `get_run` (apps/runs/api.py) returns, read on the door's connection."""
     with PreparingCursor(conn) as cursor:
         cursor.execute(RUN_VISIBLE, params)
         run = run_from_rows(cursor.fetchall())
-        if run is None:
-            return None
-        waiting = (queue_wait_reasons({run.queue}, cursor).get(run.queue)
-                   if run.status == "queued" else None)
-    return run_to_wire(run, waiting=waiting)
+        return None if run is None else runs_to_wire([run], cursor)[0]
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -69,12 +69,13 @@ def run_list_for_user(*, user: User, status: str | None = None) -> QuerySet[Run]
     return qs.filter(status=status) if status else qs
 
 
-def runs_to_wire(runs: list[Run]) -> list[dict[str, Any]]:
-    """Runs in their wire shape, each queued one with why it waits (one fleet query for all)."""
+def runs_to_wire(runs: list[Run], cursor: Any = None) -> list[dict[str, Any]]:
+    """Runs in their wire shape, each queued one with why it waits (one fleet query for all,
+    on `cursor` when given: `queue_wait_reasons`)."""
     from apps.fleet.selectors import queue_wait_reasons
 
     queued = {r.queue for r in runs if r.status == "queued"}
-    reasons = queue_wait_reasons(queued) if queued else {}
+    reasons = queue_wait_reasons(queued, cursor) if queued else {}
     return [run_to_wire(r, waiting=reasons.get(r.queue)) for r in runs]
 
 
