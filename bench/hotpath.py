@@ -15,7 +15,8 @@ client would. Printed side by side, in one run:
   client), from /proc: steadier than wall time on a shared box, and where a burst's
   throughput goes (2 cores serve ~2,000 ms of CPU a second);
 - a burst: `--burst` runs from 8 threads by 8 users: accepted/s and completed/s (each thread
-  submits its runs, then polls each until done, pausing 20 ms between polls).
+  submits its runs, then polls each until done, pausing 20 ms between polls), counted from the
+  first submit: the threads' clients are made and connected before the clock starts.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._farm import bench_farm, each_user, per_second  # noqa: E402
+from bench._farm import bench_farm, connected_clients, each_user, per_second  # noqa: E402
 
 
 def _png(size: int = 64) -> bytes:
@@ -154,15 +156,17 @@ def wait_for_worker(url: str) -> None:
 
 
 def burst(url: str, tokens: list[str], asset_of: dict[str, str], total: int) -> tuple[float, float]:
+    """accepted/s and completed/s of `total` runs from one thread per token; the clock starts
+    once every thread's client is connected (bench/_farm.py `connected_clients`)."""
     per_user = total // len(tokens)
     accepted: list[float] = []
     done: list[float] = []
     lock = threading.Lock()
+    clients = connected_clients(url, tokens)
     start = time.time()
 
     def user(token: str, k: int) -> None:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                          timeout=60) as client:
+        with closing(clients[token]) as client:
             ids = []
             for n in range(per_user):
                 r = client.post("/v1/runs", json=_graph(asset_of[token], 10_000 + k * 1000 + n))
