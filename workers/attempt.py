@@ -16,7 +16,8 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
-from apps.runs.services import run_claim, run_finish, run_hand_back
+from apps.runs.dispatch import queue_dispatch_keeping_one
+from apps.runs.services import Claim, run_claim, run_finish, run_hand_back
 from workers import runtime
 from workers.executor import CancelCheck, Outcome, execute
 from workers.faults import db_retry, is_infrastructure_error
@@ -25,10 +26,15 @@ from workers.heartbeat import Presence
 log = logging.getLogger(__name__)
 
 HAND_BACK_PATIENCE_S = 120.0  # how long to keep trying to record an outcome while the DB is down
+# How many runs in a row a slot keeps for itself after its finishes before it goes back to
+# Celery: a worker serving several queues takes its next message from any of them then, so a
+# stream of quick runs on one queue cannot hold a slot away from the others' published runs.
+SLOT_KEEPS_MAX = 16
 
 
 def attempt_run(run_id: str, me: Presence) -> str:
-    """Execute run `run_id` once on this worker; a duplicate delivery is a no-op."""
+    """Execute run `run_id` once on this worker; a duplicate delivery is a no-op. Then, while
+    runs of its queue wait, the slot keeps going with the next one (`_next_on_this_slot`)."""
     if me.stopping.is_set():
         return "not-claimed"  # stopping: the dispatcher publishes it again for another worker
     close_old_connections()
@@ -39,24 +45,50 @@ def attempt_run(run_id: str, me: Presence) -> str:
             raise
         log.warning("could not claim %s (%s); the dispatcher will publish it again", run_id, exc)
         return "not-claimed"
-    if claim is None:
-        return "not-claimed"
+    status = "not-claimed"
+    kept = 0
+    try:
+        while claim is not None:
+            keep_next = kept < SLOT_KEEPS_MAX and not me.stopping.is_set()
+            status = _attempt(claim, me, dispatch=not keep_next)
+            if not keep_next or status not in ("succeeded", "failed"):
+                break  # a cancel or a hand-back dispatched the queue itself
+            claim = _next_on_this_slot(claim.queue, me)
+            kept += 1
+    finally:
+        close_old_connections()
+    return status
+
+
+def _attempt(claim: Claim, me: Presence, *, dispatch: bool) -> str:
+    """Execute and record one claimed attempt; its status ("fault": handed back).
+    `dispatch=False`: a finish does not dispatch its queue (the caller does)."""
     held = me.hold(claim.run_id, claim.attempt)
     try:
         outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
                           cancel=CancelCheck(claim, held.lost))
-        _record(claim, outcome)
+        _record(claim, outcome, dispatch=dispatch)
         me.stats[f"runs_{outcome.status}"] += 1
         return outcome.status
     finally:
         me.release(claim.run_id)
-        close_old_connections()
 
 
-def _record(claim: object, outcome: Outcome) -> None:
-    from apps.runs.services import Claim
+def _next_on_this_slot(queue: str, me: Presence) -> Claim | None:
+    """After a finish (its dispatch left to us): dispatch `queue`, keeping the first run picked
+    for this slot (apps/runs/dispatch.py `queue_dispatch_keeping_one`). A failure here loses
+    nothing: beat's pass publishes what waits (INLINE_REAPER_INTERVAL)."""
+    try:
+        return db_retry(lambda: queue_dispatch_keeping_one(queue, worker=me.lease_key,
+                                                           name=me.name))
+    except Exception as exc:
+        if not is_infrastructure_error(exc):
+            raise
+        log.warning("dispatching %s after a finish failed (%s); beat's pass will", queue, exc)
+        return None
 
-    assert isinstance(claim, Claim)
+
+def _record(claim: Claim, outcome: Outcome, *, dispatch: bool = True) -> None:
     if outcome.status == "cancelled":
         return  # no longer ours: whoever took it wrote its end
     if outcome.status == "fault":
@@ -65,7 +97,7 @@ def _record(claim: object, outcome: Outcome) -> None:
                                          reason=reason, fault=True))
         return
     _patiently(lambda: run_finish(claim=claim, status=outcome.status, error=outcome.error,
-                                  events=outcome.events, takes=outcome.takes))
+                                  events=outcome.events, takes=outcome.takes, dispatch=dispatch))
 
 
 def _patiently(write: object) -> None:

@@ -39,8 +39,10 @@ from apps.runs.events import run_event_append
 from apps.runs.models import Run, RunStatus
 from apps.runs.services import (
     LOCK_QUEUE_DISPATCH,
+    Claim,
     advisory_lock,
     advisory_try_lock,
+    run_claim_for_slot,
     run_stop_notify,
 )
 from apps.runs.transitions import run_move
@@ -72,6 +74,30 @@ def queue_dispatch(queue: str) -> int:
         return queue_dispatch_locked(queue)
 
 
+def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim | None:
+    """`queue_dispatch` by a slot of `worker` (lease key; `name`: its fleet row) that has just
+    finished a run of `queue` (its finish committed, `run_finish(dispatch=False)`): the first run
+    picked is claimed for that slot in the dispatch's own transaction instead of published.
+
+    Published, that run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
+    free slot is this one; its message cost the worker more CPU than the run's graph in a burst
+    of quick runs (bench/hotpath.py under py-spy). The window is the same: the picked run takes
+    the slot the finish freed. None when nothing is eligible, every slot is taken, or the
+    worker is not online (a drained worker takes no new run: the run is published instead).
+    """
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return None
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    eligible, busy = _eligible_and_busy(queue, fresh)
+    if not eligible or busy >= window:
+        return None
+    with transaction.atomic():
+        advisory_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
+        _, kept = _dispatch_holding_lock(queue, window, keep_for=(worker, name))
+    return kept
+
+
 def queue_dispatch_for_submit(queue: str, *, locked: bool | None = None) -> int:
     """A submit's dispatch, inside its transaction, after the run's insert.
 
@@ -90,7 +116,7 @@ def queue_dispatch_for_submit(queue: str, *, locked: bool | None = None) -> int:
     if not locked:
         transaction.on_commit(lambda: queue_dispatch(queue))
         return 0
-    return _dispatch_holding_lock(queue, window)
+    return _dispatch_holding_lock(queue, window)[0]
 
 
 def queue_dispatch_locked(queue: str) -> int:
@@ -100,19 +126,29 @@ def queue_dispatch_locked(queue: str) -> int:
     if window <= 0:
         return 0
     advisory_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
-    return _dispatch_holding_lock(queue, window)
+    return _dispatch_holding_lock(queue, window)[0]
 
 
-def _dispatch_holding_lock(queue: str, window: int) -> int:
+def _dispatch_holding_lock(
+    queue: str, window: int, keep_for: tuple[str, str] | None = None
+) -> tuple[int, Claim | None]:
+    """(runs published, the run claimed for `keep_for` = (lease key, worker name) if any)."""
     fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
     heads, busy = _heads(queue, fresh, window)
     room = window - busy
     if room <= 0 or not heads:
-        return 0
-    published = _mark_published(_pick(heads, room))
+        return 0, None
+    picked = _pick(heads, room)
+    kept = None
+    if keep_for is not None:
+        worker, name = keep_for
+        kept = run_claim_for_slot(run_id=picked[0], worker=worker, name=name)
+        if kept is not None:
+            picked = picked[1:]
+    published = _mark_published(picked)
     for run_id in published:
         publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
-    return len(published)
+    return len(published), kept
 
 
 def runs_dispatch() -> int:

@@ -478,7 +478,7 @@ WITH claimed AS (
         started_at = COALESCE(r.started_at, now()), dispatched_at = NULL,
         last_seq = r.last_seq + 1
     FROM graphs_graph AS g
-    WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id
+    WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id{also}
     RETURNING r.id, r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
 ), logged AS (
     INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
@@ -489,6 +489,11 @@ WITH claimed AS (
 )
 SELECT attempts, owner_id, target, queue, last_seq, sha256, document FROM claimed
 """
+_CLAIM_DELIVERED = _CLAIM.format(also="")
+# A run kept by a slot that just finished (`run_claim_for_slot`): only while its worker is
+# online — a drained worker takes no new run, however it would get it.
+_CLAIM_FOR_SLOT = _CLAIM.format(also="""
+      AND EXISTS (SELECT 1 FROM fleet_worker w WHERE w.name = %(name)s AND w.state = 'online')""")
 
 
 def run_claim(*, run_id: str, worker: str) -> Claim | None:
@@ -498,15 +503,27 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
     statement (one round trip, atomic on its own) moves the run, takes the lease, logs the
     `status` event with its seq and returns the graph; the event is published after it.
     """
-    edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
     if not is_uuid(run_id):
         return None
-    with prepared_cursor() as cursor:  # no transaction block: BEGIN and COMMIT were 2 of 4
-        cursor.execute(_CLAIM, {"worker": worker, "lease": settings.INLINE_LEASE_SECONDS,
-                                "run": run_id})
+    # no transaction block: BEGIN and COMMIT were 2 of 4 round trips
+    return _claim(_CLAIM_DELIVERED, {"worker": worker, "run": run_id})
+
+
+def run_claim_for_slot(*, run_id: str, worker: str, name: str) -> Claim | None:
+    """`run_claim` of a run the dispatcher picked for a slot of `worker` (lease key) that just
+    finished its run (apps/runs/dispatch.py `queue_dispatch_keeping_one`), inside the
+    dispatch's transaction; None, and nothing written, unless worker `name` is online."""
+    return _claim(_CLAIM_FOR_SLOT, {"worker": worker, "run": run_id, "name": name})
+
+
+def _claim(statement: str, params: dict[str, Any]) -> Claim | None:
+    edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
+    with prepared_cursor() as cursor:
+        cursor.execute(statement, {**params, "lease": settings.INLINE_LEASE_SECONDS})
         row = cursor.fetchone()
     if row is None:
         return None
+    run_id, worker = params["run"], params["worker"]
     attempt, owner_id, target, queue, seq, sha, document = row
     status = {"status": RunStatus.RUNNING, "attempt": attempt, "worker": worker}
     group_send_after_commit(run_group(run_id), {"type": "run.event", "event": {
@@ -553,12 +570,16 @@ RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = r
 def run_finish(
     *, claim: Claim, status: str, error: dict[str, str] | None = None,
     events: Sequence[tuple[str, dict[str, Any]]] = (), takes: Sequence[TakeDraft] = (),
+    dispatch: bool = True,
 ) -> bool:
     """Record the outcome of our attempt with its last events and takes, all in one transaction
-    (fenced by `attempt`); False, and nothing written, if we no longer own the run."""
+    (fenced by `attempt`); False, and nothing written, if we no longer own the run.
+
+    After commit the run's queue is dispatched into the freed slot; `dispatch=False` when the
+    caller does that itself (workers/attempt.py keeps the next run for the slot)."""
     edge_check([RunStatus.RUNNING], status)
     error = error or {}
-    if _finish_first_takes(claim, status, error, events, takes):
+    if _finish_first_takes(claim, status, error, events, takes, dispatch):
         return True
     with transaction.atomic():
         with prepared_cursor() as cursor:
@@ -584,7 +605,8 @@ def run_finish(
         done = {"status": status, "error": run_error_of(error), "takes": every}
         bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
         events_insert(run_id=claim.run_id, first_seq=last_seq - len(bound) + 1, events=bound)
-        transaction.on_commit(lambda: dispatch_queue_soon(queue))
+        if dispatch:
+            transaction.on_commit(lambda: dispatch_queue_soon(queue))
     return True
 
 
@@ -632,7 +654,7 @@ class _NotFirstTakes(Exception):
 
 def _finish_first_takes(
     claim: Claim, status: str, error: dict[str, str],
-    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft],
+    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft], dispatch: bool,
 ) -> bool:
     """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
     general path. The bytes are stored after the statement, which holds their blob locks until
@@ -674,7 +696,8 @@ def _finish_first_takes(
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
-            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+            if dispatch:
+                transaction.on_commit(lambda: dispatch_queue_soon(queue))
     except _NotFirstTakes:
         return False
     return True

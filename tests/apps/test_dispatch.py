@@ -20,6 +20,7 @@ from apps.runs.dispatch import (
     capacity_forget,
     queue_dispatch,
     queue_dispatch_for_submit,
+    queue_dispatch_keeping_one,
     queue_lock_key,
     runs_dispatch,
 )
@@ -227,4 +228,42 @@ def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_c
         runs[0].pk}
     with django_capture_on_commit_callbacks(execute=False):
         assert queue_dispatch(odd) == 0  # its slot is taken by the published run
+    capacity_forget()
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_slot_that_finished_keeps_the_next_run_and_the_rest_are_published(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    """A finish's dispatch by the slot it freed (workers/attempt.py): the first pick is claimed
+    for that slot in the dispatch's transaction — no message — and the other free slots get
+    messages as before."""
+    slots(2)
+    older, newer = make_run("a", age=20), make_run("b", age=10)
+    with django_capture_on_commit_callbacks(execute=False):
+        kept = queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host")
+    assert kept is not None and kept.run_id == str(older.pk) and kept.attempt == 1
+    older.refresh_from_db()
+    newer.refresh_from_db()
+    assert (older.status, older.lease_worker, older.dispatched_at) == ("running", "gpu0@host#1", None)
+    assert older.events.filter(type="status").count() == 1  # its `running` event, as a claim logs
+    assert newer.status == "queued" and newer.dispatched_at is not None
+    with django_capture_on_commit_callbacks(execute=False):  # both slots are taken now
+        assert queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host") is None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_draining_worker_keeps_no_run_after_a_finish(make_run, django_capture_on_commit_callbacks):
+    """Drained, a worker's slot takes no new run, even one its own finish would have kept: the
+    run is published for the workers still online."""
+    Worker.objects.update_or_create(name="gpu0@host", defaults={
+        "queues": ["gpu.24g"], "slots": 1, "last_heartbeat": timezone.now(), "state": "draining"})
+    Worker.objects.update_or_create(name="gpu1@host", defaults={
+        "queues": ["gpu.24g"], "slots": 1, "last_heartbeat": timezone.now()})
+    capacity_forget()
+    waiting = make_run("someone")
+    with django_capture_on_commit_callbacks(execute=False):
+        assert queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host") is None
+    waiting.refresh_from_db()
+    assert waiting.status == "queued" and waiting.dispatched_at is not None
     capacity_forget()
