@@ -12,8 +12,9 @@ BROKER_URL's and CHANNEL_REDIS_URL's.
 
 Printed per farm: submit → done p50 / p90 and the CPU per run of its web and worker, and the
 ratio B / A of the p50s; then `--polls` polls of a finished run (p50, p90, the web's CPU per
-poll); with `--bursts K`, then K bursts on each, alternating, and their
-accepted/s and completed/s. OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
+poll); with `--bursts K`, then K bursts on each, alternating, their accepted/s and
+completed/s and the CPU per run of each farm's web and worker over its bursts.
+OTHER_CHECKOUT needs its own `.venv` (a symlink to this one's is fine).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def main() -> None:
                                   headers={"Authorization": f"Bearer {farm['tokens'][0]}"})
             farms[label] = {**farm, "checkout": checkout, "client": client, "assets": assets,
                             "asset": assets[farm["tokens"][0]], "times": [], "bursts": [],
-                            "cpu": {"web": 0.0, "worker": 0.0}}
+                            "cpu": {"web": 0.0, "worker": 0.0},
+                            "burst_cpu": {"web": 0.0, "worker": 0.0}}
         for n in range(-20, args.runs):  # 20 warm-up runs each
             for farm in farms.values():
                 before = {k: _cpu(farm[k]) for k in ("web", "worker")}
@@ -128,7 +130,10 @@ def main() -> None:
                 farm["poll_cpu"] += _cpu(farm["web"]) - before_web
         for _ in range(args.bursts):
             for farm in farms.values():
+                before = {k: _cpu(farm[k]) for k in ("web", "worker")}
                 farm["bursts"].append(burst(farm["url"], farm["tokens"], farm["assets"], 200))
+                for k in before:
+                    farm["burst_cpu"][k] += _cpu(farm[k]) - before[k]
     finally:
         for proc in holders:
             proc.communicate("")
@@ -153,7 +158,10 @@ def main() -> None:
     for label, farm in farms.items():
         if farm["bursts"]:
             pairs = "; ".join(f"{a:.0f} / {c:.0f}" for a, c in farm["bursts"])
-            print(f"  {label} bursts of 200, accepted/s / completed/s: {pairs}")
+            runs = 200 * len(farm["bursts"])
+            cpu = ", ".join(f"{k} {v / runs * 1000:.2f}" for k, v in farm["burst_cpu"].items())
+            print(f"  {label} bursts of 200, accepted/s / completed/s: {pairs}; CPU per run "
+                  f"(ms): {cpu}")
 
 
 if __name__ == "__main__":
