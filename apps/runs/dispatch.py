@@ -6,12 +6,14 @@ running runs, less its published-but-unclaimed ones. The next runs are chosen by
 then the team's fair share (fewest running per unit of Team.weight), then the owner's (fewest
 running), then age.
 
-Cost: `queue_dispatch` runs after every submit, finish, cancel and requeue, and reads only what it
-selects — one probe per owner waiting in the queue (a loose index scan), never one per queued
-run — so it stays flat as the queue grows. One dispatcher per queue at a time (an advisory lock),
-so concurrent submits never overfill the window. A submit that finds the lock held does not wait
-for it (a burst would pass through it one commit at a time) but looks again after its commit;
-while every slot is taken nobody takes it: each slot's finisher dispatches after its commit.
+Cost: `queue_dispatch` runs after the commit of every submit, finish, cancel and requeue, and
+reads only what it selects — one probe per owner waiting in the queue (a loose index scan),
+never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
+runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
+lock is taken only inside the one statement that counts and marks (`_pass`), never in a
+submit's or a finish's transaction. While every slot is taken no pass takes it: each slot's
+finisher dispatches after its commit (and keeps the first run for its own slot,
+`queue_dispatch_keeping_one`).
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -40,8 +42,6 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.services import (
     LOCK_QUEUE_DISPATCH,
     Claim,
-    advisory_lock,
-    advisory_try_lock,
     run_claim_for_slot,
     run_stop_notify,
 )
@@ -70,20 +70,21 @@ def queue_dispatch(queue: str) -> int:
         # Nothing waits (the common case after a finish), or every slot is taken: whoever
         # frees one dispatches after their commit, and sees every run committed before it.
         return 0
-    with transaction.atomic():
-        return queue_dispatch_locked(queue)
+    return _pass(queue, window, fresh)[0]
 
 
 def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim | None:
     """`queue_dispatch` by a slot of `worker` (lease key; `name`: its fleet row) that has just
     finished a run of `queue` (its finish committed, `run_finish(dispatch=False)`): the first run
-    picked is claimed for that slot in the dispatch's own transaction instead of published.
+    picked goes to that slot — marked published like the others, but claimed by the slot at once
+    instead of sent through the broker.
 
     Published, that run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
     free slot is this one; its message cost the worker more CPU than the run's graph in a burst
     of quick runs (bench/hotpath.py under py-spy). The window is the same: the picked run takes
-    the slot the finish freed. None when nothing is eligible, every slot is taken, or the
-    worker is not online (a drained worker takes no new run: the run is published instead).
+    the slot the finish freed. The claim is the usual durable compare-and-set. None when
+    nothing is eligible or every slot is taken; when the worker is no longer online (a drained
+    worker takes no new run) or the claim fails, the run's message goes out as any other's.
     """
     window = _queue_capacity(queue)
     if window <= 0:
@@ -92,60 +93,38 @@ def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim |
     eligible, busy = _eligible_and_busy(queue, fresh)
     if not eligible or busy >= window:
         return None
-    with transaction.atomic():
-        advisory_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
-        _, kept = _dispatch_holding_lock(queue, window, keep_for=(worker, name))
-    return kept
+    _, kept = _pass(queue, window, fresh, keep=True)
+    if kept is None:
+        return None
+    claim = run_claim_for_slot(run_id=kept, worker=worker, name=name)
+    if claim is None:
+        publish_after_commit(EXECUTE_TASK, args=[kept], queue=queue)
+    return claim
 
 
-def queue_dispatch_for_submit(queue: str, *, locked: bool | None = None) -> int:
-    """A submit's dispatch, inside its transaction, after the run's insert.
-
-    When the queue's dispatch lock is free it dispatches at once and holds the lock until the
-    submit commits. When another dispatcher holds it — a burst of submits — it does not wait
-    (every submit would pass through the lock one commit at a time) but looks again after its
-    commit (`queue_dispatch`): that holder either saw this run or commits before the look.
-    `locked`: the submit already tried the lock in a statement of its own
-    (`pg_try_advisory_xact_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))`), and got it or not.
-    """
-    window = _queue_capacity(queue)
-    if window <= 0:
-        return 0
-    if locked is None:
-        locked = advisory_try_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
-    if not locked:
-        transaction.on_commit(lambda: queue_dispatch(queue))
-        return 0
-    return _dispatch_holding_lock(queue, window)[0]
+# The locked part of a pass is one statement on the server (migrations/runs/0003: the queue's
+# dispatch lock, its busy count read afresh, the marks), so the lock is never held across a
+# round trip to this process. The policy's order is computed before it, from an unlocked read:
+# up to a window's worth of candidates, of which the function marks the first still eligible
+# up to the free slots it counts under the lock. A candidate another pass took meanwhile is
+# busy now and skipped; a slot freed meanwhile is dispatched by whoever freed it, after their
+# commit; beat's pass (every INLINE_REAPER_INTERVAL) covers anything else.
+_MARK = "SELECT id FROM inline_dispatch_mark(%s, %s, %s, %s, %s, %s::uuid[], %s) AS id"
 
 
-def queue_dispatch_locked(queue: str) -> int:
-    """`queue_dispatch` inside the caller's transaction: holds the queue's dispatch lock until
-    that transaction ends; messages go out after commit."""
-    window = _queue_capacity(queue)
-    if window <= 0:
-        return 0
-    advisory_lock(LOCK_QUEUE_DISPATCH, queue_lock_key(queue))
-    return _dispatch_holding_lock(queue, window)[0]
-
-
-def _dispatch_holding_lock(
-    queue: str, window: int, keep_for: tuple[str, str] | None = None
-) -> tuple[int, Claim | None]:
-    """(runs published, the run claimed for `keep_for` = (lease key, worker name) if any)."""
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    heads, busy = _heads(queue, fresh, window)
-    room = window - busy
-    if room <= 0 or not heads:
+def _pass(queue: str, window: int, fresh: Any, *, keep: bool = False) -> tuple[int, str | None]:
+    """Pick the queue's next runs into its free slots and mark them published; their messages go
+    out after commit. `keep`: the first is not sent but returned, for the caller's own slot.
+    Returns (runs sent, the kept run's id)."""
+    heads, _ = _heads(queue, fresh, window)
+    if not heads:
         return 0, None
-    picked = _pick(heads, room)
-    kept = None
-    if keep_for is not None:
-        worker, name = keep_for
-        kept = run_claim_for_slot(run_id=picked[0], worker=worker, name=name)
-        if kept is not None:
-            picked = picked[1:]
-    published = _mark_published(picked)
+    candidates = _pick(heads, window)
+    with prepared_cursor() as cursor:
+        cursor.execute(_MARK, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
+                               candidates, not connection.in_atomic_block])
+        published = [str(row[0]) for row in cursor.fetchall()]  # in the order picked
+    kept = published.pop(0) if keep and published else None
     for run_id in published:
         publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
     return len(published), kept
@@ -264,17 +243,6 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
         if not waiting[owner]:
             del waiting[owner]
     return chosen
-
-
-def _mark_published(run_ids: list[str]) -> list[str]:
-    if not run_ids:
-        return []
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            "UPDATE runs_run SET dispatched_at = now() WHERE id = ANY(%s::uuid[]) "
-            "AND status = 'queued' RETURNING id", [run_ids],
-        )
-        return [str(row[0]) for row in cursor.fetchall()]
 
 
 def _queues_waiting() -> list[str]:

@@ -142,19 +142,21 @@ def _run_create_or_find(
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    # Dispatch in the same transaction (the message goes out after commit), or, when another
-    # dispatcher holds the queue's lock, once more after commit. Should this process die in
-    # between, the run is published again after INLINE_REDISPATCH_SECONDS by beat's pass.
-    from apps.runs.dispatch import queue_dispatch_for_submit
-
-    queue_dispatch_for_submit(run.queue)
+    _dispatch_after_commit(run.queue)
     return run, True
+
+
+def _dispatch_after_commit(queue: str) -> None:
+    """A submit's dispatch: once its transaction commits (apps/runs/dispatch.py takes the
+    queue's lock only in a statement of its own, never in a submit's transaction). Should this
+    process die in between, beat's pass publishes the run after INLINE_REDISPATCH_SECONDS."""
+    transaction.on_commit(lambda: dispatch_queue_soon(queue))
 
 
 # A submit without clientRunId by an owner without team limits (the common case), after the
 # owner's lock: which of its assets the owner may use, the coalescing and in-flight checks, the
-# graph upsert and the run's insert (both only when every check passes), and a try at the
-# queue's dispatch lock, in one statement where they were five (bench/hotpath.py's web-side
+# graph upsert and the run's insert (both only when every check passes), in one statement
+# where they were five (bench/hotpath.py's web-side
 # timeline). The asset check is `assets_visible_to_owner`'s statement. The INSERT's columns
 # and casts come from the Run model (`_submit_plain`), so a migration that adds a column
 # changes the text.
@@ -179,8 +181,7 @@ WITH visible AS ({assets_visible}), flight AS (
 ), made AS (
     {insert} RETURNING graph_id
 )
-SELECT flight.same, flight.busy, (SELECT graph_id FROM made),
-       pg_try_advisory_xact_lock(%(lock_space)s, %(lock_key)s), ARRAY(SELECT id FROM visible)
+SELECT flight.same, flight.busy, (SELECT graph_id FROM made), ARRAY(SELECT id FROM visible)
 FROM flight
 """
 
@@ -205,10 +206,8 @@ def _run_create_plain(
     requirement: dict[str, Any], assets: list[AssetRef],
 ) -> tuple[Run, bool]:
     """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits: BEGIN,
-    the owner's lock and `_SUBMIT_PLAIN` in one round trip (a pipeline), then the dispatch,
-    where they were seven round trips."""
-    from apps.runs.dispatch import queue_dispatch_for_submit, queue_lock_key
-
+    the owner's lock and `_SUBMIT_PLAIN` in one round trip (a pipeline), where they were
+    seven round trips; the dispatch after commit."""
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
@@ -218,8 +217,7 @@ def _run_create_plain(
               for f in fields}
     wanted = sorted(set(_asset_ids(assets)))
     params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
-                  doc=json.dumps(graph.model_dump()), lock_space=LOCK_QUEUE_DISPATCH,
-                  lock_key=queue_lock_key(run.queue), ids=wanted, found=len(wanted),
+                  doc=json.dumps(graph.model_dump()), ids=wanted, found=len(wanted),
                   all=owner.is_staff, me=owner.pk)
     for attempt in range(2):
         with prepared_cursor() as cursor, _pipelined(first=attempt == 0):
@@ -230,7 +228,7 @@ def _run_create_plain(
                 cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)",
                                [LOCK_OWNER_SUBMIT, owner.pk])
             cursor.execute(statement, params)
-            same, busy, graph_id, dispatch_locked, visible = cursor.fetchone()
+            same, busy, graph_id, visible = cursor.fetchone()
         _assets_found(assets, {str(v) for v in visible})
         if same is not None:
             return Run.objects.get(pk=same), False  # coalesced onto the run in flight
@@ -244,7 +242,7 @@ def _run_create_plain(
         raise IntegrityError(f"graph {sha} was neither inserted nor found")
     run.graph_id = graph_id
     run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
-    queue_dispatch_for_submit(run.queue, locked=dispatch_locked)
+    _dispatch_after_commit(run.queue)
     return run, True
 
 
@@ -263,13 +261,6 @@ def advisory_lock(namespace: int, key: int) -> None:
     """Take a transaction-scoped advisory lock (call inside `transaction.atomic()`)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
-
-
-def advisory_try_lock(namespace: int, key: int) -> bool:
-    """`advisory_lock` without waiting: False (and no lock) when another transaction holds it."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [namespace, key])
-        return bool(cursor.fetchone()[0])
 
 
 _IN_FLIGHT = """
