@@ -23,7 +23,9 @@ planning went from ~0.02–0.09 ms to 0.1–0.8 ms a call (the server's statemen
 larger part of the deep queue's extra cost per run. A generic plan knows no parameter's value:
 - write a statement whose plan depends on *which* value (a queue name, where one queue may hold
   thousands of rows and another none) with that value in its text, as a literal, one statement
-  per value (apps/runs/dispatch.py's eligibility probe), and keep the set of such values small.
+  per value, and keep the set of such values small — or better, give every lookup an index whose
+  order or predicate fits it whatever the value (apps/runs/dispatch.py's `_HEADS`; its former
+  eligibility probe's `EXISTS` with `queue = $1` was a sequential scan as a generic plan).
 
 Rules for the statements sent through it:
 - check the generic plan of a new statement (`SET plan_cache_mode = force_generic_plan`,

@@ -23,7 +23,6 @@ stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import defaultdict
@@ -64,13 +63,7 @@ def queue_dispatch(queue: str) -> int:
     window = _queue_capacity(queue)
     if window <= 0:
         return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    eligible, busy = _eligible_and_busy(queue, fresh)
-    if not eligible or busy >= window:
-        # Nothing waits (the common case after a finish), or every slot is taken: whoever
-        # frees one dispatches after their commit, and sees every run committed before it.
-        return 0
-    return _pass(queue, window, fresh)[0]
+    return _pass(queue, window)[0]
 
 
 def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim | None:
@@ -89,11 +82,7 @@ def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim |
     window = _queue_capacity(queue)
     if window <= 0:
         return None
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    eligible, busy = _eligible_and_busy(queue, fresh)
-    if not eligible or busy >= window:
-        return None
-    _, kept = _pass(queue, window, fresh, keep=True)
+    _, kept = _pass(queue, window, keep=True)
     if kept is None:
         return None
     claim = run_claim_for_slot(run_id=kept, worker=worker, name=name)
@@ -112,12 +101,15 @@ def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim |
 _MARK = "SELECT id FROM inline_dispatch_mark(%s, %s, %s, %s, %s, %s::uuid[], %s) AS id"
 
 
-def _pass(queue: str, window: int, fresh: Any, *, keep: bool = False) -> tuple[int, str | None]:
+def _pass(queue: str, window: int, *, keep: bool = False) -> tuple[int, str | None]:
     """Pick the queue's next runs into its free slots and mark them published; their messages go
     out after commit. `keep`: the first is not sent but returned, for the caller's own slot.
     Returns (runs sent, the kept run's id)."""
-    heads, _ = _heads(queue, fresh, window)
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    heads = _heads(queue, fresh, window)
     if not heads:
+        # Nothing waits (the common case after a finish), or every slot is taken: whoever
+        # frees one dispatches after their commit, and sees every run committed before it.
         return 0, None
     candidates = _pick(heads, window)
     with prepared_cursor() as cursor:
@@ -136,26 +128,22 @@ def runs_dispatch() -> int:
     return sum(queue_dispatch(queue) for queue in _queues_waiting())
 
 
-# Whether a run waits to be published, and the queue's busy count (running + published and
-# not yet claimed), both read without the dispatch lock (partial indexes: flat in queue depth).
-# The queue is written into the text ({queue}: a quoted literal, one prepared statement per
-# queue), not passed: prepared statements get one generic plan (settings.py, prepared.py), and
-# with `queue = $1` the EXISTS probe's generic plan was a sequential scan (the planner cannot
-# tell a queue holding 10,000 runs from one holding none): 2.3 ms at bench/dispatch.py's depth,
-# where the queue's own plan reads one index entry.
-_ELIGIBLE_AND_BUSY = """
-SELECT EXISTS (SELECT 1 FROM runs_run WHERE status = 'queued' AND queue = {queue}
-               AND (dispatched_at IS NULL OR dispatched_at < %(fresh)s)),
-       (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = {queue})
-       + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = {queue}
-            AND dispatched_at >= %(fresh)s)
-"""
-
-# Per owner waiting in the queue (a loose index scan over run_queued_heads), their next `room`
-# eligible runs and how many runs they have running: what fair share needs, and no more.
+# The queue's busy count (running + published and not yet claimed), then — only while that
+# leaves a slot free — per owner waiting in the queue (a loose index scan over
+# run_queued_heads), their next `window` eligible runs and how many runs they have running: what
+# fair share needs, and no more. No rows when nothing is eligible or every slot is taken; a full
+# queue costs two index probes, as the separate probe before it did (now folded in: one round
+# trip less per pass). Read without the dispatch lock; the marking function counts again under
+# it. Every lookup has an index whose order or predicate fits it, so the one generic plan
+# (prepared statements, settings.py) stays flat in queue depth; bench/dispatch.py measures it.
 _HEADS = """
-WITH RECURSIVE owners AS (
+WITH RECURSIVE busy AS (
+    SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
+         + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+              AND dispatched_at >= %(fresh)s) AS n
+), owners AS (
     (SELECT owner_id FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+       AND (SELECT n FROM busy) < %(window)s
      ORDER BY owner_id LIMIT 1)
   UNION ALL
     SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = 'queued' AND r.queue = %(q)s
@@ -166,11 +154,7 @@ SELECT head.id, owners.owner_id, head.priority, head.created_at,
        (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id),
        team.id, COALESCE(team.weight, 1),
        (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
-         WHERE x.status = 'running' AND m.team_id = team.id),
-       -- the queue's busy count (running + published, unclaimed), computed once
-       (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
-       + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
-            AND dispatched_at >= %(fresh)s)
+         WHERE x.status = 'running' AND m.team_id = team.id)
 FROM owners
 LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
     SELECT t.id, t.weight FROM accounts_team t
@@ -181,34 +165,18 @@ CROSS JOIN LATERAL (
     SELECT q.id, q.priority, q.created_at FROM runs_run q
     WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
       AND (q.dispatched_at IS NULL OR q.dispatched_at < %(fresh)s)
-    ORDER BY q.priority DESC, q.created_at LIMIT %(room)s
+    ORDER BY q.priority DESC, q.created_at LIMIT %(window)s
 ) head
 WHERE owners.owner_id IS NOT NULL
 """
 
 
-def _eligible_and_busy(queue: str, fresh: Any) -> tuple[bool, int]:
+def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
+    """Each waiting owner's next eligible runs, with their and their team's running counts, in
+    one round trip; none when nothing is eligible or the queue's `window` is full."""
     with prepared_cursor() as cursor:
-        cursor.execute(_eligible_and_busy_text(queue), {"fresh": fresh})
-        eligible, busy = cursor.fetchone()
-    return bool(eligible), int(busy)
-
-
-@functools.lru_cache(maxsize=256)  # a farm has a handful of queues
-def _eligible_and_busy_text(queue: str) -> str:
-    # A string literal as PostgreSQL reads it with standard_conforming_strings (its default),
-    # and a `%` doubled for psycopg's placeholders.
-    literal = "'" + queue.replace("'", "''").replace("%", "%%") + "'"
-    return _ELIGIBLE_AND_BUSY.format(queue=literal)
-
-
-def _heads(queue: str, fresh: Any, room: int) -> tuple[list[tuple[Any, ...]], int]:
-    """(each waiting owner's next eligible runs with their running count, the queue's busy
-    count) in one round trip; no rows when nothing is eligible."""
-    with prepared_cursor() as cursor:
-        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "room": room})
-        rows = list(cursor.fetchall())
-    return [row[:8] for row in rows], int(rows[0][8]) if rows else 0
+        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "window": window})
+        return list(cursor.fetchall())
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:

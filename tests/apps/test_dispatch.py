@@ -211,8 +211,8 @@ def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
 def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_commit_callbacks):
-    """The eligibility probe writes the queue's name into its text (apps/runs/dispatch.py): a
-    name with a quote and a percent sign (INLINE_WORKER_QUEUES takes any) reads right."""
+    """A queue name with a quote and a percent sign (INLINE_WORKER_QUEUES takes any) goes through
+    the dispatcher's statements and its marking function as it is."""
     odd = "odd'queue%s"
     Worker.objects.update_or_create(name="odd@host", defaults={
         "queues": [odd], "slots": 1, "last_heartbeat": timezone.now()})
