@@ -85,7 +85,13 @@ def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim |
     _, kept = _pass(queue, window, keep=True)
     if kept is None:
         return None
-    claim = run_claim_for_slot(run_id=kept, worker=worker, name=name)
+    try:
+        claim = run_claim_for_slot(run_id=kept, worker=worker, name=name)
+    except Exception:
+        # A claim cut off (the database went away): its message now, so the run does not wait
+        # for beat's pass; should the claim have committed, the message is a duplicate, a no-op.
+        publish_after_commit(EXECUTE_TASK, args=[kept], queue=queue)
+        raise
     if claim is None:
         publish_after_commit(EXECUTE_TASK, args=[kept], queue=queue)
     return claim

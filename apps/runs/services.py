@@ -156,10 +156,9 @@ def _dispatch_after_commit(queue: str) -> None:
 # A submit without clientRunId by an owner without team limits (the common case), after the
 # owner's lock: which of its assets the owner may use, the coalescing and in-flight checks, the
 # graph upsert and the run's insert (both only when every check passes), in one statement
-# where they were five (bench/hotpath.py's web-side
-# timeline). The asset check is `assets_visible_to_owner`'s statement. The INSERT's columns
-# and casts come from the Run model (`_submit_plain`), so a migration that adds a column
-# changes the text.
+# where they were five (bench/hotpath.py's web-side timeline). The asset check is
+# `assets_visible_to_owner`'s statement. The INSERT's columns and casts come from the Run model
+# (`_submit_plain`), so a migration that adds a column changes the text.
 _SUBMIT_PLAIN = """
 WITH visible AS ({assets_visible}), flight AS (
     SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
@@ -501,9 +500,9 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
 
 
 def run_claim_for_slot(*, run_id: str, worker: str, name: str) -> Claim | None:
-    """`run_claim` of a run the dispatcher picked for a slot of `worker` (lease key) that just
-    finished its run (apps/runs/dispatch.py `queue_dispatch_keeping_one`), inside the
-    dispatch's transaction; None, and nothing written, unless worker `name` is online."""
+    """`run_claim` of a run the dispatcher marked for a slot of `worker` (lease key) that just
+    finished its run (apps/runs/dispatch.py `queue_dispatch_keeping_one`); None, and nothing
+    written, unless worker `name` is online."""
     return _claim(_CLAIM_FOR_SLOT, {"worker": worker, "run": run_id, "name": name})
 
 
