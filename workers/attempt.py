@@ -16,7 +16,7 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
-from apps.runs.dispatch import queue_dispatch_keeping_one
+from apps.runs.dispatch import queue_dispatch, queue_dispatch_keeping_one
 from apps.runs.services import Claim, run_claim, run_finish, run_hand_back
 from workers import runtime
 from workers.executor import CancelCheck, Outcome, execute
@@ -26,10 +26,12 @@ from workers.heartbeat import Presence
 log = logging.getLogger(__name__)
 
 HAND_BACK_PATIENCE_S = 120.0  # how long to keep trying to record an outcome while the DB is down
-# How many runs in a row a slot keeps for itself after its finishes before it goes back to
-# Celery: a worker serving several queues takes its next message from any of them then, so a
-# stream of quick runs on one queue cannot hold a slot away from the others' published runs.
-SLOT_KEEPS_MAX = 16
+# How long a slot keeps taking the next run of its queue after its finishes (from the start of
+# the run Celery delivered) before it goes back to Celery, whose next message may come from
+# another of the worker's queues: a stream on one queue holds a slot away from the others'
+# published runs for at most this long plus one run. Quick image runs (milliseconds) still
+# chain by the hundred; on a GPU worker with second-long generations a slot keeps one or two.
+SLOT_KEEP_SECONDS = 1.0
 
 
 def attempt_run(run_id: str, me: Presence) -> str:
@@ -46,28 +48,29 @@ def attempt_run(run_id: str, me: Presence) -> str:
         log.warning("could not claim %s (%s); the dispatcher will publish it again", run_id, exc)
         return "not-claimed"
     status = "not-claimed"
-    kept = 0
+    until = time.monotonic() + SLOT_KEEP_SECONDS
     try:
         while claim is not None:
-            keep_next = kept < SLOT_KEEPS_MAX and not me.stopping.is_set()
-            status = _attempt(claim, me, dispatch=not keep_next)
-            if not keep_next or status not in ("succeeded", "failed"):
+            status = _attempt(claim, me)
+            if status not in ("succeeded", "failed"):
                 break  # a cancel or a hand-back dispatched the queue itself
+            if me.stopping.is_set() or time.monotonic() >= until:
+                _dispatch_only(claim.queue)  # the slot goes back to Celery
+                break
             claim = _next_on_this_slot(claim.queue, me)
-            kept += 1
     finally:
         close_old_connections()
     return status
 
 
-def _attempt(claim: Claim, me: Presence, *, dispatch: bool) -> str:
-    """Execute and record one claimed attempt; its status ("fault": handed back).
-    `dispatch=False`: a finish does not dispatch its queue (the caller does)."""
+def _attempt(claim: Claim, me: Presence) -> str:
+    """Execute and record one claimed attempt; its status ("fault": handed back). A finish
+    leaves its queue's dispatch to the caller (`attempt_run`)."""
     held = me.hold(claim.run_id, claim.attempt)
     try:
         outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
                           cancel=CancelCheck(claim, held.lost))
-        _record(claim, outcome, dispatch=dispatch)
+        _record(claim, outcome)
         me.stats[f"runs_{outcome.status}"] += 1
         return outcome.status
     finally:
@@ -88,7 +91,17 @@ def _next_on_this_slot(queue: str, me: Presence) -> Claim | None:
         return None
 
 
-def _record(claim: Claim, outcome: Outcome, *, dispatch: bool = True) -> None:
+def _dispatch_only(queue: str) -> None:
+    """The finish's dispatch when the slot keeps nothing (`run_finish`'s own, after commit)."""
+    try:
+        db_retry(lambda: queue_dispatch(queue))
+    except Exception as exc:
+        if not is_infrastructure_error(exc):
+            raise
+        log.warning("dispatching %s after a finish failed (%s); beat's pass will", queue, exc)
+
+
+def _record(claim: Claim, outcome: Outcome) -> None:
     if outcome.status == "cancelled":
         return  # no longer ours: whoever took it wrote its end
     if outcome.status == "fault":
@@ -97,7 +110,7 @@ def _record(claim: Claim, outcome: Outcome, *, dispatch: bool = True) -> None:
                                          reason=reason, fault=True))
         return
     _patiently(lambda: run_finish(claim=claim, status=outcome.status, error=outcome.error,
-                                  events=outcome.events, takes=outcome.takes, dispatch=dispatch))
+                                  events=outcome.events, takes=outcome.takes, dispatch=False))
 
 
 def _patiently(write: object) -> None:
