@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2, help="shallow+deep pairs (default 2)")
     args = parser.parse_args()
+    if args.rounds < 1 or args.runs < 1:
+        parser.error("--rounds and --runs must be at least 1")
     latencies: dict[str, list[float]] = {"shallow": [], "deep": []}
     rates: dict[str, list[float]] = {"shallow": [], "deep": []}
     with bench_farm(beat=True) as (farm, token, _models):

@@ -36,7 +36,7 @@ SLOT_KEEP_SECONDS = 1.0
 
 def attempt_run(run_id: str, me: Presence) -> str:
     """Execute run `run_id` once on this worker; a duplicate delivery is a no-op. Then, while
-    runs of its queue wait, the slot keeps going with the next one (`_next_on_this_slot`)."""
+    runs of its queue wait, the slot keeps going with the next one (`_dispatch_after_finish`)."""
     if me.stopping.is_set():
         return "not-claimed"  # stopping: the dispatcher publishes it again for another worker
     close_old_connections()
@@ -54,10 +54,8 @@ def attempt_run(run_id: str, me: Presence) -> str:
             status = _attempt(claim, me)
             if status not in ("succeeded", "failed"):
                 break  # a cancel or a hand-back dispatched the queue itself
-            if me.stopping.is_set() or time.monotonic() >= until:
-                _dispatch_only(claim.queue)  # the slot goes back to Celery
-                break
-            claim = _next_on_this_slot(claim.queue, me)
+            keep = not me.stopping.is_set() and time.monotonic() < until
+            claim = _dispatch_after_finish(claim.queue, me, keep=keep)  # None: back to Celery
     finally:
         close_old_connections()
     return status
@@ -77,28 +75,20 @@ def _attempt(claim: Claim, me: Presence) -> str:
         me.release(claim.run_id)
 
 
-def _next_on_this_slot(queue: str, me: Presence) -> Claim | None:
-    """After a finish (its dispatch left to us): dispatch `queue`, keeping the first run picked
-    for this slot (apps/runs/dispatch.py `queue_dispatch_keeping_one`). A failure here loses
-    nothing: beat's pass publishes what waits (INLINE_REAPER_INTERVAL)."""
+def _dispatch_after_finish(queue: str, me: Presence, *, keep: bool) -> Claim | None:
+    """After a finish (its dispatch left to us): dispatch `queue`; with `keep`, the first run
+    picked is this slot's next (apps/runs/dispatch.py `queue_dispatch_keeping_one`). A failure
+    here loses nothing: beat's pass publishes what waits (INLINE_REAPER_INTERVAL)."""
     try:
-        return db_retry(lambda: queue_dispatch_keeping_one(queue, worker=me.lease_key,
-                                                           name=me.name))
-    except Exception as exc:
-        if not is_infrastructure_error(exc):
-            raise
-        log.warning("dispatching %s after a finish failed (%s); beat's pass will", queue, exc)
-        return None
-
-
-def _dispatch_only(queue: str) -> None:
-    """The finish's dispatch when the slot keeps nothing (`run_finish`'s own, after commit)."""
-    try:
+        if keep:
+            return db_retry(lambda: queue_dispatch_keeping_one(queue, worker=me.lease_key,
+                                                               name=me.name))
         db_retry(lambda: queue_dispatch(queue))
     except Exception as exc:
         if not is_infrastructure_error(exc):
             raise
         log.warning("dispatching %s after a finish failed (%s); beat's pass will", queue, exc)
+    return None
 
 
 def _record(claim: Claim, outcome: Outcome) -> None:

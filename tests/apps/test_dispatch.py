@@ -139,13 +139,21 @@ def test_fair_share_holds_across_many_owners_and_a_deep_queue(
 
 
 @contextmanager
-def _dispatch_lock_held_elsewhere(queue: str) -> Iterator[None]:
-    """Another session holds `queue`'s dispatch lock (as a dispatcher mid-commit would)."""
+def _dispatch_lock_held_elsewhere(
+    queue: str, *, publishing: object = None, for_seconds: float | None = None
+) -> Iterator[None]:
+    """Another session holds `queue`'s dispatch lock in its transaction, as a pass mid-commit
+    would, having marked run `publishing` published in it; it commits (and the lock goes) when
+    the block ends, or `for_seconds` into the block."""
     held, done = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with psycopg.connect(database_url(connection.settings_dict), autocommit=True) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_QUEUE_DISPATCH, queue_lock_key(queue)])
+        with psycopg.connect(database_url(connection.settings_dict)) as conn:  # commits on exit
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                         [LOCK_QUEUE_DISPATCH, queue_lock_key(queue)])
+            if publishing is not None:
+                conn.execute("UPDATE runs_run SET dispatched_at = now() WHERE id = %s",
+                             [publishing])
             held.set()
             done.wait(30)
 
@@ -153,6 +161,8 @@ def _dispatch_lock_held_elsewhere(queue: str) -> Iterator[None]:
     thread.start()
     try:
         assert held.wait(10)
+        if for_seconds is not None:
+            threading.Timer(for_seconds, done.set).start()
         yield
     finally:
         done.set()
@@ -168,26 +178,9 @@ def test_a_pass_that_waited_for_the_lock_counts_what_the_holder_published(make_r
     slots(2)  # one taken by a running run, one free
     make_run("c", status="running")
     older, newer = make_run("a", age=20), make_run("b", age=10)
-    marked, release = threading.Event(), threading.Event()
-
-    def other_pass() -> None:  # another dispatcher, holding the lock, publishes the older run
-        with psycopg.connect(database_url(connection.settings_dict)) as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                         [LOCK_QUEUE_DISPATCH, queue_lock_key("gpu.24g")])
-            conn.execute("UPDATE runs_run SET dispatched_at = now() WHERE id = %s", [older.pk])
-            marked.set()
-            release.wait(10)
-        # leaving the block commits, and the lock goes with the transaction
-
-    thread = threading.Thread(target=other_pass)
-    thread.start()
-    try:
-        assert marked.wait(10)
-        threading.Timer(0.5, release.set).start()
+    # another pass, holding the lock, publishes the older run and commits half a second later
+    with _dispatch_lock_held_elsewhere("gpu.24g", publishing=older.pk, for_seconds=0.5):
         assert queue_dispatch("gpu.24g") == 0  # it waited, then saw the free slot taken
-    finally:
-        release.set()
-        thread.join()
     newer.refresh_from_db()
     assert newer.dispatched_at is None
 
