@@ -16,7 +16,7 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
-from apps.runs.dispatch import queue_dispatch, queue_dispatch_keeping_one
+from apps.runs.dispatch import queue_take_next
 from apps.runs.services import Claim, run_claim, run_finish, run_hand_back
 from workers import runtime
 from workers.executor import CancelCheck, Outcome, execute
@@ -36,7 +36,8 @@ SLOT_KEEP_SECONDS = 1.0
 
 def attempt_run(run_id: str, me: Presence) -> str:
     """Execute run `run_id` once on this worker; a duplicate delivery is a no-op. Then, while
-    runs of its queue wait, the slot keeps going with the next one (`_dispatch_after_finish`)."""
+    runs of its queue wait, the slot keeps going with the next one, which its finish claimed
+    (`_NextRun`)."""
     if me.stopping.is_set():
         return "not-claimed"  # stopping: the dispatcher publishes it again for another worker
     close_old_connections()
@@ -51,56 +52,61 @@ def attempt_run(run_id: str, me: Presence) -> str:
     until = time.monotonic() + SLOT_KEEP_SECONDS
     try:
         while claim is not None:
-            status = _attempt(claim, me)
-            if status not in ("succeeded", "failed"):
-                break  # a cancel or a hand-back dispatched the queue itself
-            keep = not me.stopping.is_set() and time.monotonic() < until
-            claim = _dispatch_after_finish(claim.queue, me, keep=keep)  # None: back to Celery
+            keep = _NextRun(me) if time.monotonic() < until else None
+            status = _attempt(claim, me, keep)
+            claim = keep.claim if keep is not None else None  # None: back to Celery
     finally:
         close_old_connections()
     return status
 
 
-def _attempt(claim: Claim, me: Presence) -> str:
-    """Execute and record one claimed attempt; its status ("fault": handed back). A finish
-    leaves its queue's dispatch to the caller (`attempt_run`)."""
+def _attempt(claim: Claim, me: Presence, keep: _NextRun | None) -> str:
+    """Execute and record one claimed attempt; its status ("fault": handed back). With `keep`,
+    its finish may claim the slot's next run (`keep.claim`)."""
     held = me.hold(claim.run_id, claim.attempt)
     try:
         outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
                           cancel=CancelCheck(claim, held.lost))
-        _record(claim, outcome)
+        _record(claim, outcome, keep)
         me.stats[f"runs_{outcome.status}"] += 1
         return outcome.status
     finally:
         me.release(claim.run_id)
 
 
-def _dispatch_after_finish(queue: str, me: Presence, *, keep: bool) -> Claim | None:
-    """After a finish (its dispatch left to us): dispatch `queue`; with `keep`, the first run
-    picked is this slot's next (apps/runs/dispatch.py `queue_dispatch_keeping_one`). A failure
-    here loses nothing: beat's pass publishes what waits (INLINE_REAPER_INTERVAL)."""
-    try:
-        if keep:
-            return db_retry(lambda: queue_dispatch_keeping_one(queue, worker=me.lease_key,
-                                                               name=me.name))
-        db_retry(lambda: queue_dispatch(queue))
-    except Exception as exc:
-        if not is_infrastructure_error(exc):
-            raise
-        log.warning("dispatching %s after a finish failed (%s); beat's pass will", queue, exc)
-    return None
+class _NextRun:
+    """Passed to `run_finish(next_run=…)`: inside the finish's transaction, claims the queue's
+    next run for this slot (apps/runs/dispatch.py `queue_take_next`), unless the worker is
+    stopping. `claim` holds it once the finish returned; a finish that is retried starts over,
+    so a rolled-back claim is never kept."""
+
+    def __init__(self, me: Presence) -> None:
+        self.me = me
+        self.claim: Claim | None = None
+
+    def __call__(self, queue: str) -> bool:
+        if self.me.stopping.is_set():
+            return False
+        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name)
+        return self.claim is not None
 
 
-def _record(claim: Claim, outcome: Outcome) -> None:
+def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None) -> None:
     if outcome.status == "cancelled":
-        return  # no longer ours: whoever took it wrote its end
+        return  # no longer ours: whoever took it wrote its end (and dispatched its queue)
     if outcome.status == "fault":
         reason = f"worker fault, retrying: {(outcome.error or {}).get('message', '')}"
         _patiently(lambda: run_hand_back(run_id=claim.run_id, attempt=claim.attempt,
                                          reason=reason, fault=True))
         return
-    _patiently(lambda: run_finish(claim=claim, status=outcome.status, error=outcome.error,
-                                  events=outcome.events, takes=outcome.takes, dispatch=False))
+
+    def finish() -> bool:
+        if keep is not None:
+            keep.claim = None  # a try that failed may have claimed in its rolled-back transaction
+        return run_finish(claim=claim, status=outcome.status, error=outcome.error,
+                          events=outcome.events, takes=outcome.takes, next_run=keep)
+
+    _patiently(finish)
 
 
 def _patiently(write: object) -> None:

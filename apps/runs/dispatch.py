@@ -11,9 +11,9 @@ reads only what it selects — one probe per owner waiting in the queue (a loose
 never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
 runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
 lock is taken only inside the one statement that counts and marks (`_pass`), never in a
-submit's or a finish's transaction. While every slot is taken no pass takes it: each slot's
-finisher dispatches after its commit (and keeps the first run for its own slot,
-`queue_dispatch_keeping_one`).
+submit's or a finish's transaction. While every slot is taken no pass takes it: a slot that
+finishes either takes its next run in its finish's transaction (`queue_take_next`: the slot is
+never free, so nothing changes for anyone else) or dispatches after its commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -41,7 +41,7 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.services import (
     LOCK_QUEUE_DISPATCH,
     Claim,
-    run_claim_for_slot,
+    run_claim_next,
     run_stop_notify,
 )
 from apps.runs.transitions import run_move
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 EXECUTE_TASK = "workers.tasks.execute_run"
 CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's slots
+NEXT_CANDIDATES = 4  # runs a finishing slot tries, in order, for its next (`queue_take_next`)
 
 
 # --- dispatch ---------------------------------------------------------------------------------
@@ -63,37 +64,37 @@ def queue_dispatch(queue: str) -> int:
     window = _queue_capacity(queue)
     if window <= 0:
         return 0  # nobody serves it: publish nothing (the pass reroutes or waits for a worker)
-    return _pass(queue, window)[0]
+    return _pass(queue, window)
 
 
-def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim | None:
-    """`queue_dispatch` by a slot of `worker` (lease key; `name`: its fleet row) that has just
-    finished a run of `queue` (its finish committed, `run_finish(dispatch=False)`): the first run
-    picked goes to that slot — marked published like the others, but claimed by the slot at once
-    instead of sent through the broker.
+def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
+    """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
+    `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot
+    (`run_finish(next_run=…)`, workers/attempt.py). None when nothing is eligible, the queue's
+    window is full without that slot, or the worker is no longer online (a drained worker takes
+    no new run): the finish then dispatches after commit as any other.
 
-    Published, that run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
-    free slot is this one; its message cost the worker more CPU than the run's graph in a burst
-    of quick runs (bench/hotpath.py under py-spy). The window is the same: the picked run takes
-    the slot the finish freed. The claim is the usual durable compare-and-set. None when
-    nothing is eligible or every slot is taken; when the worker is no longer online (a drained
-    worker takes no new run) or the claim fails, the run's message goes out as any other's.
-    """
+    The finished run and the next one change places in one commit, so the slot is never free in
+    between: the queue's busy count is the same before and after, and no pass — the web's after
+    a submit, another slot's — sees a slot to fill or needs the dispatch lock for it. Sent as a
+    message, the next run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
+    free slot is this one: in a burst of quick runs that cost the worker more CPU than the run's
+    graph (bench/hotpath.py under py-spy), and the claim was one more durable commit. The
+    choice is the policy's (`_heads`, `_pick`), read in this transaction, which sees the slot
+    as free already. Should more slots be free than this one, the queue is dispatched after
+    commit too."""
     window = _queue_capacity(queue)
     if window <= 0:
         return None
-    _, kept = _pass(queue, window, keep=True)
-    if kept is None:
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    heads = _heads(queue, fresh, window)
+    if not heads:
         return None
-    try:
-        claim = run_claim_for_slot(run_id=kept, worker=worker, name=name)
-    except Exception:
-        # A claim cut off (the database went away): its message now, so the run does not wait
-        # for beat's pass; should the claim have committed, the message is a duplicate, a no-op.
-        publish_after_commit(EXECUTE_TASK, args=[kept], queue=queue)
-        raise
-    if claim is None:
-        publish_after_commit(EXECUTE_TASK, args=[kept], queue=queue)
+    # a few in the policy's order: one another slot or pass is taking meanwhile is skipped
+    claim = run_claim_next(candidates=_pick(heads, NEXT_CANDIDATES), queue=queue,
+                           fresh=fresh, worker=worker, name=name)
+    if claim is not None and window - heads[0][-1] > 1:
+        transaction.on_commit(lambda: queue_dispatch(queue), robust=True)  # other free slots
     return claim
 
 
@@ -107,25 +108,23 @@ def queue_dispatch_keeping_one(queue: str, *, worker: str, name: str) -> Claim |
 _MARK = "SELECT id FROM inline_dispatch_mark(%s, %s, %s, %s, %s, %s::uuid[], %s) AS id"
 
 
-def _pass(queue: str, window: int, *, keep: bool = False) -> tuple[int, str | None]:
+def _pass(queue: str, window: int) -> int:
     """Pick the queue's next runs into its free slots and mark them published; their messages go
-    out after commit. `keep`: the first is not sent but returned, for the caller's own slot.
-    Returns (runs sent, the kept run's id)."""
+    out after commit. Returns how many."""
     fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
     heads = _heads(queue, fresh, window)
     if not heads:
         # Nothing waits (the common case after a finish), or every slot is taken: whoever
         # frees one dispatches after their commit, and sees every run committed before it.
-        return 0, None
+        return 0
     candidates = _pick(heads, window)
     with prepared_cursor() as cursor:
         cursor.execute(_MARK, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
                                candidates, not connection.in_atomic_block])
         published = [str(row[0]) for row in cursor.fetchall()]  # in the order picked
-    kept = published.pop(0) if keep and published else None
     for run_id in published:
         publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
-    return len(published), kept
+    return len(published)
 
 
 def runs_dispatch() -> int:
@@ -160,7 +159,8 @@ SELECT head.id, owners.owner_id, head.priority, head.created_at,
        (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id),
        team.id, COALESCE(team.weight, 1),
        (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
-         WHERE x.status = 'running' AND m.team_id = team.id)
+         WHERE x.status = 'running' AND m.team_id = team.id),
+       (SELECT n FROM busy)
 FROM owners
 LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
     SELECT t.id, t.weight FROM accounts_team t
@@ -178,8 +178,9 @@ WHERE owners.owner_id IS NOT NULL
 
 
 def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
-    """Each waiting owner's next eligible runs, with their and their team's running counts, in
-    one round trip; none when nothing is eligible or the queue's `window` is full."""
+    """Each waiting owner's next eligible runs, with their and their team's running counts (and,
+    last, the queue's busy count), in one round trip; none when nothing is eligible or the
+    queue's `window` is full."""
     with prepared_cursor() as cursor:
         cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "window": window})
         return list(cursor.fetchall())
@@ -195,7 +196,7 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
     share_of: dict[int, tuple[str, int]] = {}
     share_running: dict[tuple[str, int], int] = {}
     weight: dict[tuple[str, int], int] = {}
-    for run_id, owner, priority, created, owner_running, team, team_weight, team_running in heads:
+    for run_id, owner, priority, created, owner_running, team, team_weight, team_running, _ in heads:
         waiting[owner].append((run_id, priority, created))
         running[owner] = int(owner_running)
         share = ("team", team) if team is not None else ("user", owner)

@@ -14,7 +14,7 @@ import functools
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -468,7 +468,7 @@ WITH claimed AS (
         started_at = COALESCE(r.started_at, now()), dispatched_at = NULL,
         last_seq = r.last_seq + 1
     FROM graphs_graph AS g
-    WHERE r.id = %(run)s AND r.status = 'queued' AND g.id = r.graph_id{also}
+    WHERE r.id = {which} AND r.status = 'queued' AND g.id = r.graph_id{also}
     RETURNING r.id, r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
 ), logged AS (
     INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
@@ -477,12 +477,18 @@ WITH claimed AS (
     FROM claimed
     RETURNING seq
 )
-SELECT attempts, owner_id, target, queue, last_seq, sha256, document FROM claimed
+SELECT id, attempts, owner_id, target, queue, last_seq, sha256, document FROM claimed
 """
-_CLAIM_DELIVERED = _CLAIM.format(also="")
-# A run kept by a slot that just finished (`run_claim_for_slot`): only while its worker is
-# online — a drained worker takes no new run, however it would get it.
-_CLAIM_FOR_SLOT = _CLAIM.format(also="""
+_CLAIM_DELIVERED = _CLAIM.format(which="%(run)s", also="")
+# The next run of a slot whose finish is in the same transaction (`run_claim_next`): the first
+# candidate still waiting and unpublished that no other transaction holds, and only while the
+# worker is online — a drained worker takes no new run, however it would get it.
+_CLAIM_NEXT = _CLAIM.format(which="""(
+        SELECT c.id FROM unnest(%(candidates)s::uuid[]) WITH ORDINALITY AS c(id, n)
+        JOIN runs_run x ON x.id = c.id
+        WHERE x.status = 'queued' AND x.queue = %(queue)s
+          AND (x.dispatched_at IS NULL OR x.dispatched_at < %(fresh)s)
+        ORDER BY c.n LIMIT 1 FOR UPDATE OF x SKIP LOCKED)""", also="""
       AND EXISTS (SELECT 1 FROM fleet_worker w WHERE w.name = %(name)s AND w.state = 'online')""")
 
 
@@ -499,11 +505,16 @@ def run_claim(*, run_id: str, worker: str) -> Claim | None:
     return _claim(_CLAIM_DELIVERED, {"worker": worker, "run": run_id})
 
 
-def run_claim_for_slot(*, run_id: str, worker: str, name: str) -> Claim | None:
-    """`run_claim` of a run the dispatcher marked for a slot of `worker` (lease key) that just
-    finished its run (apps/runs/dispatch.py `queue_dispatch_keeping_one`); None, and nothing
-    written, unless worker `name` is online."""
-    return _claim(_CLAIM_FOR_SLOT, {"worker": worker, "run": run_id, "name": name})
+def run_claim_next(
+    *, candidates: Sequence[str], queue: str, fresh: Any, worker: str, name: str
+) -> Claim | None:
+    """`run_claim` of the first of `candidates` (in the dispatcher's order) still queued in
+    `queue` and not published since `fresh`, for a slot of `worker` (lease key) whose run's
+    finish is in the caller's transaction (apps/runs/dispatch.py `queue_take_next`). A candidate
+    another transaction is marking or claiming is skipped, not waited for. None, and nothing
+    written, when none is left or worker `name` is not online."""
+    return _claim(_CLAIM_NEXT, {"worker": worker, "candidates": list(candidates),
+                                "queue": queue, "fresh": fresh, "name": name})
 
 
 def _claim(statement: str, params: dict[str, Any]) -> Claim | None:
@@ -513,14 +524,15 @@ def _claim(statement: str, params: dict[str, Any]) -> Claim | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    run_id, worker = params["run"], params["worker"]
-    attempt, owner_id, target, queue, seq, sha, document = row
+    worker = params["worker"]
+    run_uuid, attempt, owner_id, target, queue, seq, sha, document = row
+    run_id = str(run_uuid)
     status = {"status": RunStatus.RUNNING, "attempt": attempt, "worker": worker}
     group_send_after_commit(run_group(run_id), {"type": "run.event", "event": {
-        **status, "type": "status", "runId": str(run_id), "seq": seq}})
+        **status, "type": "status", "runId": run_id, "seq": seq}})
     if isinstance(document, str | bytes):
         document = json.loads(document)
-    return Claim(str(run_id), attempt, owner_id, target, sha, document, queue)
+    return Claim(run_id, attempt, owner_id, target, sha, document, queue)
 
 
 def run_events_flush(
@@ -553,23 +565,30 @@ SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
     error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
     last_seq = last_seq + %(events)s
 WHERE id = %(run)s AND attempts = %(attempt)s AND status = 'running'
-RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id)
+RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id),
+    EXISTS (SELECT 1 FROM runs_run w WHERE w.status = 'queued' AND w.queue = runs_run.queue)
 """
+
+# Called inside a finish's transaction, after its writes, with the run's queue, when runs of
+# that queue wait: may claim one of them for the finishing slot; returns whether it did.
+NextRun = Callable[[str], bool]
 
 
 def run_finish(
     *, claim: Claim, status: str, error: dict[str, str] | None = None,
     events: Sequence[tuple[str, dict[str, Any]]] = (), takes: Sequence[TakeDraft] = (),
-    dispatch: bool = True,
+    next_run: NextRun | None = None,
 ) -> bool:
     """Record the outcome of our attempt with its last events and takes, all in one transaction
     (fenced by `attempt`); False, and nothing written, if we no longer own the run.
 
-    After commit the run's queue is dispatched into the freed slot; `dispatch=False` when the
-    caller does that itself (workers/attempt.py keeps the next run for the slot)."""
+    After commit the run's queue is dispatched into the freed slot — unless `next_run` (the
+    worker's slot, workers/attempt.py) took a waiting run of the queue inside this transaction:
+    then the slot never counts as free (one run ends and the next starts in one commit), the
+    queue's busy count is unchanged and there is nothing to dispatch."""
     edge_check([RunStatus.RUNNING], status)
     error = error or {}
-    if _finish_first_takes(claim, status, error, events, takes, dispatch):
+    if _finish_first_takes(claim, status, error, events, takes, next_run):
         return True
     with transaction.atomic():
         with prepared_cursor() as cursor:
@@ -581,7 +600,7 @@ def run_finish(
             row = cursor.fetchone()
         if row is None:
             return False
-        last_seq, queue, had_takes = row
+        last_seq, queue, had_takes, waiting = row
         if had_takes:  # earlier flushes or attempts kept takes: the log's run_done lists all
             if takes:
                 takes_insert(run_id=claim.run_id, owner_id=claim.owner_id, drafts=takes)
@@ -595,9 +614,16 @@ def run_finish(
         done = {"status": status, "error": run_error_of(error), "takes": every}
         bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
         events_insert(run_id=claim.run_id, first_seq=last_seq - len(bound) + 1, events=bound)
-        if dispatch:
-            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+        _after_finish(queue, waiting, next_run)
     return True
+
+
+def _after_finish(queue: str, waiting: bool, next_run: NextRun | None) -> None:
+    """The end of a finish's transaction: the slot's next run, or the queue's dispatch after
+    commit (robust: a failed pass is logged, and beat's pass publishes what waits)."""
+    if waiting and next_run is not None and next_run(queue):
+        return
+    transaction.on_commit(lambda: dispatch_queue_soon(queue), robust=True)
 
 
 # The finish of a run that has no take yet (the common case: a quick graph's takes all come
@@ -616,7 +642,9 @@ WITH held AS (
     WHERE id = %(run)s::uuid AND attempts = %(attempt)s AND status = 'running'
       AND NOT EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = %(run)s::uuid)
       AND (SELECT n FROM held) >= 0
-    RETURNING last_seq, queue
+    RETURNING last_seq, queue,
+        EXISTS (SELECT 1 FROM runs_run w WHERE w.status = 'queued' AND w.queue = runs_run.queue)
+            AS waiting
 ), kept AS (
     INSERT INTO takes_take (id, run_id, owner_id, node_id, index, sha256, media_type, size,
                             width, height, seed, lineage, created_at)
@@ -634,7 +662,8 @@ WITH held AS (
     FROM done, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
     RETURNING 1
 )
-SELECT last_seq, queue, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged) FROM done
+SELECT last_seq, queue, waiting, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged)
+FROM done
 """
 
 
@@ -644,7 +673,8 @@ class _NotFirstTakes(Exception):
 
 def _finish_first_takes(
     claim: Claim, status: str, error: dict[str, str],
-    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft], dispatch: bool,
+    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft],
+    next_run: NextRun | None,
 ) -> bool:
     """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
     general path. The bytes are stored after the statement, which holds their blob locks until
@@ -677,7 +707,7 @@ def _finish_first_takes(
                 row = cursor.fetchone()
             if row is None:
                 return False  # the general path answers
-            last_seq, queue, inserted, logged = row
+            last_seq, queue, waiting, inserted, logged = row
             if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
                 raise _NotFirstTakes
             for take, draft in zip(rows, sorted(takes, key=lambda d: (d.node_id, d.index)),
@@ -686,8 +716,7 @@ def _finish_first_takes(
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
-            if dispatch:
-                transaction.on_commit(lambda: dispatch_queue_soon(queue))
+            _after_finish(queue, waiting, next_run)
     except _NotFirstTakes:
         return False
     return True

@@ -19,12 +19,12 @@ from apps.graphs.models import Graph
 from apps.runs.dispatch import (
     capacity_forget,
     queue_dispatch,
-    queue_dispatch_keeping_one,
     queue_lock_key,
+    queue_take_next,
     runs_dispatch,
 )
 from apps.runs.models import Run
-from apps.runs.services import LOCK_QUEUE_DISPATCH
+from apps.runs.services import LOCK_QUEUE_DISPATCH, run_claim, run_finish
 from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db
@@ -185,6 +185,40 @@ def test_a_pass_that_waited_for_the_lock_counts_what_the_holder_published(make_r
     assert newer.dispatched_at is None
 
 
+@pytest.mark.django_db(transaction=True)
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_pass_does_not_publish_a_run_a_finishing_slot_took_meanwhile(make_run, slots):
+    """A pass reads its candidates without locks; a slot's finish may claim the first of them
+    before the pass marks it. The marking function's UPDATE waits for that row and, once the
+    finish commits, finds it running: no mark, no message (migrations/runs/0004)."""
+    slots(2)  # one slot held by `mine`, one free
+    mine = make_run("c", status="running")
+    older = make_run("a", age=20)
+    make_run("b", age=10)
+    swapping, done = threading.Event(), threading.Event()
+
+    def finish_and_take_older() -> None:  # what run_finish(next_run=…) commits, by hand
+        with psycopg.connect(database_url(connection.settings_dict)) as conn:
+            conn.execute("UPDATE runs_run SET status = 'succeeded', finished_at = now(), "
+                         "lease_expires_at = NULL WHERE id = %s", [mine.pk])
+            conn.execute("UPDATE runs_run SET status = 'running', attempts = 1, "
+                         "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
+                         [older.pk])
+            swapping.set()
+            done.wait(0.5)
+
+    thread = threading.Thread(target=finish_and_take_older)
+    thread.start()
+    try:
+        assert swapping.wait(10)
+        assert queue_dispatch("gpu.24g") == 0  # its one free slot's pick was taken meanwhile
+    finally:
+        done.set()
+        thread.join()
+    older.refresh_from_db()
+    assert (older.status, older.dispatched_at) == ("running", None)
+
+
 @override_settings(INLINE_DISPATCH_WINDOW=0)
 def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
     make_run, slots, django_capture_on_commit_callbacks
@@ -221,39 +255,106 @@ def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_c
     capacity_forget()
 
 
+
+
+
+def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "gpu0@host"):
+    """Claim `run` for `worker`, then finish it as a worker's slot does (workers/attempt.py):
+    the finish's transaction may claim the queue's next run for the slot. Returns that claim."""
+    claim = run_claim(run_id=str(run.pk), worker=worker)
+    assert claim is not None
+    taken: list = []
+
+    def next_run(queue: str) -> bool:
+        taken.append(queue_take_next(queue, worker=worker, name=name))
+        return taken[-1] is not None
+
+    assert run_finish(claim=claim, status="succeeded", next_run=next_run)
+    return taken[-1] if taken else None
+
+
 @override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_a_slot_that_finished_keeps_the_next_run_and_the_rest_are_published(
+def test_a_slot_that_finishes_takes_the_next_run_in_the_same_commit(
     make_run, slots, django_capture_on_commit_callbacks
 ):
-    """A finish's dispatch by the slot it freed (workers/attempt.py): the first pick is claimed
-    for that slot in the dispatch's transaction — no message — and the other free slots get
-    messages as before."""
-    slots(2)
+    """One run ends and the policy's next starts in one transaction: the slot is never free, so
+    no message is published and the other waiting run stays unpublished."""
+    slots(1)
+    mine = make_run("c", age=30)
     older, newer = make_run("a", age=20), make_run("b", age=10)
-    with django_capture_on_commit_callbacks(execute=False):
-        kept = queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host")
+    with django_capture_on_commit_callbacks(execute=True):
+        kept = _finish_taking_next(mine)
     assert kept is not None and kept.run_id == str(older.pk) and kept.attempt == 1
-    older.refresh_from_db()
-    newer.refresh_from_db()
+    for run in (mine, older, newer):
+        run.refresh_from_db()
+    assert mine.status == "succeeded" and mine.events.filter(type="run_done").count() == 1
     assert (older.status, older.lease_worker, older.dispatched_at) == ("running", "gpu0@host#1", None)
     assert older.events.filter(type="status").count() == 1  # its `running` event, as a claim logs
-    assert newer.status == "queued" and newer.dispatched_at is not None
-    with django_capture_on_commit_callbacks(execute=False):  # both slots are taken now
-        assert queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host") is None
+    assert (newer.status, newer.dispatched_at) == ("queued", None)  # no slot free: no message
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_a_draining_worker_keeps_no_run_after_a_finish(make_run, django_capture_on_commit_callbacks):
-    """Drained, a worker's slot takes no new run, even one its own finish would have kept: the
-    run is published for the workers still online."""
+def test_a_slot_taking_its_next_run_dispatches_the_other_free_slots_after_commit(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(3)
+    mine = make_run("d", age=40)
+    first, second, third = (make_run(owner, age=age) for owner, age in (("a", 30), ("b", 20),
+                                                                       ("c", 10)))
+    with django_capture_on_commit_callbacks(execute=True):
+        kept = _finish_taking_next(mine)
+    assert kept is not None and kept.run_id == str(first.pk)
+    published = set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
+    assert published == {second.pk, third.pk}  # the two slots nobody held
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_draining_worker_takes_no_next_run_and_its_finish_publishes_it(
+    make_run, django_capture_on_commit_callbacks
+):
+    """Drained, a worker's slot takes no new run, even one its own finish would have taken:
+    the finish dispatches the queue after commit, for the workers still online."""
     Worker.objects.update_or_create(name="gpu0@host", defaults={
         "queues": ["gpu.24g"], "slots": 1, "last_heartbeat": timezone.now(), "state": "draining"})
     Worker.objects.update_or_create(name="gpu1@host", defaults={
         "queues": ["gpu.24g"], "slots": 1, "last_heartbeat": timezone.now()})
     capacity_forget()
-    waiting = make_run("someone")
-    with django_capture_on_commit_callbacks(execute=False):
-        assert queue_dispatch_keeping_one("gpu.24g", worker="gpu0@host#1", name="gpu0@host") is None
+    mine, waiting = make_run("me", age=10), make_run("someone")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert _finish_taking_next(mine) is None
     waiting.refresh_from_db()
     assert waiting.status == "queued" and waiting.dispatched_at is not None
     capacity_forget()
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_next_run_another_transaction_holds_is_skipped_not_waited_for(make_run, slots):
+    """The candidate another slot or pass is taking (its row locked in an open transaction) is
+    passed over for the next one in the policy's order."""
+    slots(1)
+    mine = make_run("c", age=30)
+    older, newer = make_run("a", age=20), make_run("b", age=10)
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        with psycopg.connect(database_url(connection.settings_dict)) as conn:
+            conn.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [older.pk])
+            locked.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=hold_row)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")
+        kept = _finish_taking_next(mine)
+    finally:
+        done.set()
+        thread.join()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert kept is not None and kept.run_id == str(newer.pk)
+    older.refresh_from_db()
+    assert older.status == "queued"
