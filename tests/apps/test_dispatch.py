@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 
 import psycopg
@@ -139,21 +139,17 @@ def test_fair_share_holds_across_many_owners_and_a_deep_queue(
 
 
 @contextmanager
-def _dispatch_lock_held_elsewhere(
-    queue: str, *, publishing: object = None, for_seconds: float | None = None
+def _open_elsewhere(
+    *statements: tuple[str, list[object]], for_seconds: float | None = None
 ) -> Iterator[None]:
-    """Another session holds `queue`'s dispatch lock in its transaction, as a pass mid-commit
-    would, having marked run `publishing` published in it; it commits (and the lock goes) when
-    the block ends, or `for_seconds` into the block."""
+    """Another session runs `statements` in one transaction and holds it open (its locks, its
+    uncommitted writes) until the block ends, or `for_seconds` into the block; then it commits."""
     held, done = threading.Event(), threading.Event()
 
     def hold() -> None:
         with psycopg.connect(database_url(connection.settings_dict)) as conn:  # commits on exit
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                         [LOCK_QUEUE_DISPATCH, queue_lock_key(queue)])
-            if publishing is not None:
-                conn.execute("UPDATE runs_run SET dispatched_at = now() WHERE id = %s",
-                             [publishing])
+            for sql, params in statements:
+                conn.execute(sql, params)
             held.set()
             done.wait(30)
 
@@ -167,6 +163,19 @@ def _dispatch_lock_held_elsewhere(
     finally:
         done.set()
         thread.join()
+
+
+def _dispatch_lock_held_elsewhere(
+    queue: str, *, publishing: object = None, for_seconds: float | None = None
+) -> AbstractContextManager[None]:
+    """Another session holds `queue`'s dispatch lock in its transaction, as a pass mid-commit
+    would, having marked run `publishing` published in it (`_open_elsewhere`)."""
+    statements: list[tuple[str, list[object]]] = [
+        ("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_QUEUE_DISPATCH, queue_lock_key(queue)])]
+    if publishing is not None:
+        statements.append(("UPDATE runs_run SET dispatched_at = now() WHERE id = %s",
+                           [publishing]))
+    return _open_elsewhere(*statements, for_seconds=for_seconds)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -195,26 +204,15 @@ def test_a_pass_does_not_publish_a_run_a_finishing_slot_took_meanwhile(make_run,
     mine = make_run("c", status="running")
     older = make_run("a", age=20)
     make_run("b", age=10)
-    swapping, done = threading.Event(), threading.Event()
-
-    def finish_and_take_older() -> None:  # what run_finish(next_run=…) commits, by hand
-        with psycopg.connect(database_url(connection.settings_dict)) as conn:
-            conn.execute("UPDATE runs_run SET status = 'succeeded', finished_at = now(), "
-                         "lease_expires_at = NULL WHERE id = %s", [mine.pk])
-            conn.execute("UPDATE runs_run SET status = 'running', attempts = 1, "
-                         "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
-                         [older.pk])
-            swapping.set()
-            done.wait(0.5)
-
-    thread = threading.Thread(target=finish_and_take_older)
-    thread.start()
-    try:
-        assert swapping.wait(10)
+    # what run_finish(next_run=…) commits, by hand, committed half a second into the pass
+    with _open_elsewhere(
+        ("UPDATE runs_run SET status = 'succeeded', finished_at = now(), "
+         "lease_expires_at = NULL WHERE id = %s", [mine.pk]),
+        ("UPDATE runs_run SET status = 'running', attempts = 1, "
+         "lease_expires_at = now() + interval '1 minute' WHERE id = %s", [older.pk]),
+        for_seconds=0.5,
+    ):
         assert queue_dispatch("gpu.24g") == 0  # its one free slot's pick was taken meanwhile
-    finally:
-        done.set()
-        thread.join()
     older.refresh_from_db()
     assert (older.status, older.dispatched_at) == ("running", None)
 
@@ -335,24 +333,12 @@ def test_a_next_run_another_transaction_holds_is_skipped_not_waited_for(make_run
     slots(1)
     mine = make_run("c", age=30)
     older, newer = make_run("a", age=20), make_run("b", age=10)
-    locked, done = threading.Event(), threading.Event()
-
-    def hold_row() -> None:
-        with psycopg.connect(database_url(connection.settings_dict)) as conn:
-            conn.execute("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [older.pk])
-            locked.set()
-            done.wait(30)
-
-    thread = threading.Thread(target=hold_row)
-    thread.start()
     try:
-        assert locked.wait(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")
-        kept = _finish_taking_next(mine)
+        with _open_elsewhere(("SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE", [older.pk])):
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '2s'")
+            kept = _finish_taking_next(mine)
     finally:
-        done.set()
-        thread.join()
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
     assert kept is not None and kept.run_id == str(newer.pk)
