@@ -41,6 +41,7 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.services import (
     LOCK_QUEUE_DISPATCH,
     Claim,
+    dispatch_after_commit,
     run_claim_next,
     run_stop_notify,
 )
@@ -94,7 +95,7 @@ def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
     claim = run_claim_next(candidates=_pick(heads, NEXT_CANDIDATES), queue=queue,
                            fresh=fresh, worker=worker, name=name)
     if claim is not None and window - heads[0][-1] > 1:
-        transaction.on_commit(lambda: queue_dispatch(queue), robust=True)  # other free slots
+        dispatch_after_commit(queue)  # the other free slots
     return claim
 
 
@@ -365,7 +366,6 @@ def _reap_one(run_id: str, worker: str) -> int:
                  lease_expires_at=None, dispatched_at=None)
         run_event_append(run_id=run.pk, type="status",
                          payload={"status": RunStatus.QUEUED, "reason": lost})
-        queue = run.queue
-        transaction.on_commit(lambda: queue_dispatch(queue))
+        dispatch_after_commit(run.queue)
     log.warning("reaped run %s: %s", run.pk, lost)
     return 1

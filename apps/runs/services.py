@@ -142,15 +142,18 @@ def _run_create_or_find(
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    _dispatch_after_commit(run.queue)
+    dispatch_after_commit(run.queue)
     return run, True
 
 
-def _dispatch_after_commit(queue: str) -> None:
-    """A submit's dispatch: once its transaction commits (apps/runs/dispatch.py takes the
-    queue's lock only in a statement of its own, never in a submit's transaction). Should this
-    process die in between, beat's pass publishes the run after INLINE_REDISPATCH_SECONDS."""
-    transaction.on_commit(lambda: dispatch_queue_soon(queue))
+def dispatch_after_commit(queue: str) -> None:
+    """Dispatch `queue` once the current transaction commits (a submit, finish, cancel or
+    requeue: apps/runs/dispatch.py takes the queue's lock only in a statement of its own, never
+    in such a transaction). Robust: what was committed stands, so a pass that fails (the
+    database gone a moment) is logged, not raised into the caller — a submit still answers 201
+    — and beat's pass publishes what waits within INLINE_REDISPATCH_SECONDS, as it does for a
+    process that died in between."""
+    transaction.on_commit(lambda: dispatch_queue_soon(queue), robust=True)
 
 
 # A submit without clientRunId by an owner without team limits (the common case), after the
@@ -241,7 +244,7 @@ def _run_create_plain(
         raise IntegrityError(f"graph {sha} was neither inserted nor found")
     run.graph_id = graph_id
     run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
-    _dispatch_after_commit(run.queue)
+    dispatch_after_commit(run.queue)
     return run, True
 
 
@@ -442,8 +445,7 @@ def run_cancel(*, run: Run) -> Run:
         if cancelled:
             run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
             run_stop_notify(run_id=run.pk)
-            queue = run.queue
-            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+            dispatch_after_commit(run.queue)
     run.refresh_from_db()
     if not cancelled and run.status != RunStatus.CANCELLED:
         raise RunNotCancellable(f"run {run.pk} already {run.status}")
@@ -620,10 +622,10 @@ def run_finish(
 
 def _after_finish(queue: str, waiting: bool, next_run: NextRun | None) -> None:
     """The end of a finish's transaction: the slot's next run, or the queue's dispatch after
-    commit (robust: a failed pass is logged, and beat's pass publishes what waits)."""
+    commit."""
     if waiting and next_run is not None and next_run(queue):
         return
-    transaction.on_commit(lambda: dispatch_queue_soon(queue), robust=True)
+    dispatch_after_commit(queue)
 
 
 # The finish of a run that has no take yet (the common case: a quick graph's takes all come
@@ -777,7 +779,7 @@ def run_hand_back(*, run_id: str, attempt: int, reason: str, fault: bool = False
             run_event_append(run_id=run_id, type="status",
                              payload={"status": RunStatus.QUEUED, "reason": reason})
             queue = Run.objects.values_list("queue", flat=True).get(pk=run_id)
-            transaction.on_commit(lambda: dispatch_queue_soon(queue))
+            dispatch_after_commit(queue)
     return bool(moved)
 
 

@@ -130,3 +130,38 @@ def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a
     team.members.add(owner, stranger)
     _, created = submit(owner, _loads(theirs))  # a teammate's, now
     assert created
+
+
+_MARK_ARGS = "(integer, integer, text, timestamptz, integer, uuid[], boolean)"
+
+
+def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog) -> None:
+    """The dispatch runs after the submit's commit (`dispatch_after_commit`). A pass that fails
+    there — here the marking function is gone for a moment — is logged, not raised: the submit
+    returns its committed run (the API's 201), which waits unpublished for beat's pass."""
+    from django.utils import timezone
+
+    from apps.fleet.models import Worker
+    from apps.runs.dispatch import capacity_forget
+    from apps.runs.services import run_submit
+
+    Worker.objects.update_or_create(name="cpu0@host", defaults={
+        "queues": ["cpu"], "slots": 1, "last_heartbeat": timezone.now()})
+    capacity_forget()
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    body = _loads(_asset(owner))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER FUNCTION inline_dispatch_mark{_MARK_ARGS} "
+                       "RENAME TO inline_dispatch_mark_away")
+    try:
+        run, created = run_submit(owner=owner, graph=GraphDoc.model_validate(
+            {"nodes": body["nodes"]}), target=body["target"])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER FUNCTION inline_dispatch_mark_away{_MARK_ARGS} "
+                           "RENAME TO inline_dispatch_mark")
+        capacity_forget()
+    stored = Run.objects.get(pk=run.pk)
+    assert created and run.queue == "cpu"
+    assert (stored.status, stored.dispatched_at) == ("queued", None)
+    assert "inline_dispatch_mark" in caplog.text  # the failed pass, in the log
