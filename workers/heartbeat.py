@@ -79,13 +79,19 @@ class Presence:
     # --- beating -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        if not self._stop.is_set():  # a stop that came first (SIGTERM during startup) stands
+            self._thread.start()
 
     def stop(self) -> None:
+        """Stop beating and mark the worker offline. Also before `start`: a SIGTERM during the
+        worker's startup runs Celery's shutdown before its `worker_ready`; joining the unstarted
+        thread raised there, the offline mark was never written, and the worker stayed online
+        until it aged out (INLINE_WORKER_LOST_SECONDS)."""
         from apps.fleet.services import worker_set_offline
 
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
         try:
             worker_set_offline(name=self.name, incarnation=self.incarnation)
         except Exception:  # the database is gone: the reaper sees the silence instead
