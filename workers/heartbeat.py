@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import threading
 from collections import Counter
@@ -207,6 +208,27 @@ def presence_start(name: str, queues: list[str], slots: int) -> Presence:
     presence.beat()
     _presence.append(presence)
     return presence
+
+
+def offline_if_terminated_during_startup() -> None:
+    """After `presence_start` the worker is in the live list, but Celery installs its SIGTERM
+    handler (a warm shutdown, whose `worker_shutdown` marks the worker offline) only later in
+    its startup: a SIGTERM in between killed the process with the default action and left it
+    listed online until it aged out (INLINE_WORKER_LOST_SECONDS). Until Celery's handler
+    replaces this one, a SIGTERM marks this process's presence offline, then ends the process
+    as SIGTERM would have. Main thread only; a handler someone installed already is kept."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def terminated(signum: int, _frame: Any) -> None:
+        me = presence()
+        if me is not None:
+            me.stop()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to hand over to
+        signal.signal(signal.SIGTERM, terminated)
 
 
 def presence() -> Presence | None:

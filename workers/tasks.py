@@ -44,7 +44,7 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
 
     from apps.fleet.capability import gpu_queue_for_vram
     from workers import runtime
-    from workers.heartbeat import presence_start
+    from workers.heartbeat import offline_if_terminated_during_startup, presence_start
 
     queues = instance.app.amqp.queues
     if not _executes_runs(queues.consume_from or {}):
@@ -60,6 +60,7 @@ def _serve_capability_queue(sender: str, instance: Any, **_: Any) -> None:
     _config.update(name=sender, queues=names, slots=int(instance.concurrency or 1))
     with _presence_lock:
         presence_start(sender, names, _config["slots"])
+    offline_if_terminated_during_startup()
 
 
 def _checkout_without_ping() -> None:
