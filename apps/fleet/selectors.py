@@ -50,15 +50,31 @@ def model_sizes() -> dict[tuple[str, str], int]:
     return sizes
 
 
-# A poll of a queued run says why it waits; the fleet read behind it is one prepared statement
-# (the ORM's query building and model instances cost a poll more than the run read did).
-_LIVE_SERVING = """
-SELECT queues::text, state, slots,
-       CASE jsonb_typeof(running) WHEN 'array' THEN jsonb_array_length(running) ELSE 0 END
-FROM fleet_worker
-WHERE last_heartbeat >= now() - make_interval(secs => %(lost)s) AND state <> %(offline)s
-  AND queues ?| %(queues)s::text[]
+# A poll of a queued run says why it waits. The workers serving a queue, as one scalar: a JSON
+# array of [state, slots, running] (text), for the queue that `queue_sql` names. The run read that
+# polls make (apps/runs/selectors.py RUN_VISIBLE) carries it for a queued run, so such a poll is
+# one statement; `queue_wait_reasons` reads it for several queues at once.
+_SERVING_OF = """
+(SELECT coalesce(json_agg(json_build_array(w.state, w.slots,
+        CASE jsonb_typeof(w.running) WHEN 'array' THEN jsonb_array_length(w.running) ELSE 0 END)),
+    '[]')::text
+ FROM fleet_worker w
+ WHERE w.last_heartbeat >= now() - make_interval(secs => %(lost)s) AND w.state <> %(offline)s
+   AND w.queues ? {queue})
 """
+
+
+def serving_of(queue_sql: str) -> str:
+    """SQL: the live workers serving the queue named by the expression `queue_sql`, as
+    `queue_wait_reason` reads them; its parameters are `serving_params()`."""
+    return _SERVING_OF.format(queue=queue_sql)
+
+
+def serving_params() -> dict[str, Any]:
+    return {"lost": settings.INLINE_WORKER_LOST_SECONDS, "offline": WorkerState.OFFLINE}
+
+
+_SERVING = f"SELECT q, {serving_of('q')} FROM unnest(%(queues)s::text[]) q"
 
 
 def queue_wait_reasons(queues: set[str], cursor: Any = None) -> dict[str, str]:
@@ -69,23 +85,19 @@ def queue_wait_reasons(queues: set[str], cursor: Any = None) -> dict[str, str]:
     if cursor is None:
         with prepared_cursor() as cursor:
             return queue_wait_reasons(queues, cursor)
-    serving: dict[str, list[tuple[str, int, int]]] = {q: [] for q in queues}
-    cursor.execute(_LIVE_SERVING, {"lost": settings.INLINE_WORKER_LOST_SECONDS,
-                                   "offline": WorkerState.OFFLINE, "queues": sorted(queues)})
-    for worker_queues, state, slots, running in cursor.fetchall():
-        for q in json.loads(worker_queues):
-            if q in serving:
-                serving[q].append((state, slots, running))
-    reasons = {}
-    for queue, workers in serving.items():
-        online = [(slots, running) for state, slots, running in workers
-                  if state != WorkerState.DRAINING]
-        if not workers:
-            reasons[queue] = f"no live worker serves {queue}; it waits for one to join"
-        elif not online:
-            reasons[queue] = f"every worker serving {queue} is draining; it waits for a resume"
-        else:
-            busy = sum(running for _, running in online)
-            slots = sum(n for n, _ in online)
-            reasons[queue] = f"waiting for a free slot on {queue} ({busy} of {slots} busy)"
-    return reasons
+    cursor.execute(_SERVING, {**serving_params(), "queues": sorted(queues)})
+    return {queue: queue_wait_reason(queue, serving) for queue, serving in cursor.fetchall()}
+
+
+def queue_wait_reason(queue: str, serving: str) -> str:
+    """Why a run queued on `queue` waits, from `serving_of`'s value for that queue."""
+    workers = json.loads(serving)
+    online = [(slots, running) for state, slots, running in workers
+              if state != WorkerState.DRAINING]
+    if not workers:
+        return f"no live worker serves {queue}; it waits for one to join"
+    if not online:
+        return f"every worker serving {queue} is draining; it waits for a resume"
+    busy = sum(running for _, running in online)
+    slots = sum(n for n, _ in online)
+    return f"waiting for a free slot on {queue} ({busy} of {slots} busy)"

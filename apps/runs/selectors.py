@@ -8,12 +8,15 @@ from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
+from apps.fleet.selectors import queue_wait_reason, queue_wait_reasons, serving_of, serving_params
 from apps.graphs.models import Graph
 from apps.runs.events import event_to_wire
 from apps.runs.models import Run, RunEvent
 from apps.runs.wire import run_to_wire
 from apps.takes.models import Take
 from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+
+WAITING = "wait_reason"  # a run read by RUN_VISIBLE while queued: why it waits
 
 
 def _runs_for(user: User) -> QuerySet[Run]:
@@ -26,9 +29,12 @@ def _runs_for(user: User) -> QuerySet[Run]:
 # Clients poll a run's state; this read is the hottest of the farm (inline_farm/run_door.py
 # answers most polls with it). Written out (one prepared
 # statement: the run, with one row per take when it has any; no ORM query building: that was
-# most of its cost) with the same scoping as `_runs_for`.
+# most of its cost) with the same scoping as `_runs_for`. A queued run's row also says who
+# serves its queue (why it waits), where that was a second statement for every such poll.
 RUN_VISIBLE = f"""
-SELECT {model_columns(Run, "r")}, g.sha256, {model_columns(Take, "t")}
+SELECT {model_columns(Run, "r")}, g.sha256,
+       CASE WHEN r.status = 'queued' THEN {serving_of("r.queue")} END AS serving,
+       {model_columns(Take, "t")}
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 LEFT JOIN takes_take t ON t.run_id = r.id
 WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
@@ -37,6 +43,7 @@ WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
 ORDER BY t.created_at, t.node_id, t.index
 """
 _RUN_COLUMNS = len(Run._meta.concrete_fields)
+_TAKE_AT = _RUN_COLUMNS + 2  # after the run's columns, the sha256 and `serving`
 
 
 def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
@@ -48,7 +55,7 @@ def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
 
 
 def run_visible_params(user: User, run_id: Any) -> dict[str, Any]:
-    return {"run": run_id, "all": user.is_staff, "me": user.pk}
+    return {"run": run_id, "all": user.is_staff, "me": user.pk, **serving_params()}
 
 
 def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:
@@ -57,8 +64,11 @@ def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:
         return None
     run = model_from_row(Run, rows[0][:_RUN_COLUMNS])
     run.graph = Graph(pk=run.graph_id, sha256=rows[0][_RUN_COLUMNS])
-    takes = [model_from_row(Take, row[_RUN_COLUMNS + 1:]) for row in rows
-             if row[_RUN_COLUMNS + 1] is not None]  # a take's id; None: the run has none
+    serving = rows[0][_RUN_COLUMNS + 1]
+    if serving is not None:  # queued: why it waits, for `runs_to_wire`
+        setattr(run, WAITING, queue_wait_reason(run.queue, serving))
+    takes = [model_from_row(Take, row[_TAKE_AT:]) for row in rows
+             if row[_TAKE_AT] is not None]  # a take's id; None: the run has none
     # What prefetch_related("takes") would have set: run.takes.all() answers these.
     setattr(run, "_prefetched_objects_cache", {"takes": takes})  # noqa: B010
     return run
@@ -70,13 +80,12 @@ def run_list_for_user(*, user: User, status: str | None = None) -> QuerySet[Run]
 
 
 def runs_to_wire(runs: list[Run], cursor: Any = None) -> list[dict[str, Any]]:
-    """Runs in their wire shape, each queued one with why it waits (one fleet query for all,
-    on `cursor` when given: `queue_wait_reasons`)."""
-    from apps.fleet.selectors import queue_wait_reasons
-
-    queued = {r.queue for r in runs if r.status == "queued"}
+    """Runs in their wire shape, each queued one with why it waits: as RUN_VISIBLE read it, or
+    else from one fleet query for all (on `cursor` when given: `queue_wait_reasons`)."""
+    queued = {r.queue for r in runs if r.status == "queued" and not hasattr(r, WAITING)}
     reasons = queue_wait_reasons(queued, cursor) if queued else {}
-    return [run_to_wire(r, waiting=reasons.get(r.queue)) for r in runs]
+    return [run_to_wire(r, waiting=getattr(r, WAITING, None) or reasons.get(r.queue))
+            for r in runs]
 
 
 def run_events_after(

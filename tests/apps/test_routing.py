@@ -83,3 +83,34 @@ def test_the_wait_reason_counts_the_busy_slots_of_the_live_online_workers_servin
     _host("e@h", 48, "gpu.48g", [], state="offline")
     assert queue_wait_reasons({"gpu.48g"}) == {
         "gpu.48g": "waiting for a free slot on gpu.48g (2 of 4 busy)"}
+
+
+def test_a_poll_of_a_queued_run_reads_why_it_waits_in_its_one_statement():
+    """`GET /v1/runs/{id}` of a queued run (Django's view and the run door alike) is one
+    statement: the run read carries who serves its queue; the reason is the fleet read's."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.graphs.models import Graph
+    from apps.runs.models import Run
+    from apps.runs.selectors import run_get_for_user, runs_to_wire
+
+    busy = _host("a@h", 48, "gpu.48g", [])
+    busy.running = ["r1"]
+    busy.save()
+    _host("c@h", 48, "gpu.48g", [], state="draining")
+    owner = get_user_model().objects.create(username="poller")
+    runs = {queue: Run.objects.create(
+                owner=owner, graph=Graph.objects.create(sha256=f"{n:064x}", document={}),
+                target="out", queue=queue, status=status,
+                finished_at=timezone.now() if status == "cancelled" else None)
+            for n, (queue, status) in enumerate( (("gpu.48g", "queued"), ("gpu.80g", "queued"),
+                                  ("gpu.24g", "cancelled")))}
+    expected = queue_wait_reasons({"gpu.48g", "gpu.80g"})
+    for queue, run in runs.items():
+        with CaptureQueriesContext(connection) as queries:
+            wire = runs_to_wire([run_get_for_user(user=owner, run_id=run.pk)])[0]
+        assert len(queries) == 1, [q["sql"] for q in queries]
+        assert wire["waiting"] == expected.get(queue)
+    assert expected["gpu.48g"] == "waiting for a free slot on gpu.48g (1 of 2 busy)"
