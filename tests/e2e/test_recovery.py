@@ -342,3 +342,19 @@ def test_farm_up_restarts_a_killed_worker_keeps_answering_and_the_run_finishes(
         assert _stop_farm_up(up) == 0, log.read_text(errors="replace")[-4000:]
     finally:
         _stop_farm_up(up)
+
+
+def test_a_submit_after_every_database_session_was_terminated_is_accepted(
+    farm: RecoveryFarm, alice: Client, asset_id: str
+) -> None:
+    """The web's pooled connections are checked as they leave the pool (inline_farm/db, no
+    round trip): one whose session was terminated while it sat there is replaced, never handed
+    to a request (which would answer 500)."""
+    alice.wait_run(submit(alice, delay(asset_id, 0)), timeout=60)  # the web's pool holds some
+    terminated = farm.sql("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
+                          "FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND pid <> pg_backend_pid()")[0][0]
+    assert terminated >= 3
+    time.sleep(0.5)  # the sessions' FATAL messages and EOFs reach the idle sockets
+    run_ids = [submit(alice, delay(asset_id, 0)) for _ in range(4)]
+    assert all(run["status"] == "succeeded" for run in wait_all(alice, run_ids, timeout=120))
