@@ -117,9 +117,10 @@ DATABASES = {
     )
 }
 # A psycopg connection pool per process: opening a PostgreSQL connection costs ~3 ms, several
-# times the queries of a whole request. `check` pings a connection as it leaves the pool, so one
+# times the queries of a whole request. A connection is checked as it leaves the pool, so one
 # whose server session was terminated (or a restarted server) is replaced, not handed out
-# (CONN_HEALTH_CHECKS: Django passes psycopg's check_connection to the pool).
+# (CONN_HEALTH_CHECKS; the check asks the idle socket and pings only when it has something to
+# read: inline_farm/db/base.py, the ENGINE inline_farm/env.py names).
 INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
 DATABASES["default"]["OPTIONS"] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
