@@ -110,7 +110,9 @@ def test_a_poll_of_a_queued_run_reads_why_it_waits_in_its_one_statement():
     expected = queue_wait_reasons({"gpu.48g", "gpu.80g"})
     for queue, run in runs.items():
         with CaptureQueriesContext(connection) as queries:
-            wire = runs_to_wire([run_get_for_user(user=owner, run_id=run.pk)])[0]
+            read = run_get_for_user(user=owner, run_id=run.pk)
+            assert read is not None
+            wire = runs_to_wire([read])[0]
         assert len(queries) == 1, [q["sql"] for q in queries]
         assert wire["waiting"] == expected.get(queue)
     assert expected["gpu.48g"] == "waiting for a free slot on gpu.48g (1 of 2 busy)"
