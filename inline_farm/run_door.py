@@ -4,8 +4,9 @@ Django's request handler or ninja, on connections that leave their pool without 
 A client watching a run asks for it every few milliseconds; on the hot path (bench/hotpath.py)
 the polls were most of the web process's requests. Through Django each one built a request,
 ran the middleware, resolved the URL among the API's routes, let ninja authenticate, parse and
-validate, and checked a pooled connection out with a ping (a round trip of its own, and a
-PostgreSQL backend woken, before the one statement the answer needs).
+validate, and checked a pooled connection out with a ping (then: a round trip of its own, and
+a PostgreSQL backend woken, before the one statement the answer needs; Django's check now asks
+the socket instead, inline_farm/db/base.py).
 
 Here, on the sync door's thread (inline_farm/sync_door.py), the door answers the one case that
 matters, a plain 200: the token's user as this process remembers it (apps/accounts/selectors.py),
@@ -18,7 +19,8 @@ as before. tests/api/test_contract.py compares the two byte for byte.
 Its connections come from a small pool of their own with no checkout ping. A read is safe to
 repeat, so a connection that turns out dead (a terminated session, a restarted server) is
 dropped and the read tried on the next one; past that, Django answers. Django's own pool keeps
-its ping: a write cannot be repeated on another connection this simply.
+its check (on the socket, a ping only when the socket has something to say: inline_farm/db): a
+write cannot be repeated on another connection this simply.
 """
 
 from __future__ import annotations

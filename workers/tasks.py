@@ -71,13 +71,14 @@ def _checkout_without_ping() -> None:
     nothing: every database call of an attempt (claim, cancel check, flush, finish, hand-back)
     goes through `db_retry`, which on a dead connection (a terminated session, a restarted
     server) closes it and repeats the fenced call on a fresh one, and a failure inside a node
-    is a worker fault, retried (workers/faults.py). The web keeps the ping: a request there is
-    not repeated. Runs before the process's first connection (the pool reads this when made).
+    is a worker fault, retried (workers/faults.py). The web keeps its check (inline_farm/db:
+    on the socket, a ping only when the socket has something to read): a request there is not
+    repeated. Runs before the process's first connection (the pool reads this when made).
     """
     from django.db import connection
 
     connection.settings_dict["CONN_HEALTH_CHECKS"] = False
-    connection.close_pool()  # type: ignore[attr-defined]  # Django 5.1+; none yet; were there one, it would have been made with the ping
+    connection.close_pool()  # type: ignore[attr-defined]  # Django 5.1+; none yet; were there one, it would have been made with the check
 
 
 def _lower_cpu_priority(increment: int) -> None:

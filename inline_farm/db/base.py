@@ -15,8 +15,10 @@ goes out as it is; anything to read, and it gets psycopg's ping, which fails for
 that died silently (no FIN, no error: a cable, a firewall) is found by neither without a
 timeout; the ping would hang there too.
 
-Measured (bench/ab.py, the web with no checkout ping at all against the ping, alternating):
-sequential submit → done p50 20.09 → 19.11 ms, the web's CPU per run 9.50 → 9.10 ms.
+Measured (bench/ab.py, alternating): the web with no checkout ping at all against the ping,
+sequential submit → done p50 20.09 → 19.11 ms, the web's CPU per run 9.50 → 9.10 ms; this
+check against the ping, 18.32 → 18.90 ms and 12.76 → 12.64 ms — one round trip, inside that
+bench's noise (README.md, tenth session). tests/test_db.py shows that no statement is sent.
 The run door's pool (inline_farm/run_door.py) and a run worker's (workers/tasks.py) have no
 check at all; they repeat their calls on a fresh connection instead.
 """

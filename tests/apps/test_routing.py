@@ -101,12 +101,12 @@ def test_a_poll_of_a_queued_run_reads_why_it_waits_in_its_one_statement():
     busy.save()
     _host("c@h", 48, "gpu.48g", [], state="draining")
     owner = get_user_model().objects.create(username="poller")
+    states = [("gpu.48g", "queued"), ("gpu.80g", "queued"), ("gpu.24g", "cancelled")]
     runs = {queue: Run.objects.create(
                 owner=owner, graph=Graph.objects.create(sha256=f"{n:064x}", document={}),
                 target="out", queue=queue, status=status,
                 finished_at=timezone.now() if status == "cancelled" else None)
-            for n, (queue, status) in enumerate( (("gpu.48g", "queued"), ("gpu.80g", "queued"),
-                                  ("gpu.24g", "cancelled")))}
+            for n, (queue, status) in enumerate(states)}
     expected = queue_wait_reasons({"gpu.48g", "gpu.80g"})
     for queue, run in runs.items():
         with CaptureQueriesContext(connection) as queries:
