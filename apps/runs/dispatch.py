@@ -68,6 +68,33 @@ def queue_dispatch(queue: str) -> int:
     return _pass(queue, window)
 
 
+# A new run's dispatch when nothing else of its queue is eligible (migrations/runs/0005): the
+# busy count, the check that the policy has nothing to choose, the lock, the recount and the
+# mark, in one statement of its own where a pass makes two round trips (heads, mark).
+_LONE = "SELECT inline_dispatch_lone(%s, %s, %s, %s, %s, %s::uuid)"
+
+
+def queue_dispatch_submitted(queue: str, run_id: str) -> int:
+    """`queue_dispatch` after the commit of a submit that made `run_id`, called outside any
+    transaction (the lone mark commits on its own). When the run is the only one of its queue
+    the policy could pick (a farm that keeps up: each run is dispatched as it arrives) it is
+    marked in one round trip; when others wait, the full pass orders them; when every slot is
+    taken, nothing (whoever frees one dispatches)."""
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return 0
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    with prepared_cursor() as cursor:
+        cursor.execute(_LONE, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
+                               run_id])
+        (answer,) = cursor.fetchone()
+    if answer < 0:
+        return _pass(queue, window)
+    if answer:
+        publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
+    return int(answer)
+
+
 def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
     """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
     `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,8 @@ from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
 from inline_farm.prepared import prepared_cursor
+
+log = logging.getLogger(__name__)
 
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)).
 LOCK_OWNER_SUBMIT = 1
@@ -202,14 +205,21 @@ def _submit_plain() -> tuple[str, list[Any]]:
     return statement, [f for f in fields if f.column != "graph_id"]
 
 
-@transaction.atomic
 def _run_create_plain(
     owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
     requirement: dict[str, Any], assets: list[AssetRef],
 ) -> tuple[Run, bool]:
-    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits: BEGIN,
-    the owner's lock and `_SUBMIT_PLAIN` in one round trip (a pipeline), where they were
-    seven round trips; the dispatch after commit."""
+    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, in one
+    round trip, and its dispatch in one more when nothing else waits.
+
+    Outside any transaction (the API's submit): the owner's lock and `_SUBMIT_PLAIN`, pipelined
+    in autocommit mode, are one implicit transaction that the pipeline's Sync commits on the
+    server — no BEGIN, no COMMIT round trip. Each statement of it takes its own snapshot, so the
+    statement, run after the lock is granted, sees every earlier submit of the owner (as in a
+    transaction block). When its checks refuse, it wrote nothing. Then the run's dispatch
+    (`queue_dispatch_submitted`: one statement when the run is the only one its queue could
+    pick), robust as `dispatch_after_commit`. Inside a caller's transaction (tests, a caller
+    that writes more) the two statements join it and the dispatch waits for its commit."""
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
@@ -218,19 +228,20 @@ def _run_create_plain(
     params = {f"f_{f.column}": f.get_db_prep_save(getattr(run, f.attname), connection)
               for f in fields}
     wanted = sorted(set(_asset_ids(assets)))
+    # `found` counts every distinct reference, malformed ones too (never visible): the statement
+    # then inserts only when all of them are the owner's — it commits, nothing rolls it back
+    named = {str(value) for _, _, value in assets}
     params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
-                  doc=json.dumps(graph.model_dump()), ids=wanted, found=len(wanted),
+                  doc=json.dumps(graph.model_dump()), ids=wanted, found=len(named),
                   all=owner.is_staff, me=owner.pk)
+    own = not connection.in_atomic_block
     for attempt in range(2):
-        with prepared_cursor() as cursor, _pipelined(first=attempt == 0):
-            if attempt == 0:
-                # The owner's lock is its own statement, ahead of `_SUBMIT_PLAIN`, whose snapshot
-                # (taken when it starts, after the lock is granted) then sees every earlier
-                # submit of the owner. Pipelined, both (and BEGIN) cost one round trip.
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                               [LOCK_OWNER_SUBMIT, owner.pk])
-            cursor.execute(statement, params)
-            same, busy, graph_id, visible = cursor.fetchone()
+        if own:
+            same, busy, graph_id, visible = _submit_committed(statement, params, owner.pk)
+        else:
+            with transaction.atomic():
+                same, busy, graph_id, visible = _submit_joined(statement, params, owner.pk,
+                                                               lock=attempt == 0)
         _assets_found(assets, {str(v) for v in visible})
         if same is not None:
             return Run.objects.get(pk=same), False  # coalesced onto the run in flight
@@ -244,8 +255,46 @@ def _run_create_plain(
         raise IntegrityError(f"graph {sha} was neither inserted nor found")
     run.graph_id = graph_id
     run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
-    dispatch_after_commit(run.queue)
+    if own:
+        _dispatch_submitted(run.queue, str(run.pk))
+    else:
+        dispatch_after_commit(run.queue)
     return run, True
+
+
+def _submit_committed(statement: str, params: dict[str, Any], owner: int) -> tuple[Any, ...]:
+    """The owner's lock and `statement` as one implicit transaction (autocommit + pipeline):
+    sent together with the Sync that commits them; the answer read after it."""
+    with prepared_cursor() as cursor:
+        with connection.connection.pipeline():
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
+            cursor.execute(statement, params)
+        return tuple(cursor.fetchone())
+
+
+def _submit_joined(statement: str, params: dict[str, Any], owner: int, *,
+                   lock: bool) -> tuple[Any, ...]:
+    """The owner's lock (`lock`: not again on a retry, it is held) and `statement` in the
+    current transaction: BEGIN and both in one pipelined round trip."""
+    with prepared_cursor() as cursor, _pipelined(first=lock):
+        if lock:
+            # Its own statement, ahead of `_SUBMIT_PLAIN`, whose snapshot (taken when it starts,
+            # after the lock is granted) then sees every earlier submit of the owner.
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
+        cursor.execute(statement, params)
+        return tuple(cursor.fetchone())
+
+
+def _dispatch_submitted(queue: str, run_id: str) -> None:
+    """A committed submit's dispatch, robust as `dispatch_after_commit`'s: a pass that fails (the
+    database gone a moment) is logged and the submit still answers; beat's pass publishes."""
+    from apps.runs.dispatch import queue_dispatch_submitted
+
+    try:
+        queue_dispatch_submitted(queue, run_id)
+    except Exception:
+        log.exception("dispatching queue %s after the submit of run %s failed; beat's pass "
+                      "will publish it", queue, run_id)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from apps.graphs.models import Graph
 from apps.runs.dispatch import (
     capacity_forget,
     queue_dispatch,
+    queue_dispatch_submitted,
     queue_lock_key,
     queue_take_next,
     runs_dispatch,
@@ -232,6 +233,89 @@ def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
         assert queue_dispatch("gpu.24g") == 0
     waiting.refresh_from_db()
     assert waiting.dispatched_at is None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_submitted_run_alone_in_its_queue_is_marked_in_one_statement(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    """A submit's dispatch (`queue_dispatch_submitted`) when nothing else of the queue could be
+    picked: the lone mark (migrations/runs/0005) marks it in one statement — no heads read —
+    and its message goes out."""
+    from django.test.utils import CaptureQueriesContext
+
+    slots(2)
+    make_run("busy", status="running")
+    new = make_run("me")
+    queue_dispatch_submitted("gpu.24g", str(new.pk))  # reads the fleet once (cached after)
+    Run.objects.filter(pk=new.pk).update(dispatched_at=None)
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(
+        execute=False
+    ) as published:
+        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 1
+    assert len(queries) == 1  # the lone mark: no heads read, no separate mark
+    new.refresh_from_db()
+    assert new.dispatched_at is not None and len(published) == 1
+    with django_capture_on_commit_callbacks(execute=False) as again:
+        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0  # marked already
+    assert not again
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_with_others_waiting_a_submitted_run_goes_through_the_policy(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    """When other runs of the queue are eligible the lone mark leaves the choice to the full
+    pass: the one free slot goes to the policy's pick (priority), not to the newest run."""
+    slots(2)
+    make_run("busy", status="running")
+    urgent = make_run("someone", priority=5, age=5)
+    new = make_run("me")
+    with django_capture_on_commit_callbacks(execute=False):
+        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 1
+    assert _marked() == {urgent.pk}
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_with_every_slot_taken_a_submitted_run_takes_no_lock(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    slots(1)
+    make_run("busy", status="running")
+    new = make_run("me")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '2s'")
+    with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
+        execute=False
+    ):
+        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0
+    assert _marked() == set()
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_lone_mark_that_waited_for_the_lock_counts_the_slots_again(make_run, slots):
+    """The lone mark's first count is unlocked; it counts again once it holds the queue's
+    dispatch lock, so what the lock's holder commits meanwhile (here a run that takes the last
+    free slot) is seen and the window is never overfilled."""
+    slots(2)  # one taken by a running run, one free
+    make_run("c", status="running")
+    other = make_run("a")
+    Run.objects.filter(pk=other.pk).update(queue="elsewhere")
+    new = make_run("me")
+    with _open_elsewhere(
+        ("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_QUEUE_DISPATCH,
+                                                   queue_lock_key("gpu.24g")]),
+        ("UPDATE runs_run SET status = 'running', queue = 'gpu.24g', attempts = 1, "
+         "lease_expires_at = now() + interval '1 minute' WHERE id = %s", [other.pk]),
+        for_seconds=0.5,
+    ):
+        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0
+    assert _marked() == set()
+
+
+def _marked() -> set:
+    return set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)

@@ -133,12 +133,15 @@ def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a
 
 
 _MARK_ARGS = "(integer, integer, text, timestamptz, integer, uuid[], boolean)"
+_LONE_ARGS = "(integer, integer, text, timestamptz, integer, uuid)"
 
 
-def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog) -> None:
-    """The dispatch runs after the submit's commit (`dispatch_after_commit`). A pass that fails
-    there — here the marking function is gone for a moment — is logged, not raised: the submit
-    returns its committed run (the API's 201), which waits unpublished for beat's pass."""
+@pytest.mark.parametrize("gone", ["lone", "pass"])
+def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog, gone) -> None:
+    """The dispatch runs after the submit's commit (`_dispatch_submitted`: the lone mark, or the
+    full pass when another run waits). One that fails there — here its function is gone for a
+    moment — is logged, not raised: the submit returns its committed run (the API's 201), which
+    waits unpublished for beat's pass."""
     from django.utils import timezone
 
     from apps.fleet.models import Worker
@@ -149,19 +152,22 @@ def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog
         "queues": ["cpu"], "slots": 1, "last_heartbeat": timezone.now()})
     capacity_forget()
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    if gone == "pass":  # another run waits: the lone mark leaves the choice to the full pass
+        Run.objects.create(owner=owner, graph=Graph.objects.create(
+            sha256=uuid.uuid4().hex * 2, document={"nodes": {}}), target="x", queue="cpu")
+    name, args = (("inline_dispatch_lone", _LONE_ARGS) if gone == "lone"
+                  else ("inline_dispatch_mark", _MARK_ARGS))
     body = _loads(_asset(owner))
     with connection.cursor() as cursor:
-        cursor.execute(f"ALTER FUNCTION inline_dispatch_mark{_MARK_ARGS} "
-                       "RENAME TO inline_dispatch_mark_away")
+        cursor.execute(f"ALTER FUNCTION {name}{args} RENAME TO {name}_away")
     try:
         run, created = run_submit(owner=owner, graph=GraphDoc.model_validate(
             {"nodes": body["nodes"]}), target=body["target"])
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER FUNCTION inline_dispatch_mark_away{_MARK_ARGS} "
-                           "RENAME TO inline_dispatch_mark")
+            cursor.execute(f"ALTER FUNCTION {name}_away{args} RENAME TO {name}")
         capacity_forget()
     stored = Run.objects.get(pk=run.pk)
     assert created and run.queue == "cpu"
     assert (stored.status, stored.dispatched_at) == ("queued", None)
-    assert "inline_dispatch_mark" in caplog.text  # the failed pass, in the log
+    assert name in caplog.text  # the failed pass, in the log
