@@ -11,9 +11,12 @@ reads only what it selects — one probe per owner waiting in the queue (a loose
 never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
 runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
 lock is taken only inside the one statement that counts and marks (`_pass`), never in a
-submit's or a finish's transaction. While every slot is taken no pass takes it: a slot that
-finishes either takes its next run in its finish's transaction (`queue_take_next`: the slot is
-never free, so nothing changes for anyone else) or dispatches after its commit.
+submit's or a finish's transaction. A submit whose run is the only eligible one of its queue
+(a farm that keeps up) skips the heads read: `queue_dispatch_submitted` marks it in one
+statement (`inline_dispatch_lone`: same lock, same recount). While every slot is taken no
+pass takes it: a slot that finishes either takes its next run in its finish's transaction
+(`queue_take_next`: the slot is never free, so nothing changes for anyone else) or
+dispatches after its commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
