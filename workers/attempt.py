@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -84,10 +85,11 @@ class _NextRun:
         self.me = me
         self.claim: Claim | None = None
 
-    def __call__(self, queue: str) -> bool:
+    def __call__(self, queue: str, heads: list[tuple[Any, ...]] | None = None) -> bool:
         if self.me.stopping.is_set():
             return False
-        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name)
+        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name,
+                                     heads=heads)
         return self.claim is not None
 
 

@@ -26,6 +26,7 @@ stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -98,7 +99,8 @@ def queue_dispatch_submitted(queue: str, run_id: str) -> int:
     return int(answer)
 
 
-def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
+def queue_take_next(queue: str, *, worker: str, name: str,
+                    heads: list[tuple[Any, ...]] | None = None) -> Claim | None:
     """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
     `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot
     (`run_finish(next_run=…)`, workers/attempt.py). None when nothing is eligible, the queue's
@@ -111,14 +113,16 @@ def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
     message, the next run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
     free slot is this one: in a burst of quick runs that cost the worker more CPU than the run's
     graph (bench/hotpath.py under py-spy), and the claim was one more durable commit. The
-    choice is the policy's (`_heads`, `_pick`), read in this transaction, which sees the slot
-    as free already. Should more slots be free than this one, the queue is dispatched after
-    commit too."""
+    choice is the policy's (`_heads`, `_pick`), read in this transaction as if the slot were
+    free already: `heads`, when the finish's own statement read them (`HEADS_JSON`, counting
+    its run as finished: one round trip less), else read here after its writes. Should more
+    slots be free than this one, the queue is dispatched after commit too."""
     window = _queue_capacity(queue)
     if window <= 0:
         return None
     fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    heads = _heads(queue, fresh, window)
+    if heads is None:  # else read by the finish's own statement (`HEADS_JSON`)
+        heads = _heads(queue, fresh, window)
     if not heads:
         return None
     # a few in the policy's order: one another slot or pass is taking meanwhile is skipped
@@ -174,7 +178,8 @@ def runs_dispatch() -> int:
 # (prepared statements, settings.py) stays flat in queue depth; bench/dispatch.py measures it.
 _HEADS = """
 WITH RECURSIVE busy AS (
-    SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s)
+    SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s
+              AND id IS DISTINCT FROM %(leaving)s::uuid)
          + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
               AND dispatched_at >= %(fresh)s) AS n
 ), owners AS (
@@ -187,11 +192,13 @@ WITH RECURSIVE busy AS (
     FROM owners WHERE owners.owner_id IS NOT NULL
 )
 SELECT head.id, owners.owner_id, head.priority, head.created_at,
-       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id),
-       team.id, COALESCE(team.weight, 1),
+       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id
+          AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS owner_running,
+       team.id AS team_id, COALESCE(team.weight, 1) AS team_weight,
        (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
-         WHERE x.status = 'running' AND m.team_id = team.id),
-       (SELECT n FROM busy)
+         WHERE x.status = 'running' AND m.team_id = team.id
+           AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS team_running,
+       (SELECT n FROM busy) AS busy
 FROM owners
 LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
     SELECT t.id, t.weight FROM accounts_team t
@@ -213,8 +220,39 @@ def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
     last, the queue's busy count), in one round trip; none when nothing is eligible or the
     queue's `window` is full."""
     with prepared_cursor() as cursor:
-        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "window": window})
+        cursor.execute(_HEADS, heads_params(queue, fresh, window))
         return list(cursor.fetchall())
+
+
+def heads_params(queue: str, fresh: Any, window: int, leaving: str | None = None) -> dict[str, Any]:
+    """`_HEADS`'s parameters; `leaving`: a running run to count as finished already (its
+    finish's own statement reads the heads, and cannot see its own update)."""
+    return {"q": queue, "fresh": fresh, "window": window, "leaving": leaving}
+
+
+# `_HEADS` as one JSON text, for a finish's statement (apps/runs/services.py
+# `_FINISH_FIRST_TAKES`): the slot that finishes reads its queue's heads in the statement that
+# finishes its run, where it read them in a statement of its own (one round trip per chained
+# run). `created_at` as epoch seconds: `_pick` only compares them.
+HEADS_JSON = f"""(SELECT coalesce(json_agg(json_build_array(h.id, h.owner_id, h.priority,
+        extract(epoch FROM h.created_at), h.owner_running, h.team_id, h.team_weight,
+        h.team_running, h.busy)), '[]')::text
+    FROM ({_HEADS}) h)"""
+
+
+def heads_for_finish(queue: str) -> dict[str, Any] | None:
+    """`HEADS_JSON`'s parameters (but `leaving`, the finishing run) for a finishing slot of
+    `queue`; None when no live worker serves it (there is no next run to take)."""
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return None
+    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    return {"q": queue, "fresh": fresh, "window": window}
+
+
+def heads_from_json(text: str) -> list[tuple[Any, ...]]:
+    """`HEADS_JSON`'s rows, as `_heads` returns them (`created_at` as epoch seconds)."""
+    return [tuple(row) for row in json.loads(text)]
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:

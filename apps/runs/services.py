@@ -622,7 +622,7 @@ RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = r
 
 # Called inside a finish's transaction, after its writes, with the run's queue, when runs of
 # that queue wait: may claim one of them for the finishing slot; returns whether it did.
-NextRun = Callable[[str], bool]
+NextRun = Callable[[str, "list[tuple[Any, ...]] | None"], bool]
 
 
 def run_finish(
@@ -669,10 +669,11 @@ def run_finish(
     return True
 
 
-def _after_finish(queue: str, waiting: bool, next_run: NextRun | None) -> None:
-    """The end of a finish's transaction: the slot's next run, or the queue's dispatch after
-    commit."""
-    if waiting and next_run is not None and next_run(queue):
+def _after_finish(queue: str, waiting: bool, next_run: NextRun | None,
+                  heads: list[tuple[Any, ...]] | None = None) -> None:
+    """The end of a finish's transaction: the slot's next run (`heads`: the queue's, when the
+    finish's statement read them), or the queue's dispatch after commit."""
+    if waiting and next_run is not None and next_run(queue, heads):
         return
     dispatch_after_commit(queue)
 
@@ -713,9 +714,23 @@ WITH held AS (
     FROM done, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
     RETURNING 1
 )
-SELECT last_seq, queue, waiting, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged)
+SELECT last_seq, queue, waiting, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged),
+       CASE WHEN %(heads)s AND waiting THEN {heads_json} END
 FROM done
 """
+
+
+@functools.cache
+def _finish_first_takes_sql() -> str:
+    """`_FINISH_FIRST_TAKES` with the dispatcher's heads read (`HEADS_JSON`) filled in: read
+    (only for a slot that may take the queue's next run, `%(heads)s`, while runs of the queue
+    wait) in the statement that finishes the run, counting that run as finished (`leaving`)."""
+    from apps.runs.dispatch import HEADS_JSON
+
+    return _FINISH_FIRST_TAKES.format(heads_json=HEADS_JSON)
+
+
+_NO_HEADS = {"q": "", "fresh": None, "window": 0}  # the parameters of a heads read not made
 
 
 class _NotFirstTakes(Exception):
@@ -741,10 +756,14 @@ def _finish_first_takes(
     kept = {(t["nodeId"], t["index"]): t for t in every}
     done = {"status": status, "error": run_error_of(error), "takes": every}
     bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
+    from apps.runs.dispatch import heads_for_finish, heads_from_json
+
+    heads = heads_for_finish(claim.queue) if next_run is not None else None
     try:
         with transaction.atomic():
             with prepared_cursor() as cursor:
-                cursor.execute(_FINISH_FIRST_TAKES, {
+                cursor.execute(_finish_first_takes_sql(), {
+                    "heads": heads is not None, **(heads or _NO_HEADS), "leaving": claim.run_id,
                     "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
                     "status": status, "code": error.get("code", ""),
                     "message": error.get("message", ""), "node": error.get("nodeId") or "",
@@ -758,7 +777,7 @@ def _finish_first_takes(
                 row = cursor.fetchone()
             if row is None:
                 return False  # the general path answers
-            last_seq, queue, waiting, inserted, logged = row
+            last_seq, queue, waiting, inserted, logged, heads_read = row
             if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
                 raise _NotFirstTakes
             for take, draft in zip(rows, sorted(takes, key=lambda d: (d.node_id, d.index)),
@@ -767,7 +786,8 @@ def _finish_first_takes(
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
-            _after_finish(queue, waiting, next_run)
+            _after_finish(queue, waiting, next_run,
+                          None if heads_read is None else heads_from_json(heads_read))
     except _NotFirstTakes:
         return False
     return True

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import override_settings
@@ -17,6 +18,8 @@ from django.utils import timezone
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
 from apps.runs.dispatch import (
+    _heads,
+    _queue_capacity,
     capacity_forget,
     queue_dispatch,
     queue_dispatch_submitted,
@@ -340,19 +343,54 @@ def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_c
 
 
 
-def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "gpu0@host"):
+def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "gpu0@host",
+                        seen: list | None = None):
     """Claim `run` for `worker`, then finish it as a worker's slot does (workers/attempt.py):
-    the finish's transaction may claim the queue's next run for the slot. Returns that claim."""
+    the finish's transaction may claim the queue's next run for the slot, from the heads its
+    statement read (appended to `seen`, with the heads a read of their own gets there: the
+    read the statement's replaced). Returns that claim."""
     claim = run_claim(run_id=str(run.pk), worker=worker)
     assert claim is not None
     taken: list = []
 
-    def next_run(queue: str) -> bool:
-        taken.append(queue_take_next(queue, worker=worker, name=name))
+    def next_run(queue: str, heads: list | None = None) -> bool:
+        if seen is not None:
+            fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+            seen.append((heads, _heads(queue, fresh, _queue_capacity(queue))))
+        taken.append(queue_take_next(queue, worker=worker, name=name, heads=heads))
         return taken[-1] is not None
 
     assert run_finish(claim=claim, status="succeeded", next_run=next_run)
     return taken[-1] if taken else None
+
+
+@override_settings(INLINE_DISPATCH_WINDOW=0)
+def test_a_finish_reads_its_queues_heads_in_its_own_statement(
+    make_run, slots, django_capture_on_commit_callbacks
+):
+    """The finish's statement reads the queue's heads (`HEADS_JSON`) counting its own run as
+    finished: the same runs, counts and busy slots as a read of their own after it, where that
+    read was one more round trip per chained run."""
+    from apps.accounts.models import Team
+
+    slots(3)
+    mine = make_run("a", age=30)
+    make_run("a", status="running")
+    make_run("b", status="running")
+    team = Team.objects.create(name="ab", weight=2)
+    team.members.add(*get_user_model().objects.filter(username__in=["a", "b"]))
+    waiting = [make_run(owner, age=age, priority=p)
+               for owner, age, p in (("a", 20, 0), ("b", 10, 1), ("c", 5, 0))]
+    seen: list = []
+    with django_capture_on_commit_callbacks(execute=True):
+        kept = _finish_taking_next(mine, seen=seen)
+    [(folded, read)] = seen
+    assert folded is not None and read
+
+    def comparable(rows: list) -> list:  # created_at: epoch seconds in the JSON
+        return sorted((str(r[0]), *r[1:3], *r[4:]) for r in rows)
+    assert comparable(folded) == comparable(read)
+    assert kept is not None and kept.run_id == str(waiting[1].pk)  # priority first
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
