@@ -266,7 +266,8 @@ def _submit_committed(statement: str, params: dict[str, Any], owner: int) -> tup
     """The owner's lock and `statement` as one implicit transaction (autocommit + pipeline):
     sent together with the Sync that commits them; the answer read after it."""
     with prepared_cursor() as cursor:
-        with connection.connection.pipeline():
+        # Django's errors, as for any statement: the pipeline's Sync may raise the statement's
+        with connection.wrap_database_errors, connection.connection.pipeline():
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
             cursor.execute(statement, params)
         return tuple(cursor.fetchone())

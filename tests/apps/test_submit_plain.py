@@ -132,6 +132,27 @@ def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a
     assert created
 
 
+def test_a_plain_submit_whose_statement_fails_raises_djangos_error_and_writes_nothing() -> None:
+    """The lock and the statement are one implicit transaction (autocommit + pipeline): a
+    statement that fails rolls the transaction back at the Sync, and the error is Django's (as
+    any statement's), not psycopg's; the connection serves the next submit."""
+    from django.db import ProgrammingError
+
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    graph = _graph()
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE graphs_graph RENAME TO graphs_graph_away")
+    try:
+        with pytest.raises(ProgrammingError):
+            _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE graphs_graph_away RENAME TO graphs_graph")
+    assert not Run.objects.filter(owner=owner).exists()
+    run, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+    assert created and Run.objects.get(owner=owner).pk == run.pk
+
+
 _MARK_ARGS = "(integer, integer, text, timestamptz, integer, uuid[], boolean)"
 _LONE_ARGS = "(integer, integer, text, timestamptz, integer, uuid)"
 
