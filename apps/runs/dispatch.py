@@ -87,7 +87,7 @@ def queue_dispatch_submitted(queue: str, run_id: str) -> int:
     window = _queue_capacity(queue)
     if window <= 0:
         return 0
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    fresh = _fresh()
     with prepared_cursor() as cursor:
         cursor.execute(_LONE, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
                                run_id])
@@ -120,7 +120,7 @@ def queue_take_next(queue: str, *, worker: str, name: str,
     window = _queue_capacity(queue)
     if window <= 0:
         return None
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    fresh = _fresh()
     if heads is None:  # else read by the finish's own statement (`HEADS_JSON`)
         heads = _heads(queue, fresh, window)
     if not heads:
@@ -146,7 +146,7 @@ _MARK = "SELECT id FROM inline_dispatch_mark(%s, %s, %s, %s, %s, %s::uuid[], %s)
 def _pass(queue: str, window: int) -> int:
     """Pick the queue's next runs into its free slots and mark them published; their messages go
     out after commit. Returns how many."""
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+    fresh = _fresh()
     heads = _heads(queue, fresh, window)
     if not heads:
         # Nothing waits (the common case after a finish), or every slot is taken: whoever
@@ -224,6 +224,12 @@ def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall())
 
 
+def _fresh() -> Any:
+    """Published before this and not claimed: the message counts as lost (a run is eligible
+    again, and no longer busy)."""
+    return timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
+
+
 def heads_params(queue: str, fresh: Any, window: int, leaving: str | None = None) -> dict[str, Any]:
     """`_HEADS`'s parameters; `leaving`: a running run to count as finished already (its
     finish's own statement reads the heads, and cannot see its own update)."""
@@ -240,14 +246,12 @@ HEADS_JSON = f"""(SELECT coalesce(json_agg(json_build_array(h.id, h.owner_id, h.
     FROM ({_HEADS}) h)"""
 
 
-def heads_for_finish(queue: str) -> dict[str, Any] | None:
-    """`HEADS_JSON`'s parameters (but `leaving`, the finishing run) for a finishing slot of
-    `queue`; None when no live worker serves it (there is no next run to take)."""
-    window = _queue_capacity(queue)
-    if window <= 0:
-        return None
-    fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-    return {"q": queue, "fresh": fresh, "window": window}
+def heads_for_finish(queue: str, leaving: str, *, wanted: bool) -> dict[str, Any]:
+    """The parameters of a finish's `HEADS_JSON` for its run `leaving` of `queue`, with
+    `heads`: whether to read them at all — `wanted` (the slot may take the next run) and some
+    live worker serves the queue (else there is no next run to take)."""
+    window = _queue_capacity(queue) if wanted else 0
+    return {"heads": window > 0, **heads_params(queue, _fresh(), window, leaving)}
 
 
 def heads_from_json(text: str) -> list[tuple[Any, ...]]:

@@ -731,9 +731,6 @@ def _finish_first_takes_sql() -> str:
     return _FINISH_FIRST_TAKES.format(heads_json=HEADS_JSON)
 
 
-_NO_HEADS = {"q": "", "fresh": None, "window": 0}  # the parameters of a heads read not made
-
-
 class _NotFirstTakes(Exception):
     """Roll `_finish_first_takes` back: the general path keeps one take per slot."""
 
@@ -759,12 +756,12 @@ def _finish_first_takes(
     bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
     from apps.runs.dispatch import heads_for_finish, heads_from_json
 
-    heads = heads_for_finish(claim.queue) if next_run is not None else None
+    heads = heads_for_finish(claim.queue, claim.run_id, wanted=next_run is not None)
     try:
         with transaction.atomic():
             with prepared_cursor() as cursor:
                 cursor.execute(_finish_first_takes_sql(), {
-                    "heads": heads is not None, **(heads or _NO_HEADS), "leaving": claim.run_id,
+                    **heads,
                     "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
                     "status": status, "code": error.get("code", ""),
                     "message": error.get("message", ""), "node": error.get("nodeId") or "",

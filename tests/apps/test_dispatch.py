@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import override_settings
@@ -18,6 +17,7 @@ from django.utils import timezone
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
 from apps.runs.dispatch import (
+    _fresh,
     _heads,
     _queue_capacity,
     capacity_forget,
@@ -64,10 +64,15 @@ def make_run():
     return make
 
 
+def _marked() -> set:
+    """The runs marked published."""
+    return set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
+
+
 def _published(django_capture_on_commit_callbacks) -> set:
     with django_capture_on_commit_callbacks(execute=False):
         runs_dispatch()
-    return set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
+    return _marked()
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
@@ -221,10 +226,16 @@ def test_a_pass_does_not_publish_a_run_a_finishing_slot_took_meanwhile(make_run,
     assert (older.status, older.dispatched_at) == ("running", None)
 
 
+@pytest.mark.parametrize("dispatch", [
+    pytest.param(lambda run: queue_dispatch("gpu.24g"), id="a pass"),
+    pytest.param(lambda run: queue_dispatch_submitted("gpu.24g", str(run.pk)), id="a submit's"),
+])
 @override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
-    make_run, slots, django_capture_on_commit_callbacks
+def test_with_every_slot_taken_a_dispatch_takes_no_lock(
+    make_run, slots, django_capture_on_commit_callbacks, dispatch
 ):
+    """A pass after a commit, and a submit's lone mark, answer a full queue from their unlocked
+    count: with the queue's lock held elsewhere (lock_timeout 2 s) they answer 0 at once."""
     slots(1)
     make_run("busy", status="running")
     waiting = make_run("someone")
@@ -233,9 +244,8 @@ def test_with_every_slot_taken_a_dispatch_after_commit_takes_no_lock(
     with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
         execute=False
     ):
-        assert queue_dispatch("gpu.24g") == 0
-    waiting.refresh_from_db()
-    assert waiting.dispatched_at is None
+        assert dispatch(waiting) == 0
+    assert _marked() == set()
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
@@ -279,22 +289,6 @@ def test_with_others_waiting_a_submitted_run_goes_through_the_policy(
     assert _marked() == {urgent.pk}
 
 
-@override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_with_every_slot_taken_a_submitted_run_takes_no_lock(
-    make_run, slots, django_capture_on_commit_callbacks
-):
-    slots(1)
-    make_run("busy", status="running")
-    new = make_run("me")
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL lock_timeout = '2s'")
-    with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
-        execute=False
-    ):
-        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0
-    assert _marked() == set()
-
-
 @pytest.mark.django_db(transaction=True)
 @override_settings(INLINE_DISPATCH_WINDOW=0)
 def test_a_lone_mark_that_waited_for_the_lock_counts_the_slots_again(make_run, slots):
@@ -317,10 +311,6 @@ def test_a_lone_mark_that_waited_for_the_lock_counts_the_slots_again(make_run, s
     assert _marked() == set()
 
 
-def _marked() -> set:
-    return set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
-
-
 @override_settings(INLINE_DISPATCH_WINDOW=0)
 def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_commit_callbacks):
     """A queue name with a quote and a percent sign (INLINE_WORKER_QUEUES takes any) goes through
@@ -333,8 +323,7 @@ def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_c
     Run.objects.filter(pk__in=[r.pk for r in runs]).update(queue=odd)
     with django_capture_on_commit_callbacks(execute=False):
         assert queue_dispatch(odd) == 1  # one slot: the older run
-    assert set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True)) == {
-        runs[0].pk}
+    assert _marked() == {runs[0].pk}
     with django_capture_on_commit_callbacks(execute=False):
         assert queue_dispatch(odd) == 0  # its slot is taken by the published run
     capacity_forget()
@@ -355,8 +344,7 @@ def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "g
 
     def next_run(queue: str, heads: list | None = None) -> bool:
         if seen is not None:
-            fresh = timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-            seen.append((heads, _heads(queue, fresh, _queue_capacity(queue))))
+            seen.append((heads, _heads(queue, _fresh(), _queue_capacity(queue))))
         taken.append(queue_take_next(queue, worker=worker, name=name, heads=heads))
         return taken[-1] is not None
 
@@ -424,8 +412,7 @@ def test_a_slot_taking_its_next_run_dispatches_the_other_free_slots_after_commit
     with django_capture_on_commit_callbacks(execute=True):
         kept = _finish_taking_next(mine)
     assert kept is not None and kept.run_id == str(first.pk)
-    published = set(Run.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True))
-    assert published == {second.pk, third.pk}  # the two slots nobody held
+    assert _marked() == {second.pk, third.pk}  # the two slots nobody held
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)
