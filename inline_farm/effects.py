@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import base64
 import json
 import logging
+import queue
 import threading
 import uuid
 from typing import Any
@@ -116,69 +116,72 @@ def group_send_after_commit(group: str, message: dict[str, Any]) -> None:
 
 
 class _Publisher:
-    """One event-loop thread per process that sends channel-layer messages.
+    """One thread per process that sends channel-layer messages, in the order they were queued.
 
-    Messages of one group (one run) go out in the order they were queued; different groups are
-    sent concurrently, so a busy process does not serialise every run behind one Redis round
-    trip. At exit, it waits briefly for what is queued (see `flush`).
+    Each time it wakes it takes everything queued (up to MAX_BATCH), folds each run's
+    consecutive events into one message (`merge_run_events`) and sends the batch at once
+    (`FarmChannelLayer.group_send_blocking`: one or two pipelined round trips for all its
+    groups), so a busy process pays for Redis per batch, not per message, and messages of one
+    group keep their order. At exit, it waits briefly for what is queued (see `flush`).
     """
 
     MAX_BATCH = 500
 
     def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
+        self._queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(ready,), name="channel-publisher",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._main, name="channel-publisher", daemon=True)
         self._thread.start()
-        ready.wait()
         atexit.register(self.flush)
 
     def send(self, group: str, message: dict[str, Any]) -> None:
-        assert self._queue is not None
         with self._idle:
             self._pending += 1
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (group, message))
+        self._queue.put((group, message))
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until every queued message was sent (or `timeout`); True when none is left."""
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
 
-    def _main(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._queue = asyncio.Queue()
-        ready.set()
-        self._loop.run_until_complete(self._drain())
-
-    async def _drain(self) -> None:
+    def _main(self) -> None:
         from channels.layers import get_channel_layer
 
-        assert self._queue is not None
         layer = get_channel_layer()
         while True:
-            batch = [await self._queue.get()]
-            while not self._queue.empty() and len(batch) < self.MAX_BATCH:
-                batch.append(self._queue.get_nowait())
-            by_group: dict[str, list[dict[str, Any]]] = {}
-            for group, message in batch:
-                by_group.setdefault(group, []).append(message)
-            if layer is not None:
-                await asyncio.gather(*(self._send_in_order(layer, g, m) for g, m in by_group.items()))
-            with self._idle:
-                self._pending -= len(batch)
-                self._idle.notify_all()
-
-    @staticmethod
-    async def _send_in_order(layer: Any, group: str, messages: list[dict[str, Any]]) -> None:
-        for message in merge_run_events(messages):
+            batch = [self._queue.get()]
+            while len(batch) < self.MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                await layer.group_send(group, message)
+                if layer is not None:
+                    _send_batch(layer, batch)
             except Exception:  # clients catch up from the durable log
-                log.warning("channel-layer send to %s failed", group, exc_info=True)
+                log.warning("channel-layer send of %d messages failed", len(batch), exc_info=True)
+            finally:
+                with self._idle:
+                    self._pending -= len(batch)
+                    self._idle.notify_all()
+
+
+def _send_batch(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
+    """Send `batch` (group, message) pairs: per group in their order, each run's consecutive
+    events folded into one message."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for group, message in batch:
+        by_group.setdefault(group, []).append(message)
+    sends = [(group, message) for group, messages in by_group.items()
+             for message in merge_run_events(messages)]
+    if hasattr(layer, "group_send_blocking"):
+        layer.group_send_blocking(sends)
+        return
+    from asgiref.sync import async_to_sync  # another layer (settings): one send at a time
+
+    for group, message in sends:
+        async_to_sync(layer.group_send)(group, message)
 
 
 def merge_run_events(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
