@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -45,7 +46,13 @@ from apps.runs.wire import run_done_payload
 from apps.takes.models import Take
 from apps.takes.selectors import ASSETS_VISIBLE, assets_visible_to_owner
 from apps.takes.services import TakeDraft, takes_insert, takes_keep
-from apps.takes.storage import BLOB_LOCK_SPACE, blob_lock_key, blob_put
+from apps.takes.storage import (
+    BLOB_LOCK_SPACE,
+    blob_lock_key,
+    blob_place,
+    blob_stage,
+    blob_unstage,
+)
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
@@ -757,30 +764,37 @@ def _finish_first_takes(
     from apps.runs.dispatch import heads_for_finish, heads_from_json
 
     heads = heads_for_finish(claim.queue, claim.run_id, wanted=next_run is not None)
+    params = {
+        **heads, "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
+        "status": status, "code": error.get("code", ""), "message": error.get("message", ""),
+        "node": error.get("nodeId") or "", "run": claim.run_id, "attempt": claim.attempt,
+        "owner": claim.owner_id, "created": now, "events": events_doc(bound),
+        "takes": json.dumps([{
+            "id": str(t.id), "node_id": t.node_id, "index": t.index, "sha256": t.sha256,
+            "media_type": t.media_type, "size": t.size, "width": t.width, "height": t.height,
+            "seed": t.seed, "lineage": t.lineage} for t in rows])}
+    drafts = sorted(takes, key=lambda d: (d.node_id, d.index))  # as `rows`
+    staged: list[Path | None] = []
     try:
         with transaction.atomic():
             with prepared_cursor() as cursor:
-                cursor.execute(_finish_first_takes_sql(), {
-                    **heads,
-                    "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
-                    "status": status, "code": error.get("code", ""),
-                    "message": error.get("message", ""), "node": error.get("nodeId") or "",
-                    "run": claim.run_id, "attempt": claim.attempt, "owner": claim.owner_id,
-                    "created": now, "takes": json.dumps([{
-                        "id": str(t.id), "node_id": t.node_id, "index": t.index,
-                        "sha256": t.sha256, "media_type": t.media_type, "size": t.size,
-                        "width": t.width, "height": t.height, "seed": t.seed,
-                        "lineage": t.lineage} for t in rows]),
-                    "events": events_doc(bound)})
+                # Pipelined: the statement goes out, and the takes' bytes are written to disk
+                # while the server runs it (in temp files that are nobody's until `blob_place`
+                # names them under the statement's blob locks); then its answer is read. (In a
+                # pipeline as outside one, psycopg's BEGIN is a round trip of its own.)
+                with connection.wrap_database_errors, connection.connection.pipeline():
+                    cursor.execute(_finish_first_takes_sql(), params)
+                    for take, draft in zip(rows, drafts, strict=True):
+                        staged.append(blob_stage(draft.data, take.sha256))
                 row = cursor.fetchone()
             if row is None:
                 return False  # the general path answers
             last_seq, queue, waiting, inserted, logged, heads_read = row
             if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
                 raise _NotFirstTakes
-            for take, draft in zip(rows, sorted(takes, key=lambda d: (d.node_id, d.index)),
-                                   strict=True):
-                blob_put(draft.data, take.sha256)
+            for take, draft, tmp in zip(rows, drafts, staged, strict=True):
+                blob_place(tmp, draft.data, take.sha256)  # under the statement's blob locks
+            staged.clear()
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
@@ -788,6 +802,8 @@ def _finish_first_takes(
                           None if heads_read is None else heads_from_json(heads_read))
     except _NotFirstTakes:
         return False
+    finally:
+        blob_unstage(staged)  # what was not placed: the run was lost, or the finish failed
     return True
 
 

@@ -26,22 +26,48 @@ def blob_put(data: bytes, digest: str | None = None) -> str:
     """Store `data` (idempotent: same bytes, same name, written once); return its sha256
     (`digest`, when the caller has it already)."""
     digest = digest or hashlib.sha256(data).hexdigest()
+    staged = blob_stage(data, digest)
+    if staged is not None:
+        os.replace(staged, blob_path(digest))
+    return digest
+
+
+def blob_stage(data: bytes, digest: str) -> Path | None:
+    """Write `data`, blob `digest`'s bytes, to a temporary file beside its place and flush it to
+    disk, but do not name it yet (nothing reads or deletes it there); None when the blob is
+    stored already. Then `blob_place` (under the blob's lock) or `blob_unstage`."""
     path = blob_path(digest)
     if path.exists():
-        return digest
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temp file and rename: a reader never sees a half-written blob.
+    # Written to a temp file, then renamed: a reader never sees a half-written blob.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return digest
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def blob_place(staged: Path | None, data: bytes, digest: str) -> None:
+    """Name the bytes `blob_stage` wrote for blob `digest`; call holding the blob's lock (shared,
+    as `blob_put`). Staged as already stored (None), the blob may have gone since (retention
+    deletes bytes under the exclusive lock): then it is written now."""
+    if staged is not None:
+        os.replace(staged, blob_path(digest))
+    else:
+        blob_put(data, digest)
+
+
+def blob_unstage(staged: list[Path | None]) -> None:
+    """Drop staged bytes that were not placed (their writer lost its run, or failed)."""
+    for tmp in staged:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def blob_read(sha256: str) -> bytes:

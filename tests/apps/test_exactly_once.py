@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
+import time
 import uuid
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from PIL import Image
@@ -29,7 +31,7 @@ from apps.runs.models import Run, RunEvent
 from apps.runs.services import Claim, run_claim, run_events_flush, run_finish, run_hand_back
 from apps.takes.models import Take
 from apps.takes.services import TakeDraft, takes_insert
-from apps.takes.storage import blob_path
+from apps.takes.storage import blob_lock, blob_path
 
 pytestmark = pytest.mark.django_db
 
@@ -165,6 +167,7 @@ def test_a_stale_attempt_writes_nothing_once_the_run_was_requeued_and_claimed_ag
     assert run_finish(claim=stale, status="succeeded", events=[_node_done()],
                       takes=[_draft((6, 6, 6))]) is False
     assert not blob_path(_sha(_draft((6, 6, 6)))).exists()  # no bytes kept by nothing
+    assert not list(blob_path(_sha(_draft((6, 6, 6)))).parent.glob(".tmp-*"))  # none staged
     assert run_finish(claim=stale, status="failed",
                       error={"code": "node_failed", "message": "x", "nodeId": "out"}) is False
     assert run_hand_back(run_id=str(run.pk), attempt=stale.attempt, reason="stale") is False
@@ -238,3 +241,65 @@ def test_takes_insert_returns_only_the_takes_it_inserted_never_a_filled_slot() -
     assert [(t.node_id, t.index) for t in again] == [("out", 1)]
     kept = Take.objects.get(run=run, node_id="out", index=0)
     assert kept.pk == first[0].pk and kept.sha256 == first[0].sha256
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_stores_its_bytes_again_when_retention_removed_them_while_it_waited():
+    """A finish writes its takes' bytes while its statement runs (apps/runs/services.py
+    `_finish_first_takes`); bytes already on disk are not written again. Here they are on disk
+    when the finish looks, but retention holds their blob's lock (its reference check done) and
+    deletes them before the finish's statement gets the lock: the finish, holding it now,
+    stores them again, so its take never names missing bytes."""
+    old = _draft((3, 1, 4))
+    first = _run()
+    assert run_finish(claim=_claim(first, WORKER_B), status="succeeded", events=[_node_done()],
+                      takes=[old])
+    path = blob_path(_sha(old))
+    assert path.exists()
+    run = _run()
+    claim = _claim(run, WORKER_B)
+    locked, finished = threading.Event(), []
+
+    def retention() -> None:  # take_remove's steps for these bytes, paused at the lock
+        try:
+            with transaction.atomic():
+                blob_lock(_sha(old), shared=False)
+                locked.set()
+                _until_someone_waits_for_a_blob_lock()
+                time.sleep(0.3)  # the finish has looked at the disk by now: the bytes were there
+                path.unlink()
+        finally:
+            connections.close_all()
+
+    def finish() -> None:
+        try:
+            finished.append(run_finish(claim=claim, status="succeeded", events=[_node_done()],
+                                       takes=[_draft((3, 1, 4))]))
+        finally:
+            connections.close_all()
+
+    remover = threading.Thread(target=retention)
+    remover.start()
+    assert locked.wait(10)
+    finisher = threading.Thread(target=finish)
+    finisher.start()
+    remover.join(20)
+    finisher.join(20)
+    assert finished == [True]
+    assert Take.objects.get(run=run).sha256 == _sha(old)
+    assert path.read_bytes() == old.data
+    assert not list(path.parent.glob(".tmp-*"))
+
+
+def _until_someone_waits_for_a_blob_lock() -> None:
+    from apps.takes.storage import BLOB_LOCK_SPACE
+
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                           "AND classid = %s AND NOT granted", [BLOB_LOCK_SPACE])
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the finish never waited for the blob's lock")
