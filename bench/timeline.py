@@ -71,12 +71,12 @@ def phases(run: list[Row]) -> dict[str, float]:
     post = run[0]
     web = [r for r in run if r[3].startswith("http") and r[4] == "pg"]
     lpush = next(r for r in run if r[4] == "redis>" and "LPUSH" in r[5])
-    commit = [r for r in web if r[1] <= lpush[0]][-2]  # COMMIT, then the pool's return
+    commit = [r for r in web if r[1] <= lpush[0] and r[5] in ("SYNC", "COMMIT")][-1]
     got = next(r for r in run if r[4] == "redis<" and r[0] > lpush[0] and "b'cpu'" in r[5])
     slot = [r for r in run if r[2] == got[2] and r[4] == "pg" and r[0] > got[1]]
     claim = next(r for r in slot if "WITH claimed" in r[5])
     finish = next(r for r in slot if "finished_at = now()" in r[5] or "WITH held" in r[5])
-    done = next(r for r in slot if r[3] == finish[3] and r[5] == "cmd" and r[0] > finish[1])
+    done = next(r for r in slot if r[3] == finish[3] and r[5] == "COMMIT" and r[0] > finish[1])
     seen = next(r for r in run if r[4] == "GET" and "succeeded" in r[5])
     return {
         "POST → the web's first query": web[0][0] - post[0],

@@ -3,8 +3,9 @@
 With INLINE_PROBE_TIMELINE=<prefix> set, every psycopg wait for the server (a round trip) and
 every Redis command sent or answered is written to `<prefix>.<pid>` as one line:
 `<start> <end> <pid> <thread> <pg|redis>|redis<> <what>` (wall-clock seconds). A round trip is
-labelled with the first line of the statement whose execute() made it; BEGIN and COMMIT waits
-are labelled `cmd`. Without the variable this file does nothing.
+labelled with the first line of the statement whose execute() made it (a BEGIN's wait is in its
+first statement's), a COMMIT's `COMMIT`, a pipeline's closing Sync `SYNC`, any other `cmd`.
+Without the variable this file does nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def _install(prefix: str) -> None:
             local.query = "cmd"
 
     psycopg.Connection.wait = timed_wait  # type: ignore[method-assign]
+    commit, pipeline_exit = psycopg.Connection.commit, psycopg.Pipeline.__exit__
+
+    def labelled_commit(self: Any) -> None:
+        local.query = "COMMIT"
+        commit(self)
+
+    def labelled_exit(self: Any, *args: Any) -> None:
+        local.query = "SYNC"  # a pipeline's end: its Sync, and the wait for every answer
+        pipeline_exit(self, *args)
+
+    psycopg.Connection.commit = labelled_commit  # type: ignore[method-assign]
+    psycopg.Pipeline.__exit__ = labelled_exit  # type: ignore[method-assign]
     for cls in (psycopg.Cursor, psycopg.ClientCursor):
         def labelled(self: Any, query: Any, *args: Any, _execute: Any = cls.execute,
                      **kwargs: Any) -> Any:
@@ -54,13 +67,13 @@ def _install(prefix: str) -> None:
         start = time.time()
         result = send(self, command, *args, **kwargs)
         first = bytes(command[0] if isinstance(command, list) else command)
-        log("redis>", start, first[:48].replace(b"\r\n", b" ").decode("latin-1"))
+        log("redis>", start, " ".join(first[:48].decode("latin-1").split()))  # one line
         return result
 
     def timed_read(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.time()
         result = read(self, *args, **kwargs)
-        log("redis<", start, str(result)[:40].replace(" ", "_"))
+        log("redis<", start, "_".join(str(result)[:40].split()))
         return result
 
     connection.send_packed_command = timed_send  # type: ignore[method-assign]
