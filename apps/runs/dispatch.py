@@ -11,12 +11,13 @@ reads only what it selects — one probe per owner waiting in the queue (a loose
 never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
 runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
 lock is taken only inside the one statement that counts and marks (`_pass`), never in a
-submit's or a finish's transaction. A submit whose run is the only eligible one of its queue
-(a farm that keeps up) skips the heads read: `queue_dispatch_submitted` marks it in one
-statement (`inline_dispatch_lone`: same lock, same recount). While every slot is taken no
-pass takes it: a slot that finishes either takes its next run in its finish's transaction
-(`queue_take_next`: the slot is never free, so nothing changes for anyone else) or
-dispatches after its commit.
+submit's or a finish's transaction — but a plain submit's own, whose pipeline commits without
+a round trip to this process: a submit whose run is the only eligible one of its queue (a farm
+that keeps up) skips the heads read, `lone_dispatch` marks it in one statement sent in the
+submit's implicit transaction (`inline_dispatch_submitted`: same lock, same recount). While
+every slot is taken no pass takes it: a slot that finishes either takes its next run in its
+finish's transaction (`queue_take_next`: the slot is never free, so nothing changes for anyone
+else) or dispatches after its commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -30,8 +31,9 @@ import json
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -72,31 +74,63 @@ def queue_dispatch(queue: str) -> int:
     return _pass(queue, window)
 
 
-# A new run's dispatch when nothing else of its queue is eligible (migrations/runs/0005): the
-# busy count, the check that the policy has nothing to choose, the lock, the recount and the
-# mark, in one statement of its own where a pass makes two round trips (heads, mark).
-_LONE = "SELECT inline_dispatch_lone(%s, %s, %s, %s, %s, %s::uuid)"
+# A new run's dispatch when nothing else of its queue is eligible (migrations/runs/0005, 0006):
+# the busy count, the check that the policy has nothing to choose, the lock, the recount and the
+# mark, in one statement where a pass makes two round trips (heads, mark). A plain submit sends
+# it in its own transaction, after its statement (apps/runs/services.py `_submit_committed`).
+_LONE = "SELECT answer, error FROM inline_dispatch_submitted(%s, %s, %s, %s, %s, %s::uuid)"
+
+
+class DispatchFailed(Exception):
+    """A submit's dispatch failed on the server (its answer -2, migrations/runs/0006); the run
+    waits unpublished for beat's pass."""
+
+
+@dataclass(frozen=True)
+class LoneDispatch:
+    """A submitted run's dispatch (`lone_dispatch`): its statement and parameters, sent where
+    the caller chooses, then `answered` with the row the statement returned."""
+
+    queue: str
+    run_id: str
+    window: int
+    params: list[Any]
+    statement: ClassVar[str] = _LONE
+
+    def answered(self, answer: int, error: str | None) -> int:
+        """Act on the lone mark's answer once it committed: publish the run it marked (1), run
+        the full pass when others of the queue are eligible (-1: the policy orders them);
+        0: every slot is taken, or the run is gone or already marked. DispatchFailed for -2."""
+        if answer == -2:
+            raise DispatchFailed(error)
+        if answer < 0:
+            return _pass(self.queue, self.window)
+        if answer:
+            publish_after_commit(EXECUTE_TASK, args=[self.run_id], queue=self.queue)
+        return answer
+
+
+def lone_dispatch(queue: str, run_id: str) -> LoneDispatch | None:
+    """The dispatch of submitted run `run_id` when it is the only one of its queue the policy
+    could pick (a farm that keeps up: each run is dispatched as it arrives): marked in the
+    statement; when others wait, the full pass after it; when every slot is taken, nothing
+    (whoever frees one dispatches). None when nobody serves the queue."""
+    window = _queue_capacity(queue)
+    if window <= 0:
+        return None
+    return LoneDispatch(queue, run_id, window, [
+        LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, _fresh(), window, run_id])
 
 
 def queue_dispatch_submitted(queue: str, run_id: str) -> int:
-    """`queue_dispatch` after the commit of a submit that made `run_id`, called outside any
-    transaction (the lone mark commits on its own). When the run is the only one of its queue
-    the policy could pick (a farm that keeps up: each run is dispatched as it arrives) it is
-    marked in one round trip; when others wait, the full pass orders them; when every slot is
-    taken, nothing (whoever frees one dispatches)."""
-    window = _queue_capacity(queue)
-    if window <= 0:
+    """`lone_dispatch` sent on its own, in the current transaction (or its own)."""
+    lone = lone_dispatch(queue, run_id)
+    if lone is None:
         return 0
-    fresh = _fresh()
     with prepared_cursor() as cursor:
-        cursor.execute(_LONE, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
-                               run_id])
-        (answer,) = cursor.fetchone()
-    if answer < 0:
-        return _pass(queue, window)
-    if answer:
-        publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
-    return int(answer)
+        cursor.execute(lone.statement, lone.params)
+        answer, error = cursor.fetchone()
+    return lone.answered(answer, error)
 
 
 def queue_take_next(queue: str, *, worker: str, name: str,

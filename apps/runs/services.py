@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -57,6 +57,9 @@ from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
 from inline_farm.prepared import prepared_cursor
+
+if TYPE_CHECKING:
+    from apps.runs.dispatch import LoneDispatch
 
 log = logging.getLogger(__name__)
 
@@ -219,14 +222,15 @@ def _run_create_plain(
     """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, in one
     round trip, and its dispatch in one more when nothing else waits.
 
-    Outside any transaction (the API's submit): the owner's lock and `_SUBMIT_PLAIN`, pipelined
-    in autocommit mode, are one implicit transaction that the pipeline's Sync commits on the
-    server — no BEGIN, no COMMIT round trip. Each statement of it takes its own snapshot, so the
-    statement, run after the lock is granted, sees every earlier submit of the owner (as in a
-    transaction block). When its checks refuse, it wrote nothing. Then the run's dispatch
-    (`queue_dispatch_submitted`: one statement when the run is the only one its queue could
-    pick), robust as `dispatch_after_commit`. Inside a caller's transaction (tests, a caller
-    that writes more) the two statements join it and the dispatch waits for its commit."""
+    Outside any transaction (the API's submit): the owner's lock, `_SUBMIT_PLAIN` and the run's
+    dispatch (`lone_dispatch`: the mark, when the run is the only one its queue could pick),
+    pipelined in autocommit mode, are one implicit transaction that the pipeline's Sync commits
+    on the server — no BEGIN, no COMMIT, no round trip of the dispatch's own. Each statement of
+    it takes its own snapshot, so the statement, run after the lock is granted, sees every
+    earlier submit of the owner (as in a transaction block). When its checks refuse, it wrote
+    nothing (and the dispatch found no run to mark). A dispatch that fails is undone on its own,
+    robust as `dispatch_after_commit`. Inside a caller's transaction (tests, a caller that
+    writes more) the two statements join it and the dispatch waits for its commit."""
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
@@ -242,9 +246,14 @@ def _run_create_plain(
                   doc=json.dumps(graph.model_dump()), ids=wanted, found=len(named),
                   all=owner.is_staff, me=owner.pk)
     own = not connection.in_atomic_block
+    from apps.runs.dispatch import lone_dispatch
+
+    lone = lone_dispatch(run.queue, str(run.pk)) if own else None
+    dispatched: tuple[Any, ...] | None = None
     for attempt in range(2):
         if own:
-            same, busy, graph_id, visible = _submit_committed(statement, params, owner.pk)
+            (same, busy, graph_id, visible), dispatched = _submit_committed(
+                statement, params, owner.pk, lone)
         else:
             with transaction.atomic():
                 same, busy, graph_id, visible = _submit_joined(statement, params, owner.pk,
@@ -263,21 +272,26 @@ def _run_create_plain(
     run.graph_id = graph_id
     run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
     if own:
-        _dispatch_submitted(run.queue, str(run.pk))
+        _dispatch_submitted(lone, dispatched)
     else:
         dispatch_after_commit(run.queue)
     return run, True
 
 
-def _submit_committed(statement: str, params: dict[str, Any], owner: int) -> tuple[Any, ...]:
-    """The owner's lock and `statement` as one implicit transaction (autocommit + pipeline):
-    sent together with the Sync that commits them; the answer read after it."""
-    with prepared_cursor() as cursor:
+def _submit_committed(
+    statement: str, params: dict[str, Any], owner: int, lone: LoneDispatch | None
+) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
+    """The owner's lock, `statement` and the dispatch `lone` as one implicit transaction
+    (autocommit + pipeline): sent together with the Sync that commits them; the answers (the
+    statement's row, the dispatch's) read after it."""
+    with prepared_cursor() as cursor, prepared_cursor() as dispatch:
         # Django's errors, as for any statement: the pipeline's Sync may raise the statement's
         with connection.wrap_database_errors, connection.connection.pipeline():
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
             cursor.execute(statement, params)
-        return tuple(cursor.fetchone())
+            if lone is not None:
+                dispatch.execute(lone.statement, lone.params)
+        return tuple(cursor.fetchone()), None if lone is None else tuple(dispatch.fetchone())
 
 
 def _submit_joined(statement: str, params: dict[str, Any], owner: int, *,
@@ -293,16 +307,17 @@ def _submit_joined(statement: str, params: dict[str, Any], owner: int, *,
         return tuple(cursor.fetchone())
 
 
-def _dispatch_submitted(queue: str, run_id: str) -> None:
-    """A committed submit's dispatch, robust as `dispatch_after_commit`'s: a pass that fails (the
-    database gone a moment) is logged and the submit still answers; beat's pass publishes."""
-    from apps.runs.dispatch import queue_dispatch_submitted
-
+def _dispatch_submitted(lone: LoneDispatch | None, answer: tuple[Any, ...] | None) -> None:
+    """After a committed submit: act on its dispatch's answer (publish its run, or the full
+    pass), robust as `dispatch_after_commit`: a dispatch that failed (the database gone a moment,
+    its function refusing) is logged and the submit still answers; beat's pass publishes."""
+    if lone is None or answer is None:
+        return  # nobody serves the queue (yet): nothing to publish
     try:
-        queue_dispatch_submitted(queue, run_id)
+        lone.answered(*answer)
     except Exception:
         log.exception("dispatching queue %s after the submit of run %s failed; beat's pass "
-                      "will publish it", queue, run_id)
+                      "will publish it", lone.queue, lone.run_id)
 
 
 @contextmanager

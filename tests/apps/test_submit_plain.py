@@ -192,3 +192,35 @@ def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog
     assert created and run.queue == "cpu"
     assert (stored.status, stored.dispatched_at) == ("queued", None)
     assert name in caplog.text  # the failed pass, in the log
+
+
+def test_a_plain_submit_alone_in_its_queue_is_marked_in_its_own_transaction() -> None:
+    """The owner's lock, the submit's statement and the run's lone mark (migrations/runs/0006)
+    go out together and commit together, no statement after the commit: the mark's now() is
+    the transaction's that stored the run's new graph document, and the run comes back marked
+    (its message published)."""
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from apps.fleet.models import Worker
+    from apps.runs.dispatch import capacity_forget
+    from apps.runs.services import run_submit
+
+    Worker.objects.update_or_create(name="cpu0@host", defaults={
+        "queues": ["cpu"], "slots": 2, "last_heartbeat": timezone.now()})
+    capacity_forget()
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    first = _loads(_asset(owner))
+    second: dict[str, Any] = {"nodes": {"src1": first["nodes"]["src0"]}, "target": "src1"}
+    # another graph (its node's id); the first reads the fleet's slots (kept a second), the
+    # second is captured
+    try:
+        for body in (first, second):
+            with CaptureQueriesContext(connection) as queries:
+                run, created = run_submit(owner=owner, graph=GraphDoc.model_validate(
+                    {"nodes": body["nodes"]}), target=body["target"])
+            stored = Run.objects.select_related("graph").get(pk=run.pk)
+            assert created and stored.dispatched_at == stored.graph.created_at
+    finally:
+        capacity_forget()
+    assert len(queries.captured_queries) == 3  # the lock, the statement, the dispatch
