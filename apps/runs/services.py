@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -50,7 +49,7 @@ from apps.takes.storage import (
     BLOB_LOCK_SPACE,
     blob_lock_key,
     blob_place,
-    blob_stage,
+    blob_stage_soon,
     blob_unstage,
 )
 from apps.takes.wire import take_to_wire
@@ -763,53 +762,52 @@ def _finish_first_takes(
     next_run: NextRun | None,
 ) -> bool:
     """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
-    general path. The bytes are stored after the statement, which holds their blob locks until
-    commit (apps/takes/storage.py), and only when it wrote the takes: an attempt that lost the
-    run stores none."""
+    general path. The bytes are written to disk meanwhile (staged: nobody's yet) and named
+    after the statement, which holds their blob locks until commit (apps/takes/storage.py), and
+    only when it wrote the takes: an attempt that lost the run keeps none."""
     now = timezone.now()
     rows = sorted((Take(id=uuid.uuid4(), run_id=claim.run_id, owner_id=claim.owner_id,
                         node_id=d.node_id, index=d.index, sha256=hashlib.sha256(d.data).hexdigest(),
                         media_type=d.media_type, size=len(d.data), width=d.width,
                         height=d.height, seed=d.seed, lineage=d.lineage, created_at=now)
                    for d in takes), key=lambda t: (t.node_id, t.index))  # as Take's ordering
-    every = [take_to_wire(t) for t in rows]
-    kept = {(t["nodeId"], t["index"]): t for t in every}
-    done = {"status": status, "error": run_error_of(error), "takes": every}
-    bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
-    from apps.runs.dispatch import heads_for_finish, heads_from_json
-
-    heads = heads_for_finish(claim.queue, claim.run_id, wanted=next_run is not None)
-    params = {
-        **heads, "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
-        "status": status, "code": error.get("code", ""), "message": error.get("message", ""),
-        "node": error.get("nodeId") or "", "run": claim.run_id, "attempt": claim.attempt,
-        "owner": claim.owner_id, "created": now, "events": events_doc(bound),
-        "takes": json.dumps([{
-            "id": str(t.id), "node_id": t.node_id, "index": t.index, "sha256": t.sha256,
-            "media_type": t.media_type, "size": t.size, "width": t.width, "height": t.height,
-            "seed": t.seed, "lineage": t.lineage} for t in rows])}
     drafts = sorted(takes, key=lambda d: (d.node_id, d.index))  # as `rows`
-    staged: list[Path | None] = []
+    # The takes' bytes go to disk (temp files that are nobody's until `blob_place` names them
+    # under the statement's blob locks) while this thread prepares and sends BEGIN and the
+    # statement: their fsync was the finish's longest wait (bench/timeline.py).
+    staging = blob_stage_soon([(d.data, t.sha256) for t, d in zip(rows, drafts, strict=True)]
+                              ) if rows else None
+    placed = False
     try:
+        every = [take_to_wire(t) for t in rows]
+        kept = {(t["nodeId"], t["index"]): t for t in every}
+        done = {"status": status, "error": run_error_of(error), "takes": every}
+        bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
+        from apps.runs.dispatch import heads_for_finish, heads_from_json
+
+        heads = heads_for_finish(claim.queue, claim.run_id, wanted=next_run is not None)
+        params = {
+            **heads, "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
+            "status": status, "code": error.get("code", ""), "message": error.get("message", ""),
+            "node": error.get("nodeId") or "", "run": claim.run_id, "attempt": claim.attempt,
+            "owner": claim.owner_id, "created": now, "events": events_doc(bound),
+            "takes": json.dumps([{
+                "id": str(t.id), "node_id": t.node_id, "index": t.index, "sha256": t.sha256,
+                "media_type": t.media_type, "size": t.size, "width": t.width, "height": t.height,
+                "seed": t.seed, "lineage": t.lineage} for t in rows])}
         with transaction.atomic():
             with prepared_cursor() as cursor:
-                # Pipelined: the statement goes out, and the takes' bytes are written to disk
-                # while the server runs it (in temp files that are nobody's until `blob_place`
-                # names them under the statement's blob locks); then its answer is read. (In a
-                # pipeline as outside one, psycopg's BEGIN is a round trip of its own.)
-                with connection.wrap_database_errors, connection.connection.pipeline():
-                    cursor.execute(_finish_first_takes_sql(), params)
-                    for take, draft in zip(rows, drafts, strict=True):
-                        staged.append(blob_stage(draft.data, take.sha256))
+                cursor.execute(_finish_first_takes_sql(), params)
                 row = cursor.fetchone()
             if row is None:
                 return False  # the general path answers
             last_seq, queue, waiting, inserted, logged, heads_read = row
             if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
                 raise _NotFirstTakes
+            staged = staging.result() if staging is not None else []
             for take, draft, tmp in zip(rows, drafts, staged, strict=True):
                 blob_place(tmp, draft.data, take.sha256)  # under the statement's blob locks
-            staged.clear()
+            placed = True
             first = last_seq - len(bound) + 1
             events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
                                           for i, (t, p) in enumerate(bound)])
@@ -818,7 +816,8 @@ def _finish_first_takes(
     except _NotFirstTakes:
         return False
     finally:
-        blob_unstage(staged)  # what was not placed: the run was lost, or the finish failed
+        if staging is not None and not placed:  # the run was lost, or the finish failed
+            blob_unstage(staging)
     return True
 
 

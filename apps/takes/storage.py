@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from django.conf import settings
@@ -53,6 +56,31 @@ def blob_stage(data: bytes, digest: str) -> Path | None:
     return Path(tmp)
 
 
+def blob_stage_soon(blobs: Sequence[tuple[bytes, str]]) -> Future[list[Path | None]]:
+    """`blob_stage` each (data, digest) of `blobs`, on a thread of this process's own, from now:
+    the caller goes on (a finish sends its statement) while the bytes reach the disk. On a
+    failure what it staged is dropped and the future raises."""
+
+    def stage() -> list[Path | None]:
+        staged: list[Path | None] = []
+        try:
+            for data, digest in blobs:
+                staged.append(blob_stage(data, digest))
+        except BaseException:
+            blob_unstage(staged)
+            raise
+        return staged
+
+    with _stager_lock:
+        if not _stager:
+            _stager.append(ThreadPoolExecutor(2, thread_name_prefix="blob-stage"))
+        return _stager[0].submit(stage)
+
+
+_stager: list[ThreadPoolExecutor] = []
+_stager_lock = threading.Lock()
+
+
 def blob_place(staged: Path | None, data: bytes, digest: str) -> None:
     """Name the bytes `blob_stage` wrote for blob `digest`; call holding the blob's lock (shared,
     as `blob_put`). Staged as already stored (None), the blob may have gone since (retention
@@ -63,8 +91,13 @@ def blob_place(staged: Path | None, data: bytes, digest: str) -> None:
         blob_put(data, digest)
 
 
-def blob_unstage(staged: list[Path | None]) -> None:
-    """Drop staged bytes that were not placed (their writer lost its run, or failed)."""
+def blob_unstage(staged: Sequence[Path | None] | Future[list[Path | None]]) -> None:
+    """Drop staged bytes that were not placed (their writer lost its run, or failed); of a
+    `blob_stage_soon`, once it is done (a staging that failed dropped its own)."""
+    if isinstance(staged, Future):
+        if staged.exception() is not None:  # waits for it
+            return
+        staged = staged.result()
     for tmp in staged:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
