@@ -5,7 +5,9 @@ The farm path is: HTTP submit (validate, store, dispatch) → broker → worker 
 runner → PNG take → the run's websocket reports `run_done` → HTTP GET of the bytes, as a Studio
 client watches a render (polling would steal CPU from the worker on a small machine). Seeds vary
 per iteration so the worker's node cache never answers. Farm and direct runs alternate, one of
-each per iteration, so a machine that speeds up or slows down mid-run moves both alike.
+each per iteration, so a machine that speeds up or slows down mid-run moves both alike. Then,
+from the farm's own records, where its runs' time went: created → started, each node
+(`zimage/turbo` is the direct call's work), started → finished.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/generate.py [--runs 20] [--size 256]
 """
@@ -44,10 +46,13 @@ def main() -> None:
         _farm_once(client, graph, seed=10_000)  # warm: model load, first forward
         pipe = smoke_pipeline()
         _direct_once(pipe, args.size, args.steps, seed=10_000)
-        farm_ms, direct_ms = [], []
+        farm_ms: list[float] = []
+        direct_ms: list[float] = []
+        run_ids: list[str] = []
         for i in range(args.runs):
-            farm_ms.append(_farm_once(client, graph, seed=i))
+            farm_ms.append(_farm_once(client, graph, seed=i, run_ids=run_ids))
             direct_ms.append(_direct_once(pipe, args.size, args.steps, seed=i))
+        inside = _inside(farm.env["DATABASE_URL"], run_ids)
 
     f50, d50 = statistics.median(farm_ms), statistics.median(direct_ms)
     print(f"bench/generate: tiny Z-Image stack, {args.size}x{args.size}, {args.steps} steps, "
@@ -57,6 +62,9 @@ def main() -> None:
     print(f"  farm overhead             : p50 {f50 - d50:8.1f} ms   ratio farm/direct {f50 / d50:.2f}x")
     paired = statistics.median(f - d for f, d in zip(farm_ms, direct_ms, strict=True))
     print(f"  per pair (farm − the direct run after it): p50 {paired:8.1f} ms")
+    print("  inside the farm (its runs' timestamps and node_done events, p50):")
+    for name, ms in inside.items():
+        print(f"    {name:<38} {ms:8.1f} ms")
 
 
 def _graph(names: dict[str, str], size: int, steps: int) -> dict:
@@ -68,15 +76,40 @@ def _graph(names: dict[str, str], size: int, steps: int) -> dict:
     }}, "target": "out"}
 
 
-def _farm_once(client: httpx.Client, graph: dict, seed: int) -> float:
+def _farm_once(client: httpx.Client, graph: dict, seed: int,
+               run_ids: list[str] | None = None) -> float:
     graph["graph"]["nodes"]["gen"]["params"]["seed"] = seed
     start = time.perf_counter()
     run_id = client.post("/v1/runs", json=graph).raise_for_status().json()["runId"]
+    if run_ids is not None:
+        run_ids.append(run_id)
     done = wait_run_done(client, run_id)
     if done["status"] != "succeeded":
         raise SystemExit(f"run failed: {done['error']}")
     client.get(f"/v1/takes/{done['takes'][0]['id']}/bytes").raise_for_status()
     return (time.perf_counter() - start) * 1000
+
+
+def _inside(database_url: str, run_ids: list[str]) -> dict[str, float]:
+    """Where a farm run's time went by the farm's own records: created → started (dispatch,
+    broker, claim), each node (`node_done`'s ms: `zimage/turbo` is the same work as the direct
+    call, `image/save` the PNG the direct call does not make), started → finished."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        runs = conn.execute("SELECT created_at, started_at, finished_at FROM runs_run "
+                            "WHERE id = ANY(%s::uuid[])", [run_ids]).fetchall()
+        events = conn.execute("SELECT payload FROM runs_runevent WHERE type = 'node_done' "
+                              "AND run_id = ANY(%s::uuid[])", [run_ids]).fetchall()
+    per: dict[str, list[float]] = {}
+    for (payload,) in events:
+        per.setdefault(f"node {payload['nodeType']}", []).append(payload["ms"])
+    out = {"created → started": statistics.median(
+        (s - c).total_seconds() * 1000 for c, s, _ in runs)}
+    out.update({name: statistics.median(ms) for name, ms in per.items()})
+    out["started → finished"] = statistics.median(
+        (f - s).total_seconds() * 1000 for _, s, f in runs)
+    return out
 
 
 def _direct_once(pipe, size: int, steps: int, seed: int) -> float:
