@@ -73,10 +73,13 @@ def blob_stage_soon(blobs: Sequence[tuple[bytes, str]]) -> Future[list[Path | No
 
     with _stager_lock:
         if not _stager:
-            _stager.append(ThreadPoolExecutor(2, thread_name_prefix="blob-stage"))
+            # one per slot of a default worker (./farm up --slots 4), so a slot's finish does
+            # not wait behind another's fsync; threads start only as needed
+            _stager.append(ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="blob-stage"))
         return _stager[0].submit(stage)
 
 
+STAGE_THREADS = 4
 _stager: list[ThreadPoolExecutor] = []
 _stager_lock = threading.Lock()
 
