@@ -65,6 +65,11 @@ return over_capacity
 
 
 class FarmChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_redis is untyped
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._blocking_clients: dict[int, redis.Redis] = {}  # by host index (`_blocking`)
+        self._blocking_lock = threading.Lock()
+
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         """Send `message` to every channel in `group` (see the module's docstring)."""
         assert self.require_valid_group_name(group), "Group name not valid"
@@ -144,8 +149,8 @@ class FarmChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_red
     def _blocking(self, index: int) -> redis.Redis:
         """A blocking client on host `index`, made as channels_redis makes its asyncio pools
         (channels_redis.utils.create_pool) from the same host settings."""
-        clients: dict[int, redis.Redis] = self.__dict__.setdefault("_blocking_clients", {})
-        with _blocking_lock:
+        clients = self._blocking_clients
+        with self._blocking_lock:
             if index not in clients:
                 host = dict(self.hosts[index])
                 if "address" in host:
@@ -160,5 +165,3 @@ class FarmChannelLayer(RedisChannelLayer):  # type: ignore[misc]  # channels_red
                     clients[index] = redis.Redis(**host)
             return clients[index]
 
-
-_blocking_lock = threading.Lock()

@@ -175,13 +175,7 @@ def _send_batch(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
         by_group.setdefault(group, []).append(message)
     sends = [(group, message) for group, messages in by_group.items()
              for message in merge_run_events(messages)]
-    if hasattr(layer, "group_send_blocking"):
-        layer.group_send_blocking(sends)
-        return
-    from asgiref.sync import async_to_sync  # another layer (settings): one send at a time
-
-    for group, message in sends:
-        async_to_sync(layer.group_send)(group, message)
+    layer.group_send_blocking(sends)  # settings.CHANNEL_LAYERS: FarmChannelLayer
 
 
 def merge_run_events(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -218,8 +218,8 @@ def _run_create_plain(
     owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
     requirement: dict[str, Any], assets: list[AssetRef],
 ) -> tuple[Run, bool]:
-    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, in one
-    round trip, and its dispatch in one more when nothing else waits.
+    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, with its
+    dispatch, in one round trip.
 
     Outside any transaction (the API's submit): the owner's lock, `_SUBMIT_PLAIN` and the run's
     dispatch (`lone_dispatch`: the mark, when the run is the only one its queue could pick),

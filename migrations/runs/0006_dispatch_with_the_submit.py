@@ -18,44 +18,15 @@ run — still no round trip to a Python process while the lock is held.
   eligible: run the full pass after the commit).
 """
 
+from importlib import import_module
+
 from django.db import migrations
 
-LONE = """
-CREATE OR REPLACE FUNCTION inline_dispatch_lone(
-    lock_space integer, lock_key integer, q text, fresh timestamptz, window_size integer,
-    run uuid
-) RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    busy integer;
-BEGIN
-    -- unlocked, as a pass's heads read: with every slot taken, whoever frees one dispatches
-    busy := inline_dispatch_busy(q, fresh);
-    IF busy >= window_size THEN
-        RETURN 0;
-    END IF;
-    -- a scalar subquery in the index's order, not EXISTS: as a generic plan (settings.py) EXISTS
-    -- was a sequential scan over every queued run of every queue (1.6 ms at 10,000 queued)
-    IF (SELECT id FROM runs_run WHERE status = 'queued' AND queue = q AND id <> run
-          AND (dispatched_at IS NULL OR dispatched_at < fresh)
-        ORDER BY queue, dispatched_at LIMIT 1) IS NOT NULL THEN
-        RETURN -1;
-    END IF;
-    PERFORM pg_advisory_xact_lock(lock_space, lock_key);{quick}
-    -- a statement after the lock: its snapshot sees every pass committed before it
-    busy := inline_dispatch_busy(q, fresh);
-    IF busy >= window_size THEN
-        RETURN 0;
-    END IF;
-    UPDATE runs_run SET dispatched_at = now()
-    WHERE id = run AND status = 'queued' AND queue = q
-      AND (dispatched_at IS NULL OR dispatched_at < fresh);
-    IF FOUND THEN
-        RETURN 1;
-    END IF;
-    RETURN 0;
-END
-$$;
-"""
+earlier = import_module("migrations.runs.0005_dispatch_lone_function")
+
+# 0005's functions again, the lone mark without its asynchronous commit (the reverse: 0005's)
+LONE = earlier.CREATE.replace("\n    PERFORM set_config('synchronous_commit', 'off', true);", "")
+assert LONE != earlier.CREATE
 
 SUBMITTED = """
 CREATE OR REPLACE FUNCTION inline_dispatch_submitted(
@@ -76,14 +47,11 @@ DROP FUNCTION IF EXISTS inline_dispatch_submitted(integer, integer, text, timest
                                                   uuid);
 """
 
-QUICK = """
-    PERFORM set_config('synchronous_commit', 'off', true);"""
-
 
 class Migration(migrations.Migration):
     dependencies = [("runs", "0005_dispatch_lone_function")]
 
     operations = [
-        migrations.RunSQL(LONE.replace("{quick}", ""), LONE.replace("{quick}", QUICK)),
+        migrations.RunSQL(LONE, earlier.CREATE),
         migrations.RunSQL(SUBMITTED, DROP),
     ]
