@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
-from apps.fleet.selectors import model_catalog, model_sizes, queue_for
+from apps.fleet.selectors import LiveFleet
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
@@ -120,24 +120,25 @@ def run_submit(
     plain = client_run_id is None and not _team_limits(owner)
     if not plain:
         _assets_check(owner, assets)  # the plain path checks them in its statement
-    requirement = _requirement(normalised, order)
+    requirement, queue = _requirement(normalised, order)
     _priority_check(owner, priority)
     sha = normalised.sha256()
     if plain:
-        return _run_create_plain(owner, normalised, sha, target, priority, requirement, assets)
+        return _run_create_plain(owner, normalised, sha, target, priority, requirement, queue,
+                                 assets)
     try:
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
-                                   requirement)
+                                   requirement, queue)
     except IntegrityError:
         # Another owner's submit of the same new graph document won the insert: look again.
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
-                                   requirement)
+                                   requirement, queue)
 
 
 @transaction.atomic
 def _run_create_or_find(
     owner: User, graph: GraphDoc, sha: str, target: str,
-    client_run_id: str | None, priority: int, requirement: dict[str, Any],
+    client_run_id: str | None, priority: int, requirement: dict[str, Any], queue: str,
 ) -> tuple[Run, bool]:
     # One owner's submits take turns (a transaction-scoped advisory lock): the in-flight limit,
     # coalescing and clientRunId checks below then see every earlier submit of that owner.
@@ -149,7 +150,7 @@ def _run_create_or_find(
     run = Run.objects.create(
         owner=owner, graph_id=_graph_id(sha, graph), target=target,
         client_run_id=client_run_id or None, priority=priority, requirement=requirement,
-        queue=queue_for(requirement),
+        queue=queue,
     )
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
@@ -216,7 +217,7 @@ def _submit_plain() -> tuple[str, list[Any]]:
 
 def _run_create_plain(
     owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
-    requirement: dict[str, Any], assets: list[AssetRef],
+    requirement: dict[str, Any], queue: str, assets: list[AssetRef],
 ) -> tuple[Run, bool]:
     """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, with its
     dispatch, in one round trip.
@@ -233,7 +234,7 @@ def _run_create_plain(
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
-              queue=queue_for(requirement), created_at=timezone.now())
+              queue=queue, created_at=timezone.now())
     statement, fields = _submit_plain()
     params = {f"f_{f.column}": f.get_db_prep_save(getattr(run, f.attname), connection)
               for f in fields}
@@ -460,15 +461,17 @@ def _assets_found(refs: list[AssetRef], visible: set[str]) -> None:
             )
 
 
-def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
-    """What a worker must offer: the node types, the model files the closure names, and the
-    memory it needs (apps/fleet/routing.py). Checked against the live fleet: a file no live
-    worker holds, or a run no live worker holding its files could fit, is a 422."""
+def _requirement(graph: GraphDoc, order: list[str]) -> tuple[dict[str, Any], str]:
+    """What a worker must offer — the node types, the model files the closure names, and the
+    memory it needs (apps/fleet/routing.py) — and the queue that routes it to. Checked against
+    the live fleet, read once: a file no live worker holds, or a run no live worker holding its
+    files could fit, is a 422. A graph without model files goes to `cpu` without a read."""
     refs = list(param_refs(graph, order, "model"))
     types = sorted({graph.nodes[n].type for n in order})
     if not refs:
-        return {"nodeTypes": types, "models": []}
-    catalog, sizes = model_catalog(), model_sizes()
+        return {"nodeTypes": types, "models": []}, "cpu"
+    fleet = LiveFleet()
+    catalog, sizes = fleet.catalog(), fleet.sizes()
     models = []
     for node_id, param, value in refs:
         folder = param.options_from or ""
@@ -487,10 +490,9 @@ def _requirement(graph: GraphDoc, order: list[str]) -> dict[str, Any]:
                    "parallel": parallel_request(graph.nodes[n].params.get("parallel")
                                                 for n in order)}
     try:
-        queue_for(requirement)
+        return requirement, fleet.queue_for(requirement)
     except RunCannotFit as exc:
         raise GraphInvalid("run_cannot_fit", str(exc), refs[0][0]) from None
-    return requirement
 
 
 def _largest_image(graph: GraphDoc, order: list[str]) -> int:

@@ -116,3 +116,39 @@ def test_a_poll_of_a_queued_run_reads_why_it_waits_in_its_one_statement():
         assert len(queries) == 1, [q["sql"] for q in queries]
         assert wire["waiting"] == expected.get(queue)
     assert expected["gpu.48g"] == "waiting for a free slot on gpu.48g (1 of 2 busy)"
+
+
+def test_a_model_graphs_submit_reads_the_fleet_once_and_routes_by_that_read():
+    """Validation (the catalog), the memory estimate (the files' sizes) and the route read the
+    same live workers: one query of them per submit, whose answers agree."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.graphs.schema import GraphDoc
+    from apps.graphs.validation import GraphInvalid
+    from apps.runs.services import run_submit
+
+    stack = [({"folder": "diffusion_models", "name": "m.safetensors"}, 10 * GB),
+             ({"folder": "vae", "name": "v.safetensors"}, GB),
+             ({"folder": "text_encoders", "name": "t.safetensors"}, 8 * GB)]
+    _host("4090@a", 24, "gpu.24g", stack)
+    _host("h200@b", 141, "gpu.141g", stack)
+    owner = get_user_model().objects.create(username="router")
+
+    def graph(model: str, size: int) -> GraphDoc:
+        return GraphDoc.model_validate({"nodes": {
+            "gen": {"type": "zimage/turbo", "params": {
+                "prompt": "p", "width": size, "height": size, "model": model,
+                "vae": "v.safetensors", "text_encoder": "t.safetensors"}},
+            "out": {"type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}}}})
+
+    for size, queue in ((1024, "gpu.24g"), (4096, "gpu.141g")):
+        with CaptureQueriesContext(connection) as queries:
+            run, created = run_submit(owner=owner, graph=graph("m.safetensors", size), target="out")
+        assert created and run.queue == queue
+        reads = [q["sql"] for q in queries if "fleet_worker" in (q["sql"] or "")]
+        assert len(reads) == 1, reads
+    with pytest.raises(GraphInvalid) as missing:
+        run_submit(owner=owner, graph=graph("other.safetensors", 1024), target="out")
+    assert missing.value.code == "model_not_found" and missing.value.node_id == "gen"

@@ -52,7 +52,7 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 result["pid"] = cursor.fetchone()[0]
-            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT, [])
+            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT, "cpu", [])
         except Exception as exc:  # noqa: BLE001 — reported by the asserts below
             result["error"] = exc
         finally:
@@ -78,8 +78,8 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
 def test_a_plain_submit_coalesces_and_counts_what_is_in_flight() -> None:
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
     graph = _graph()
-    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
-    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
+    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
     assert created and not created_again and again.pk == first.pk
     stored = Run.objects.get(pk=first.pk)
     assert (stored.status, stored.queue, stored.requirement, stored.owner_id) == (
@@ -144,12 +144,12 @@ def test_a_plain_submit_whose_statement_fails_raises_djangos_error_and_writes_no
         cursor.execute("ALTER TABLE graphs_graph RENAME TO graphs_graph_away")
     try:
         with pytest.raises(ProgrammingError):
-            _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+            _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE graphs_graph_away RENAME TO graphs_graph")
     assert not Run.objects.filter(owner=owner).exists()
-    run, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, [])
+    run, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
     assert created and Run.objects.get(owner=owner).pk == run.pk
 
 
