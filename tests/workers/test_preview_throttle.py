@@ -51,3 +51,24 @@ def previews_at(smoke_stack: Any, cpu_policy: Any, settings: Any, seconds: float
 ])
 def test_previews_follow_the_interval(smoke_stack, cpu_policy, settings, seconds, expected):
     assert previews_at(smoke_stack, cpu_policy, settings, seconds) == expected
+
+
+def test_a_preview_is_encoded_off_the_device_thread(smoke_stack, cpu_policy, settings, monkeypatch):
+    """The device thread computes the preview's pixels and nothing else: every slot's next
+    step waits on that thread, and a PNG needs no device."""
+    import threading
+
+    from workers import png
+    from workers.device.thread import THREAD_PREFIX
+
+    threads: list[str] = []
+    encode = png.png_encode
+
+    def recorded(*args: Any, **kwargs: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(png, "png_encode", recorded)
+    assert previews_at(smoke_stack, cpu_policy, settings, 0) == list(range(1, STEPS))
+    assert len(threads) == STEPS - 1
+    assert not any(name.startswith(THREAD_PREFIX) for name in threads), threads

@@ -204,9 +204,12 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
         png = None
         now = time.monotonic()
         if vae is not None and interval is not None and done < total and now - last[0] >= interval:
-            from workers.models.zimage.preview import preview_png
+            from workers.models.zimage.preview import preview_pixels, preview_png
 
-            png = on_device_thread(preview_png, vae, job.latents, job.sigmas[done], job.velocity)
+            # The device thread computes the pixels; the PNG is encoded here, on the slot's
+            # thread, so no other slot's next step waits behind it.
+            png = preview_png(on_device_thread(preview_pixels, vae, job.latents,
+                                               job.sigmas[done], job.velocity))
             last[0] = now
         ctx.progress(done, total, png, batch=job.batch)
 

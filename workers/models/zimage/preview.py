@@ -9,7 +9,6 @@ previews at 128². It never touches the job's tensors, so it cannot change the r
 
 from __future__ import annotations
 
-import io
 import weakref
 from typing import Any
 
@@ -42,14 +41,20 @@ def latent_rgb_fit(vae: Vae) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def preview_png(vae: Vae, latents: torch.Tensor, sigma: Any, velocity: torch.Tensor) -> bytes:
-    """A PNG of the x0 estimate of `latents` [1, 16, h, w] at `sigma` with `velocity`."""
-    from PIL import Image
-
+def preview_pixels(vae: Vae, latents: torch.Tensor, sigma: Any, velocity: torch.Tensor) -> Any:
+    """The x0 estimate of `latents` [1, 16, h, w] at `sigma` with `velocity`, as RGB pixels
+    (uint8 numpy [h, w, 3]): the device's part of a preview (workers/runners/diffusion.py
+    encodes it off the device thread, `preview_png`)."""
     weights, bias = latent_rgb_fit(vae)
     x0 = (latents.float() - float(sigma) * velocity.float())[0].cpu()  # [16, h, w]
     rgb = torch.einsum("chw,ck->hwk", x0, weights) + bias  # [h, w, 3] in ~[-1, 1]
-    pixels = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
-    out = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(out, format="PNG", optimize=False)
-    return out.getvalue()
+    return ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+
+
+def preview_png(pixels: Any) -> bytes:
+    """`preview_pixels`' pixels as a PNG (the takes' encoder, workers/png.py)."""
+    from PIL import Image
+
+    from workers.png import png_encode
+
+    return png_encode(Image.fromarray(pixels, "RGB"))
