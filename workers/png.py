@@ -14,7 +14,8 @@ empty window. Measured side by side (bench/png.py, this 2-core machine): 256² n
 
 The bytes depend only on the pixels and the text (the piece count comes from the image's
 size, not from the machine), so a take's sha256 is the same on every worker. Modes other
-than L, LA, RGB and RGBA (palette, 16-bit, CMYK…) are left to Pillow.
+than L, LA, RGB and RGBA (palette, 16-bit…), and images whose info carries what Pillow would
+write from it (an ICC profile, a transparent colour), are left to Pillow.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ MAX_PIECES = 8
 THREADS = 4
 
 _COLOR_TYPE = {"L": 0, "RGB": 2, "LA": 4, "RGBA": 6}
+# What Pillow's PNG writer carries over from an image's info (an asset's colour profile, a
+# transparent colour) and this encoder does not: such an image is Pillow's to encode.
+_SAVED_FROM_INFO = {"icc_profile", "transparency"}
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _UP = 2  # PNG filter type: each byte minus the one above it
 _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="png")
@@ -45,7 +49,7 @@ def png_encode(image: Image.Image, text: dict[str, str] | None = None) -> bytes:
                   for key, value in (text or {}).items()]
     except UnicodeEncodeError:
         return _pillow(image, text)  # Pillow writes such text as iTXt (UTF-8)
-    if image.mode not in _COLOR_TYPE:
+    if image.mode not in _COLOR_TYPE or _SAVED_FROM_INFO & image.info.keys():
         return _pillow(image, text)
     pixels = np.asarray(image)
     height, width = image.height, image.width

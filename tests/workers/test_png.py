@@ -92,3 +92,15 @@ def test_text_that_is_not_latin_1_is_written_by_pillow_as_itxt():
     back = _opened(data)
     assert back.text == {"inline-farm": '{"prompt": "灯台"}'}
     assert np.array_equal(np.asarray(back), np.asarray(image))
+
+
+def test_an_images_colour_profile_and_transparent_colour_are_kept_as_pillow_keeps_them():
+    from PIL import ImageCms
+
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    with_profile = _image("RGB", 16, 8)
+    with_profile.info["icc_profile"] = profile
+    assert _opened(png_encode(with_profile)).info["icc_profile"] == profile
+    keyed = _image("RGB", 16, 8)
+    keyed.info["transparency"] = (1, 2, 3)
+    assert _opened(png_encode(keyed)).info["transparency"] == (1, 2, 3)
