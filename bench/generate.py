@@ -65,6 +65,11 @@ def main() -> None:
     print("  inside the farm (its runs' timestamps and node_done events, p50):")
     for name, ms in inside.items():
         print(f"    {name:<38} {ms:8.1f} ms")
+    node = inside.get("node zimage/turbo")
+    if node is not None:  # the direct call's work inside the farm: what the farm adds around it
+        print(f"  farm p50 − its zimage/turbo node's p50: {f50 - node:8.1f} ms (the farm's path "
+              f"around the generation; the overhead above also carries node − direct "
+              f"{node - d50:+.1f} ms)")
 
 
 def _graph(names: dict[str, str], size: int, steps: int) -> dict:
