@@ -19,6 +19,18 @@ def workers_live() -> QuerySet[Worker]:
     return Worker.objects.filter(last_heartbeat__gte=horizon).exclude(state=WorkerState.OFFLINE)
 
 
+# `workers_live()`'s rows, as the fleet's own `_SERVING_OF` reads them (the server's clock).
+_LIVE = """
+SELECT w.name, w.queues, w.device, w.model_files, w.state FROM fleet_worker w
+WHERE w.last_heartbeat >= now() - make_interval(secs => %(lost)s) AND w.state <> %(offline)s
+"""
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column as Django's connection returns it (text: JSONField decodes it) decoded."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 class LiveFleet:
     """One read of the live workers (`workers_live`), and what a submit asks of them: the model
     catalog, the files' sizes, the queue a requirement routes to. A model graph's submit asks
@@ -26,9 +38,12 @@ class LiveFleet:
     of the same rows), and the three answers then agree with each other."""
 
     def __init__(self) -> None:
-        self.workers = [
-            LiveWorker(*row) for row in workers_live().values_list(
-                "name", "queues", "device", "model_files", "state")]
+        from inline_farm.prepared import prepared_cursor
+
+        with prepared_cursor() as cursor:  # written out: the ORM's query building was most of it
+            cursor.execute(_LIVE, serving_params())
+            self.workers = [LiveWorker(name, _json(queues), _json(device), _json(files), state)
+                            for name, queues, device, files, state in cursor.fetchall()]
 
     def catalog(self) -> dict[str, list[str]]:
         """Models dir folder → sorted model names held by at least one live worker."""
