@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.fleet.models import Worker, WorkerState
+from inline_farm.prepared import prepared_cursor
 
 
 def workers_live() -> QuerySet[Worker]:
@@ -38,8 +39,6 @@ class LiveFleet:
     of the same rows), and the three answers then agree with each other."""
 
     def __init__(self) -> None:
-        from inline_farm.prepared import prepared_cursor
-
         with prepared_cursor() as cursor:  # written out: the ORM's query building was most of it
             cursor.execute(_LIVE, serving_params())
             self.workers = [LiveWorker(name, _json(queues), _json(device), _json(files), state)
