@@ -76,7 +76,7 @@ def _queued_turbo_run(stack: SmokeStack) -> Any:
         "out": {"type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}},
     }}), target="out", max_nodes=100)
     owner = get_user_model().objects.create(username=f"cancel-{uuid.uuid4().hex[:8]}")
-    graph = Graph.objects.create(sha256=doc.sha256(), document=doc.model_dump())
+    graph, _ = Graph.objects.get_or_create(sha256=doc.sha256(), defaults={"document": doc.model_dump()})
     # Marked as just published, so no dispatcher of a live farm publishes it meanwhile.
     return Run.objects.create(owner=owner, graph=graph, target="out", queue="cancel-test",
                               dispatched_at=timezone.now())
