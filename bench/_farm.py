@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,8 @@ def bench_farm(
     *, workers: int = 1, extra_env: dict[str, str] | None = None, beat: bool = False,
     slots: int = 4,
 ) -> Iterator[Any]:
-    """Yield (farm, token, models_dir) for a fresh farm; everything is torn down afterwards."""
+    """Yield (farm, token, models_dir) for a fresh farm; everything is torn down afterwards (its
+    directory too, but for the logs of a benchmark that failed)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
     import django
     from django.conf import settings
@@ -49,6 +51,7 @@ def bench_farm(
            "INLINE_DATA_DIR": str(dirs["data"]), "INLINE_MODELS_DIR": str(dirs["models"]),
            "INLINE_PROFILE": "cpu", **(extra_env or {})}
     farm = LiveFarm(env=env, logs=dirs["logs"])
+    finished = False
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=REPO, env=env,
                        check=True)
@@ -61,9 +64,14 @@ def bench_farm(
         if beat:
             farm.start_beat()
         yield farm, token, dirs["models"]
+        finished = True
     finally:
         farm.stop_all()
         _drop_db(admin_db, name)
+        if finished:  # ~7 MB a farm (the tiny model stack, takes): a bench run leaves nothing
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"the bench farm's logs are kept in {dirs['logs']}", file=sys.stderr)
 
 
 def _connect(db: dict[str, Any]) -> psycopg.Connection:
