@@ -209,8 +209,8 @@ def publish_run(run_id: str, rate: float, seconds: float, clock: tuple[Any, Any,
                 counts: list[int], appends: list[float],
                 committed: dict[tuple[str, int], float], mode: str = "flush") -> None:
     """Publish one run's events as a worker would: `flush` buffers them like the executor
-    (written when the oldest has waited INLINE_EVENT_FLUSH_SECONDS or a node ends, in one fenced
-    statement: `run_events_append_fenced`); `single` appends each in its own transaction
+    (written when nothing was written for INLINE_EVENT_FLUSH_SECONDS or a node ends, in one
+    fenced statement: `run_events_append_fenced`); `single` appends each in its own transaction
     (`run_event_append`, the worker's path before batching)."""
     from django.conf import settings
     from django.db import connection, transaction
@@ -220,6 +220,7 @@ def publish_run(run_id: str, rate: float, seconds: float, clock: tuple[Any, Any,
     from apps.runs.models import Run, RunStatus
 
     buffer: list[tuple[str, dict[str, Any]]] = []
+    written_at = [0.0]  # the last write (the run's start, below, as the claim is the executor's)
 
     def write(events: list[tuple[str, dict[str, Any]]]) -> None:
         seqs: Sequence[int | None]
@@ -234,6 +235,7 @@ def publish_run(run_id: str, rate: float, seconds: float, clock: tuple[Any, Any,
                 appends.append(done - payload["t"])  # event made → committed
                 committed[(run_id, seq)] = done
         events.clear()
+        written_at[0] = done
 
     warm, go, start = clock
     connection.ensure_connection()
@@ -241,6 +243,7 @@ def publish_run(run_id: str, rate: float, seconds: float, clock: tuple[Any, Any,
     go.wait()
     start_at = start.value
     time.sleep(max(0.0, start_at - time.time()))
+    written_at[0] = time.time()
     step = 0
     while (now := time.time()) < start_at + seconds:
         step += 1
@@ -251,7 +254,7 @@ def publish_run(run_id: str, rate: float, seconds: float, clock: tuple[Any, Any,
             write(buffer)  # a node that took longer than the flush period: written as it ends
         else:
             buffer.append(("progress", {"nodeId": node, "step": step, "t": now}))
-            if mode == "single" or now - buffer[0][1]["t"] >= settings.INLINE_EVENT_FLUSH_SECONDS:
+            if mode == "single" or now - written_at[0] >= settings.INLINE_EVENT_FLUSH_SECONDS:
                 write(buffer)
         if rate:
             time.sleep(max(0.0, start_at + step / rate - time.time()))

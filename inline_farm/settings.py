@@ -189,8 +189,9 @@ INLINE_AUTO_GPU_QUEUE = env_bool("INLINE_AUTO_GPU_QUEUE", True)
 INLINE_METRICS_ALLOW = env_networks("INLINE_METRICS_ALLOW")
 # The worker's node-output cache, in MB (0: a tenth of the machine's memory, at most 4 GiB).
 INLINE_NODE_CACHE_MB = env_int("INLINE_NODE_CACHE_MB", 0, minimum=0)
-# Buffered run events (node_done, progress) are written at least this often (seconds); a node
-# that takes longer writes its events as it ends. Fast graphs: one write with the finish.
+# A run writes its buffered events (node_done, progress) at most this often (seconds): an event
+# that long after the last write is written at once, the others with the next write; a node that
+# takes longer writes its events as it ends. Fast graphs: one write with the finish.
 INLINE_EVENT_FLUSH_SECONDS = env_float("INLINE_EVENT_FLUSH_SECONDS", 0.05, minimum=0.0)
 
 # --- Limits -----------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ class _RunState:
     lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
     takes: list[TakeDraft] = field(default_factory=list)  # not yet written
-    oldest: float = 0.0  # when the oldest unwritten event was made
+    written_at: float = field(default_factory=time.monotonic)  # the last write (at first, the claim)
 
     def run_node(self, node_id: str) -> None:
         spec = self.doc.nodes[node_id]
@@ -202,13 +202,13 @@ class _RunState:
         self.cancel.check()
 
     def _append(self, type: str, payload: dict[str, Any], *, slow: bool = False) -> None:
-        """Buffer an event; write the buffer when this one ends a slow node or the oldest
-        buffered event has waited INLINE_EVENT_FLUSH_SECONDS."""
-        now = time.monotonic()
-        if not self.events:
-            self.oldest = now
+        """Buffer an event; write the buffer when this one ends a slow node, or when nothing was
+        written for INLINE_EVENT_FLUSH_SECONDS. So a run writes at most that often, and an event
+        after a quiet spell (a slow sampling step's progress) is written at once: the rule was
+        the oldest buffered event's age, which held every other slow step's progress (and its
+        preview) back until the next step ended."""
         self.events.append((type, payload))
-        if slow or now - self.oldest >= settings.INLINE_EVENT_FLUSH_SECONDS:
+        if slow or time.monotonic() - self.written_at >= settings.INLINE_EVENT_FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
@@ -225,6 +225,7 @@ class _RunState:
             self.cancel.lost.set()
             raise RunCancelled(f"run {self.claim.run_id} is no longer ours")
         self.events, self.takes = [], []
+        self.written_at = time.monotonic()
         self.cancel.confirm()
 
 
