@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,17 @@ def img2img_pipeline():
     from workers.models.zimage.tiny import smoke_pipeline
 
     return smoke_pipeline(img2img=True)
+
+
+@pytest.fixture
+def quiet_slot(settings: Any, smoke_stack: SmokeStack, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Settings for one in-process slot (tests/workers/helpers.py `sampling_slot`) that nothing
+    else tells anything: no heartbeat (so no lease renewal), no ownership query. Needs
+    pytest-django; returns its `settings` for the test's own changes."""
+    from workers.executor import CancelCheck
+
+    settings.INLINE_MODELS_DIR = smoke_stack.models_dir
+    settings.INLINE_WORKER_HEARTBEAT = 600  # the presence thread only listens
+    settings.INLINE_LEASE_SECONDS = 600
+    monkeypatch.setattr(CancelCheck, "FRESH_SECONDS", 600.0)
+    return settings
