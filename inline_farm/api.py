@@ -1,4 +1,5 @@
-"""The /v1 NinjaAPI root: auth, the error shape, and each app's router."""
+"""The /v1 NinjaAPI root: its authentication, an exception handler for every error (always the
+`{"error": {code, message, nodeId?}}` shape), and each app's router."""
 
 from __future__ import annotations
 
@@ -6,67 +7,27 @@ import logging
 from typing import Any
 
 import pydantic
-from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
-from ninja import NinjaAPI, Schema
+from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import HttpBearer
 
-from apps.accounts.selectors import user_for_token
+from apps.fleet.api import router as fleet_router
+from apps.graphs.api import router as graphs_router
 from apps.graphs.validation import GraphInvalid
-from inline_farm.schemas import ErrorOut
+from apps.importer.api import router as importer_router
+from apps.runs.api import router as runs_router
+from apps.takes.api import assets_router, takes_router
+from inline_farm.endpoints import (
+    OWN_ERROR_CODES,
+    RETRY_AFTER_SECONDS,
+    ApiError,
+    BearerToken,
+    error_body,
+)
 
 log = logging.getLogger(__name__)
-
-
-class BearerToken(HttpBearer):
-    """`Authorization: Bearer <token>`: the request's user is the token's user."""
-
-    def authenticate(self, request: HttpRequest, token: str) -> Any:
-        user = user_for_token(token)
-        if user is not None:
-            request.user = user
-        return user
-
-
-def caller(request: HttpRequest) -> User:
-    """The authenticated user of an endpoint behind BearerToken (never anonymous there)."""
-    user = request.user
-    assert isinstance(user, User), "endpoint reached without authentication"
-    return user
-
-
-# What a 429 tells the client to wait before trying again (the `Retry-After` header, seconds).
-RETRY_AFTER_SECONDS = 5
-
-# pydantic error types raised by our own validators: their type is the error's stable code.
-OWN_ERROR_CODES = frozenset({"invalid_text"})
-
-
-class ApiError(Exception):
-    """An error with an HTTP status and a stable code, answered as {error:{code,message,…}}.
-
-    `headers` go on the response as they are (e.g. `Retry-After`); a 429 always gets one.
-    """
-
-    def __init__(
-        self, status: int, code: str, message: str, node_id: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.node_id = status, code, message, node_id
-        self.headers = dict(headers or {})
-        if status == 429:
-            self.headers.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
-
-
-def errors(*statuses: int) -> dict[int, type[Schema]]:
-    """The error statuses an endpoint declares in the OpenAPI schema, each with the error shape:
-    `response={200: RunOut, **errors(401, 404)}`."""
-    return dict.fromkeys(statuses, ErrorOut)
-
 
 api = NinjaAPI(
     title="Inline Farm",
@@ -76,14 +37,6 @@ api = NinjaAPI(
     docs_url="/docs",
     openapi_url="/openapi.json",
 )
-
-
-def error_body(code: str, message: str, node_id: str | None = None) -> dict[str, Any]:
-    """The error shape, for answers built outside ninja (middleware, URL handlers)."""
-    body: dict[str, Any] = {"code": code, "message": message}
-    if node_id is not None:
-        body["nodeId"] = node_id
-    return {"error": body}
 
 
 def error_response(
@@ -173,19 +126,9 @@ def _node_of(errors: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _mount_routers() -> None:
-    from apps.fleet.api import router as fleet_router
-    from apps.graphs.api import router as graphs_router
-    from apps.importer.api import router as importer_router
-    from apps.runs.api import router as runs_router
-    from apps.takes.api import assets_router, takes_router
-
-    api.add_router("/runs", runs_router)
-    api.add_router("/takes", takes_router)
-    api.add_router("/assets", assets_router)
-    api.add_router("/models", graphs_router)
-    api.add_router("/import", importer_router)
-    api.add_router("/", fleet_router)
-
-
-_mount_routers()
+api.add_router("/runs", runs_router)
+api.add_router("/takes", takes_router)
+api.add_router("/assets", assets_router)
+api.add_router("/models", graphs_router)
+api.add_router("/import", importer_router)
+api.add_router("/", fleet_router)

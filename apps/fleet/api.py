@@ -12,7 +12,7 @@ from apps.fleet.health import health_report
 from apps.fleet.metrics import queue_overview
 from apps.fleet.schemas import HealthOut, WorkersOut
 from apps.fleet.selectors import workers_live
-from inline_farm.api import ApiError, api, errors
+from inline_farm.endpoints import ApiError, errors, respond
 
 router = Router(tags=["health"])
 
@@ -33,7 +33,7 @@ def health(request: HttpRequest, detail: bool = False) -> HttpResponse:
             code = "unauthorized" if refused.status == 401 else "forbidden"
             raise ApiError(refused.status, code, refused.message) from None
         body = {**body, "queues": queue_overview()}
-    return api.create_response(request, body, status=503 if body["down"] else 200)
+    return respond(body, status=503 if body["down"] else 200)
 
 
 @router.get("workers", summary="Live workers: queues, device, models held",

@@ -7,7 +7,7 @@ from django.views.decorators.http import require_safe
 
 from apps.fleet.access import NotStaff, metrics_allowed
 from apps.fleet.metrics import metrics_text
-from inline_farm.api import error_body
+from inline_farm.endpoints import error_body
 
 # The classic text format, which every Prometheus reads (metric names here are plain ASCII).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -9,7 +9,7 @@ from ninja import Router
 
 from apps.graphs.schemas import DescriptorOut, RegistryOut
 from apps.graphs.selectors import descriptor_for_clients, registry_for_clients
-from inline_farm.api import ApiError, api, errors
+from inline_farm.endpoints import ApiError, errors, respond
 
 router = Router(tags=["models"])
 
@@ -21,7 +21,7 @@ def list_descriptors(request: HttpRequest) -> HttpResponse:
     etag = f'"{body["registryVersion"]}"'
     if request.headers.get("If-None-Match") == etag:
         return HttpResponse(status=304, headers={"ETag": etag})
-    response = api.create_response(request, body, status=200)
+    response = respond(body, status=200)
     response["ETag"] = etag
     return response
 

@@ -12,7 +12,7 @@ from apps.fleet.selectors import model_catalog
 from apps.importer.report import ImportInvalid
 from apps.importer.schemas import ImportErrorOut, ImportOut
 from apps.importer.services import comfy_import, workflow_parse
-from inline_farm.api import ApiError, api, errors
+from inline_farm.endpoints import ApiError, errors, respond
 
 router = Router(tags=["import"])
 
@@ -43,4 +43,4 @@ def _invalid(request: HttpRequest, exc: ImportInvalid) -> HttpResponse:
     if exc.node_id is not None:
         error["nodeId"] = exc.node_id
     report = exc.report.to_wire() if exc.report is not None else None
-    return api.create_response(request, {"error": error, "report": report}, status=422)
+    return respond({"error": error, "report": report}, status=422)

@@ -18,7 +18,7 @@ from apps.runs.services import (
     run_submit,
 )
 from apps.runs.wire import run_to_wire
-from inline_farm.api import ApiError, api, caller, errors
+from inline_farm.endpoints import ApiError, caller, errors, respond
 from inline_farm.ids import is_uuid
 
 router = Router(tags=["runs"])
@@ -39,7 +39,7 @@ def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
     except RunPriorityNotAllowed as exc:
         raise ApiError(403, "priority_not_allowed", str(exc)) from None
     body = {"runId": str(run.id), "status": run.status, "created": created}
-    return api.create_response(request, body, status=201 if created else 200)
+    return respond(body, status=201 if created else 200)
 
 
 @router.get("", summary="List my runs", response={200: RunListOut, **errors(401, 422)})
