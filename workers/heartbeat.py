@@ -29,6 +29,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from workers.counters import counters_report
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +56,6 @@ class Presence:
         self.incarnation = secrets.token_hex(8)
         self.lease_key = f"{name}#{self.incarnation}"
         self.stats: Counter[str] = Counter()
-        self.batch_sizes: Counter[int] = Counter()
         self.stopping = threading.Event()
         self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
@@ -124,8 +125,7 @@ class Presence:
                 h.lost.set()
 
     def stats_report(self) -> dict[str, Any]:
-        return {**self.stats, "busy": len(self.held()), "slots": self.slots,
-                "batchSizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}
+        return {**self.stats, **counters_report(), "busy": len(self.held()), "slots": self.slots}
 
     def _loop(self) -> None:
         listener = _StopListener()

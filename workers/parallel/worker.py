@@ -18,6 +18,7 @@ from typing import Any
 
 from celery.signals import celeryd_init, worker_shutdown
 
+from workers.counters import forwards_observer
 from workers.parallel.config import Degrees, GroupSetup, ParallelConfigError, group_setup
 from workers.parallel.group import WorkerGroup
 from workers.parallel.protocol import ModelRef
@@ -61,8 +62,6 @@ class GroupDenoiser:
         ref = ModelRef(models_dir=str(ctx.models_dir), name=model.name,
                        dtype=model.placement.dtype, attention=getattr(ctx.policy, "attention",
                                                                       "native"))
-        from workers.models.zimage.loading import forwards_observer
-
         own = model.batcher
         return _group().batcher(ref, _degrees, max_items=own.max_items, max_tokens=own.max_tokens,
                                 observe=forwards_observer()).run(job)

@@ -14,7 +14,6 @@ Transformer files may use the diffusers key layout or the original / ComfyUI one
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from workers.counters import batcher_observer, forwards_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
@@ -90,7 +90,7 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
         decoder = Coalescer(lambda latents: engine.decode_latents_batch(vae, latents),
                             max_items=bounds.items, max_cost=bounds.tokens,
                             cost=_latent_tokens, key=lambda latents: tuple(latents.shape),
-                            observe=_observer("vae_decodes"))
+                            observe=batcher_observer("vae_decodes"))
         return Vae(name, sha, module, placement, decoder)
 
     key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
@@ -109,7 +109,7 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
         te = TextEncoder(name, sha, model, tokenizer, placement)
         batched: Coalescer[str, Any] = Coalescer(
             lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
-            observe=_observer("text_encodes"))
+            observe=batcher_observer("text_encodes"))
         return TextEncoder(name, sha, model, tokenizer, placement, batched)
 
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
@@ -117,35 +117,6 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
 
 def _latent_tokens(latents: Any) -> int:
     return int(latents.shape[-2] // 2 * (latents.shape[-1] // 2))
-
-
-_stats_lock = threading.Lock()
-
-
-def forwards_observer() -> Any:
-    """The denoiser's `observe`: forwards and their batch sizes in the heartbeat stats (also a
-    worker group's step batcher, workers/parallel/worker.py)."""
-    return _observer("forwards", batch_sizes=True)
-
-
-def _observer(name: str, *, batch_sizes: bool = False) -> Any:
-    """A batcher's `observe(jobs)`: counts calls under `name` (and, for the denoiser, the
-    batch sizes) in this worker process's heartbeat stats; nothing outside a worker."""
-
-    def observe(jobs: int) -> None:
-        from workers.heartbeat import presence
-
-        me = presence()
-        if me is None:
-            return
-        with _stats_lock:  # several models' batchers may count at once
-            me.stats[name] += 1
-            if jobs > 1:
-                me.stats[f"{name}_batched"] += 1
-            if batch_sizes:
-                me.batch_sizes[jobs] += 1
-
-    return observe
 
 
 def sidecar(path: Path, suffix: str) -> Path:
