@@ -4,10 +4,10 @@ contract for what ninja answers outside an endpoint (405 in the error shape, HEA
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
 MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around the file itself
@@ -87,7 +87,9 @@ class ApiMethods:
             response = self._not_allowed(request, response.get("Allow", ""), head)
         if head:
             request.method = request.META["REQUEST_METHOD"] = "HEAD"
-            if not response.streaming:
+            if isinstance(response, StreamingHttpResponse):  # its headers (Content-Length
+                response.streaming_content = _nothing()  # too) stand; nothing is read
+            else:
                 response.headers.setdefault("Content-Length", str(len(response.content)))
                 response.content = b""
         return response
@@ -102,6 +104,11 @@ class ApiMethods:
                           f"{method} is not allowed on {request.path}; allowed: {', '.join(methods)}")
         response["Allow"] = ", ".join(methods)
         return response
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
 
 
 class SyncChain:

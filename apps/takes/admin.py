@@ -14,6 +14,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -21,8 +22,9 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from apps.takes.models import Asset, Take, TakeRemoval
+from apps.takes.serve import blob_response
 from apps.takes.services import RemovalRefused, take_remove
-from apps.takes.storage import BlobMissing, blob_read
+from apps.takes.storage import BlobMissing
 from inline_farm.admin_display import ViewOnlyAdmin, pretty_json, short_id, when
 
 
@@ -38,13 +40,12 @@ def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString
     )
 
 
-def _blob_response(sha256: str, media_type: str) -> HttpResponse:
+def _blob_response(request: HttpRequest, sha256: str, media_type: str, name: str
+                   ) -> HttpResponseBase:
     try:
-        response = HttpResponse(blob_read(sha256), content_type=media_type)
+        return blob_response(request, sha256=sha256, media_type=media_type, filename=name)
     except BlobMissing:
         return HttpResponse(status=404)
-    response["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
-    return response
 
 
 class RemovalForm(forms.Form):
@@ -115,9 +116,9 @@ class TakeAdmin(ViewOnlyAdmin):
                       name="takes_take_bytes")]
         return extra + super().get_urls()
 
-    def bytes_view(self, request: HttpRequest, take_id: Any) -> HttpResponse:
+    def bytes_view(self, request: HttpRequest, take_id: Any) -> HttpResponseBase:
         take = get_object_or_404(Take, pk=take_id)
-        return _blob_response(take.sha256, take.media_type)
+        return _blob_response(request, take.sha256, take.media_type, str(take.pk))
 
     def has_retention_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("takes.delete_take")
@@ -208,6 +209,6 @@ class AssetAdmin(ViewOnlyAdmin):
                       name="takes_asset_bytes")]
         return extra + super().get_urls()
 
-    def bytes_view(self, request: HttpRequest, asset_id: Any) -> HttpResponse:
+    def bytes_view(self, request: HttpRequest, asset_id: Any) -> HttpResponseBase:
         asset = get_object_or_404(Asset, pk=asset_id)
-        return _blob_response(asset.sha256, asset.media_type)
+        return _blob_response(request, asset.sha256, asset.media_type, str(asset.pk))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import mimetypes
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from ninja import File, Router
 from ninja.files import UploadedFile
 
 from apps.takes.schemas import AssetOut, TakeOut
 from apps.takes.selectors import asset_get_for_user, take_get_for_user
+from apps.takes.serve import blob_response
 from apps.takes.services import UploadRejected, asset_create
-from apps.takes.storage import BlobMissing, blob_read
+from apps.takes.storage import BlobMissing
 from apps.takes.wire import asset_to_wire, take_to_wire
-from inline_farm.api import ApiError, api, caller, errors
+from inline_farm.endpoints import ApiError, caller, errors, respond
 from inline_farm.ids import is_uuid
 
 takes_router = Router(tags=["takes"])
@@ -26,25 +29,26 @@ def get_take(request: HttpRequest, take_id: str) -> dict[str, Any]:
     return take_to_wire(_take_or_404(request, take_id))
 
 
-@takes_router.get("/{take_id}/bytes", summary="A take's bytes (ETag = sha256)",
-                  response={200: None, 304: None, **errors(401, 404)},
-                  openapi_extra={"responses": {200: {
-                      "description": "The take's bytes, with its media type",
-                      "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
-                  }}})
-def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponse:
+_BYTES = {"type": "string", "format": "binary"}
+
+
+@takes_router.get(
+    "/{take_id}/bytes", summary="A take's bytes (ETag = sha256; Range for one byte range)",
+    response={200: None, 206: None, 304: None, **errors(401, 404, 416)},
+    openapi_extra={"responses": {
+        200: {"description": "The take's bytes, with its media type",
+              "content": {"application/octet-stream": {"schema": _BYTES}}},
+        206: {"description": "The byte range asked for (Content-Range says which)",
+              "content": {"application/octet-stream": {"schema": _BYTES}}},
+    }},
+)
+def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponseBase:
     take = _take_or_404(request, take_id)
-    etag = f'"{take.sha256}"'
-    if request.headers.get("If-None-Match") == etag:
-        return HttpResponse(status=304, headers={"ETag": etag})
     try:
-        data = blob_read(take.sha256)
+        return blob_response(request, sha256=take.sha256, media_type=take.media_type,
+                             filename=f"{take.id}{_suffix(take.media_type)}")
     except BlobMissing as exc:
         raise ApiError(500, "blob_missing", str(exc)) from None
-    return HttpResponse(data, content_type=take.media_type, headers={
-        "ETag": etag, "Cache-Control": "private, max-age=31536000, immutable",
-        "Content-Disposition": f'inline; filename="{take.id}.png"',
-    })
 
 
 @assets_router.post("", summary="Upload an image asset (multipart field 'file')",
@@ -57,7 +61,7 @@ def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse
         asset, created = asset_create(owner=caller(request), data=file.read(), filename=file.name or "")
     except UploadRejected as exc:
         raise ApiError(exc.status, exc.code, exc.message) from None
-    return api.create_response(request, asset_to_wire(asset), status=201 if created else 200)
+    return respond(asset_to_wire(asset), status=201 if created else 200)
 
 
 @assets_router.get("/{asset_id}", summary="An asset's metadata",
@@ -80,3 +84,7 @@ def _max_bytes() -> int:
     from django.conf import settings
 
     return int(settings.INLINE_ASSET_MAX_BYTES)
+
+
+def _suffix(media_type: str) -> str:
+    return mimetypes.guess_extension(media_type) or ""
