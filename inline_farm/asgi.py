@@ -23,15 +23,12 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from inline_farm.health_door import health_first  # noqa: E402
 from inline_farm.heap import freeze_long_lived  # noqa: E402
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
-from inline_farm.sync_door import SyncDoor  # noqa: E402
 
-_threads = settings.INLINE_DB_POOL_SIZE
 application = ProtocolTypeRouter({
     # Serves the admin's CSS/JS from the installed apps (no collectstatic, no extra server);
-    # plain `GET /v1/health` is answered before Django (inline_farm/health_door.py); the rest
-    # runs Django's sync handler in one thread hop (inline_farm/sync_door.py), one pool thread
-    # per database connection the process may hold.
-    "http": health_first(ASGIStaticFilesHandler(SyncDoor(django_asgi, _threads))),  # type: ignore[arg-type]
+    # plain `GET /v1/health` is answered before Django (inline_farm/health_door.py); the rest is
+    # Django's own ASGI handler (streaming responses stream; a client that goes away cancels).
+    "http": health_first(ASGIStaticFilesHandler(django_asgi)),
     "websocket": URLRouter(websocket_urlpatterns),
 })
 

@@ -81,17 +81,6 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "inline_farm.middleware.SyncChain",  # last: the whole chain runs in one thread hop
 ]
-# The chain for /v1/ requests through the sync door (inline_farm/sync_door.py). The API
-# authenticates by Bearer token only and never reads a session, a cookie or a message, so the
-# browser's middleware (sessions, CSRF, auth, messages; the admin and /comfy/ keep them) only
-# cost each API request its time: ~5% of the web process's CPU on polls (py-spy --gil).
-API_MIDDLEWARE = [m for m in MIDDLEWARE if m not in (
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-)]
-
 ROOT_URLCONF = "inline_farm.urls"
 ASGI_APPLICATION = "inline_farm.asgi.application"
 WSGI_APPLICATION = None

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import assert_error
-from tests.conftest import delay_graph, png, resize_graph, smoke_stack_reported, upload
+from tests.conftest import delay_graph, png, upload
 
 pytestmark = pytest.mark.e2e
 
@@ -113,9 +113,9 @@ def test_cookies_are_secure_behind_tls_when_configured(farm, strict_web):
 
 
 def test_api_responses_keep_the_security_headers_and_set_no_browser_state(farm, owner):
-    """/v1 runs settings.API_MIDDLEWARE (no sessions, CSRF, auth or messages middleware): its
-    answers carry the same security headers as the admin's and never a cookie or Vary: Cookie;
-    the admin, on the full chain, still gets its CSRF cookie."""
+    """/v1 answers carry the same security headers as the admin's and never a cookie or
+    Vary: Cookie (a Bearer-token API never reads a session); the admin still gets its CSRF
+    cookie."""
     for response in (owner.get("/v1/runs"), owner.get("/v1/runs/00000000-0000-0000-0000-0000000"
                                                       "00000"), owner.post("/v1/runs", json={})):
         assert response.headers["x-frame-options"] == "DENY"
@@ -145,116 +145,3 @@ def test_declared_response_models_keep_fields_they_do_not_declare(owner):
     assert owner.get(f"/v1/takes/{take['id']}").json() == take
     listed = owner.get("/v1/runs", params={"limit": 200}).json()["items"]
     assert next(r for r in listed if r["id"] == run["id"])["takes"] == [take]
-
-
-# --- the run door: a poll answered without Django's handler, byte for byte as Django does ----
-
-def _via_both(client, run_id):
-    """The poll as the run door answers it, and as Django does (a query string: the door passes)."""
-    return (client.get(f"/v1/runs/{run_id}"),
-            client.get(f"/v1/runs/{run_id}", params={"via": "django"}))
-
-
-def _body(answer):
-    assert answer is not None, "the door passed the poll to Django"
-    return answer[2]
-
-
-def _poll_scope(farm, run_id, token, **extra):
-    host = farm.url.split("//", 1)[1].encode()
-    headers = [(b"host", host)] + ([(b"authorization", f"Bearer {token}".encode())] if token else [])
-    return {"type": "http", "method": "GET", "path": f"/v1/runs/{run_id}", "query_string": b"",
-            "root_path": "", "headers": headers, **extra}
-
-
-def test_the_run_door_answers_a_poll_exactly_as_django_does(
-        farm, owner, teammate, personas, data_dirs, db_access):
-    """inline_farm/run_door.py answers `GET /v1/runs/{id}` itself: the same bytes and headers
-    as Django's answer, for a queued run (its `waiting`), a succeeded one (its takes and their
-    lineage) and a failed one (its error). What it does not answer, Django does."""
-    from apps.accounts.selectors import user_for_token
-    from apps.runs.models import Run
-    from inline_farm.run_door import RunDoor
-
-    asset = upload(owner, png(20, 10)).json()["id"]
-    done = owner.wait_run(owner.post("/v1/runs", json=resize_graph(asset, 8, 6)).json()["runId"])
-    failed = owner.wait_run(owner.post("/v1/runs", json=resize_graph(asset, 6, 8)).json()["runId"])
-    Run.objects.filter(pk=failed["id"]).update(  # the error's shape, on a row with takes
-        status="failed", error_code="node_failed", error_message="it broke", error_node="big")
-    stack = smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
-    split = {"type": "zimage/turbo", "params": {"prompt": "a door", "width": 64, "height": 48,
-                                                "steps": 2, "parallel": "8", **stack}}
-    queued = owner.post("/v1/runs", json={"graph": {"nodes": {"gen": split, "out": {
-        "type": "image/save", "inputs": {"image": {"node": "gen", "port": "image"}}}}},
-        "target": "out"}).json()["runId"]  # waits: no live worker serves xfuser.8
-    door = RunDoor()
-    user_for_token(personas["owner"])  # this process now remembers the token, as a web does
-    try:
-        for run_id, client in ((done["id"], owner), (failed["id"], owner), (queued, owner),
-                               (queued, teammate)):
-            via_door, via_django = _via_both(client, run_id)
-            assert via_door.status_code == via_django.status_code == 200, via_django.text
-            assert via_door.content == via_django.content
-            assert ({k: v for k, v in via_door.headers.items() if k not in ("date", "server")}
-                    == {k: v for k, v in via_django.headers.items() if k not in ("date", "server")})
-            if client is owner:  # the door itself answers (Django is not in this process)
-                answer = door.answer(_poll_scope(farm, run_id, personas["owner"]))
-                assert answer is not None
-                status, headers, body = answer
-                assert (status, body) == (200, via_django.content)
-                assert {k.decode().lower(): v.decode() for k, v in headers} == {
-                    k: v for k, v in via_django.headers.items() if k not in ("date", "server")}
-        body = via_door.json()
-        assert body["status"] == "queued" and "xfuser.8" in body["waiting"]
-        # Left to Django: no token, a token this process has not seen, a stranger's run, an
-        # unknown run, a host Django refuses, a query string, HEAD.
-        leftover = [_poll_scope(farm, done["id"], None),
-                    _poll_scope(farm, done["id"], personas["outsider"]),
-                    _poll_scope(farm, "00000000-0000-0000-0000-000000000000", personas["owner"]),
-                    _poll_scope(farm, done["id"], personas["owner"],
-                                headers=[(b"host", b"evil.example"),
-                                         (b"authorization", f"Bearer {personas['owner']}".encode())])]
-        user_for_token(personas["outsider"])
-        leftover.append(_poll_scope(farm, done["id"], personas["outsider"]))
-        assert [door.answer(scope) for scope in leftover] == [None] * len(leftover)
-        assert not door.wants(_poll_scope(farm, done["id"], "t", query_string=b"a=1"))
-        assert not door.wants(_poll_scope(farm, done["id"], "t", method="HEAD"))
-        for client, code in ((owner, 200), (teammate, 200)):
-            assert client.get(f"/v1/runs/{done['id']}").status_code == code
-        for response in _via_both(httpx.Client(base_url=farm.url), done["id"]):
-            assert_error(response, 401, "unauthorized")
-    finally:
-        door.close()
-        owner.delete(f"/v1/runs/{queued}")
-
-
-def test_the_run_door_reads_past_terminated_sessions(farm, owner, personas, db_access):
-    """The door's connections leave their pool without a ping: one whose session was terminated
-    is dropped and the read tried on the next; a poll never fails for it."""
-    from django.db import connection
-
-    from apps.accounts.selectors import user_for_token
-    from inline_farm.run_door import POOL_SIZE, RunDoor
-
-    asset = upload(owner, png(20, 10)).json()["id"]
-    run = owner.wait_run(owner.post("/v1/runs", json=resize_graph(asset, 7, 7)).json()["runId"])
-    expected = owner.get(f"/v1/runs/{run['id']}", params={"via": "django"}).content
-    door = RunDoor()
-    user_for_token(personas["owner"])
-    scope = _poll_scope(farm, run["id"], personas["owner"])
-    assert _body(door.answer(scope)) == expected  # opens the door's pool
-    pool = door._pool
-    assert pool is not None
-    held = [pool.getconn() for _ in range(POOL_SIZE)]  # every connection the pool will have
-    pids = [conn.info.backend_pid for conn in held]
-    for conn in held:
-        pool.putconn(conn)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
-                       "FROM unnest(%s::int[]) pid", [pids])
-        assert cursor.fetchone()[0] == POOL_SIZE
-    try:
-        for _ in range(3):
-            assert _body(door.answer(scope)) == expected
-    finally:
-        door.close()
