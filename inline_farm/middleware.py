@@ -4,10 +4,10 @@ contract for what ninja answers outside an endpoint (405 in the error shape, HEA
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.response import HttpResponseBase
 
 MULTIPART_SLACK = 64 * 1024  # boundaries and part headers around the file itself
@@ -87,8 +87,9 @@ class ApiMethods:
             response = self._not_allowed(request, response.get("Allow", ""), head)
         if head:
             request.method = request.META["REQUEST_METHOD"] = "HEAD"
-            if isinstance(response, StreamingHttpResponse):  # its headers (Content-Length
-                response.streaming_content = _nothing()  # too) stand; nothing is read
+            if response.streaming:  # its headers (Content-Length too) stand; nothing is read
+                response.close()
+                response = _headers_only(response)
             else:
                 response.headers.setdefault("Content-Length", str(len(response.content)))
                 response.content = b""
@@ -106,9 +107,11 @@ class ApiMethods:
         return response
 
 
-async def _nothing() -> AsyncIterator[bytes]:
-    return
-    yield b""  # an async generator that yields nothing
+def _headers_only(response: HttpResponseBase) -> HttpResponse:
+    bare = HttpResponse(status=response.status_code)
+    for name, value in response.items():
+        bare[name] = value
+    return bare
 
 
 class SyncChain:

@@ -1,10 +1,12 @@
 """Serving a blob's bytes over HTTP: streamed from disk in bounded memory, with ETag and Range.
 
 Takes are immutable and content-addressed, so the sha256 is a strong ETag and a client may ask
-for any byte range of them (a video player seeking, a download resumed). The body is an
-asynchronous iterator: under ASGI, Django sends each chunk as it is read and, when the client
-goes away, cancels the response, which stops the reading (a synchronous iterator would be read
-whole into memory first: Django's StreamingHttpResponse consumes one with `list()` under ASGI).
+for any byte range of them (a video player seeking, a download resumed). Under Django's ASGI
+handler (inline_farm/asgi.py sends these routes there) the body is an asynchronous iterator:
+Django sends each chunk as it is read and, when the client goes away, cancels the response,
+which stops the reading (a synchronous iterator would be read whole into memory first:
+StreamingHttpResponse consumes one with `list()` under ASGI). Under a WSGI handler it is a
+synchronous iterator, which the server pulls a chunk at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -50,7 +52,8 @@ def blob_response(
             headers={**headers, "Content-Range": f"bytes */{size}"})
     start, end = wanted or (0, size - 1)
     response = StreamingHttpResponse(
-        _read(path, start, end + 1), status=206 if wanted else 200, content_type=media_type,
+        _read(path, start, end + 1) if _under_asgi(request) else _read_sync(path, start, end + 1),
+        status=206 if wanted else 200, content_type=media_type,
         headers={**headers, "Content-Length": str(end + 1 - start),
                  "Content-Disposition": f'inline; filename="{filename}"'},
     )
@@ -88,6 +91,10 @@ def _wanted_range(request: HttpRequest, etag: str, size: int) -> tuple[int, int]
     return start, end
 
 
+def _under_asgi(request: HttpRequest) -> bool:
+    return "wsgi.input" not in request.META  # a WSGI request's META is the WSGI environ
+
+
 async def _read(path: Path, start: int, stop: int) -> AsyncIterator[bytes]:
     """Bytes [start, stop) of `path`, a chunk at a time, each read on a thread."""
     fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
@@ -102,3 +109,15 @@ async def _read(path: Path, start: int, stop: int) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         os.close(fd)
+
+
+def _read_sync(path: Path, start: int, stop: int) -> Iterator[bytes]:
+    """`_read` for a WSGI server."""
+    with open(path, "rb") as f:
+        position = start
+        while position < stop:
+            chunk = os.pread(f.fileno(), min(CHUNK_BYTES, stop - position), position)
+            if not chunk:
+                return
+            position += len(chunk)
+            yield chunk

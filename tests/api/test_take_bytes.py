@@ -153,3 +153,30 @@ def test_a_large_take_streams_to_four_clients_in_bounded_memory(farm, owner, per
     assert growth_mb < min(64, BIG_MB / 3), f"web RSS grew {growth_mb:.1f} MiB"
     # The web still answers once the client that left is gone.
     assert httpx.get(f"{farm.url}/v1/health").status_code == 200
+
+
+def test_a_client_that_leaves_stops_the_reading(farm, owner, personas, db_access):
+    """A video player seeking drops its requests mid-way: the web stops reading the file at
+    once, rather than reading what nobody will receive to its end."""
+    take_id, _, size = _big_take(farm, owner, BIG_MB)
+    web = psutil.Process(farm.procs["web"].pid)
+    before = web.io_counters().read_chars
+    with httpx.Client(timeout=60) as client, client.stream(
+            "GET", f"{farm.url}/v1/takes/{take_id}/bytes",
+            headers={"Authorization": f"Bearer {personas['owner']}"}) as response:
+        assert response.status_code == 200
+        received = 0
+        for chunk in response.iter_bytes(1024 * 1024):
+            received += len(chunk)
+            if received >= 4 * 2**20:
+                break
+    deadline = time.monotonic() + 10  # the web settles: its reads stop growing
+    read = web.io_counters().read_chars - before
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = web.io_counters().read_chars - before
+        if now == read:
+            break
+        read = now
+    print(f"\nleft after 4 MiB of {size / 2**20:.0f} MiB: the web read {read / 2**20:.1f} MiB")
+    assert read < size / 4, f"the web read {read / 2**20:.1f} MiB of a {size / 2**20:.0f} MiB take"
