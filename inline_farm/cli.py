@@ -6,6 +6,8 @@
     ./farm import WORKFLOW.json [--run]   (a ComfyUI workflow → our graph, and a run)
     ./farm worker [--gpus all|0,1] [--pool NAME] [--slots N] [--queues Q,…] [--data-dir D]
     ./farm web [--listen H] [--port P] [--processes N] [--data-dir D]
+    ./farm render "PROMPT" [-n N] [-o DIR] …   ./farm watch RUN…   ./farm runs [--status S]
+    ./farm takes get RUN|TAKE [-o DIR]          ./farm models ls      (any farm: --url, --token)
 
 Services come from the environment (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL) and, where
 DATABASE_URL or BROKER_URL is unset, from embedded PostgreSQL / Redis under the data dir
@@ -29,6 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -698,6 +701,8 @@ def cmd_manage(argv: list[str]) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "ls":
+        return cmd_remote(args)
     models_dir = _models_dir(args)
     os.environ.update(_base_env(_data_dir(args), models_dir))
     from workers.models.zimage.tiny import write_smoke_stack  # torch: only this command needs it
@@ -717,19 +722,54 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_test(pytest_args: list[str]) -> int:
-    """The whole suite; embedded PostgreSQL / Redis in a temp dir for what the env lacks."""
+    """The whole suite; embedded PostgreSQL / Redis in a temp dir for what the env lacks, and
+    Chromium for the browser tests from the system's package manager when it can."""
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
     env["PYTHONUNBUFFERED"] = "1"
+    missing = _provide_chromium(env) if _selects_browser_tests(pytest_args) else None
+    if missing:
+        print(f"farm: {missing}; the other tests run", file=sys.stderr)
+        pytest_args = [*pytest_args, "--ignore=tests/browser"]
     scratch = Path(tempfile.mkdtemp(prefix="inline-farm-test-"))
     env.setdefault("INLINE_DATA_DIR", str(scratch / "data"))
     try:
         with contextlib.ExitStack() as stack:
             _provide_database(env, scratch, stack)
             _provide_broker(env, scratch, stack)
-            return _run_forwarding_signals([sys.executable, "-m", "pytest", *pytest_args], env)
+            code = _run_forwarding_signals([sys.executable, "-m", "pytest", *pytest_args], env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if missing:
+        print(f"farm: FAILED: {missing}", file=sys.stderr)
+        return code or 1
+    return code
+
+
+def _selects_browser_tests(pytest_args: list[str]) -> bool:
+    """Whether these pytest arguments run tests/browser: no path given (the whole suite), or a
+    path at, above or under it."""
+    browser = REPO_ROOT / "tests" / "browser"
+    paths = [Path(a.split("::")[0]).resolve() for a in pytest_args
+             if not a.startswith("-") and Path(a.split("::")[0]).exists()]
+    return not paths or any(p.is_relative_to(browser) or browser.is_relative_to(p) for p in paths)
+
+
+def _provide_chromium(env: dict[str, str]) -> str | None:
+    """None when the browser tests have their Chromium (installing Debian's package when it is
+    missing and this is root with apt-get); else the one line that says what to install."""
+    path = Path(env.get("INLINE_TEST_CHROMIUM", "/usr/bin/chromium"))
+    if path.exists():
+        return None
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        print("farm: installing chromium for the browser tests (apt-get)", file=sys.stderr)
+        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                       "apt-get install -y -qq chromium", shell=True, check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if path.exists():
+            return None
+    return (f"the browser tests (tests/browser) need Chromium at {path}: install Debian's "
+            "`chromium` package, or set INLINE_TEST_CHROMIUM to a Chromium binary")
 
 
 def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
@@ -755,6 +795,59 @@ def cmd_lint(extra: list[str]) -> int:
     return 0
 
 
+# --- A farm over /v1 (inline_farm/terminal.py) -------------------------------------------------
+
+
+def cmd_remote(args: argparse.Namespace) -> int:
+    """render, watch, runs, takes get, models ls: over /v1, to the local farm or `--url`."""
+    from inline_farm import terminal
+    from inline_farm.remote import Farm, FarmError, farm_from
+
+    url, token = farm_from(args.url, args.token)
+    command = {"render": terminal.cmd_render, "watch": terminal.cmd_watch,
+               "runs": terminal.cmd_runs, "takes": terminal.cmd_takes_get,
+               "models": terminal.cmd_models_ls}[args.command]
+    farm = Farm(url, token or _local_token(args, url))
+    try:
+        try:
+            return command(args, farm)
+        except FarmError as exc:
+            if exc.status != 401 or token:
+                raise
+            farm = Farm(url, _local_token(args, url, fresh=True))  # the cached token was revoked
+            return command(args, farm)
+    except FarmError as exc:
+        print(f"farm: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        farm.close()
+
+
+def _local_token(args: argparse.Namespace, url: str, *, fresh: bool = False) -> str:
+    """A token of $USER on the farm `./farm up` runs for this data dir, made once and kept in
+    <data-dir>/cli-token (mode 600); a remote farm needs --token or INLINE_TOKEN."""
+    if urllib.parse.urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit(f"farm: {url} is not this machine's farm: pass --token or set "
+                         "INLINE_TOKEN")
+    data_dir = _data_dir(args)
+    cached = data_dir / "cli-token"
+    if cached.is_file() and not fresh:
+        return cached.read_text().strip()
+    user = os.environ.get("USER") or "artist"
+    env = _base_env(data_dir, _models_dir(args))
+    with contextlib.ExitStack() as stack:
+        _attach_services(env, data_dir, stack)
+        out = subprocess.run(_manage("farm_token", user, "--name", "terminal"), cwd=REPO_ROOT,
+                             env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"farm: could not make a token for {user}: {out.stderr.strip()[-300:]}")
+    secret = out.stdout.strip().splitlines()[-1]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cached.touch(mode=0o600)
+    cached.write_text(secret)
+    return secret
+
+
 # --- Argument parsing -------------------------------------------------------------------------
 
 
@@ -777,6 +870,43 @@ def _positive(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return number
+
+
+def _size(value: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in value.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value} is not WIDTHxHEIGHT (e.g. 1024x768)") from None
+    return width, height
+
+
+def _add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="the farm (default: $INLINE_URL or http://127.0.0.1:8188)")
+    parser.add_argument("--token", help="an API token (default: $INLINE_TOKEN; for this "
+                        "machine's farm, one made for $USER)")
+    _add_dirs(parser)
+
+
+def _add_render(commands: Any) -> None:
+    render = commands.add_parser("render", help="render a prompt (or a graph / ComfyUI "
+                                 "workflow) with live progress; download the takes")
+    render.add_argument("prompt", nargs="?", default="", help="what to render")
+    render.add_argument("--negative", default="", help="a negative prompt")
+    render.add_argument("--model", help="the diffusion model file (default: the first held)")
+    render.add_argument("--size", type=_size, default=(1024, 1024), help="WxH (default 1024x1024)")
+    render.add_argument("--steps", type=_positive, default=8, help="denoising steps (default 8)")
+    render.add_argument("--seed", type=int, help="the first run's seed (default: random); run "
+                        "k of -n gets seed+k")
+    render.add_argument("--guidance", type=float, help="CFG scale (default: the node's)")
+    render.add_argument("--image", help="img2img: an input image file")
+    render.add_argument("--strength", type=float, default=0.6,
+                        help="img2img: how much of the image is re-noised (default 0.6)")
+    source = render.add_mutually_exclusive_group()
+    source.add_argument("--graph", help="submit this graph JSON ({graph, target}) instead")
+    source.add_argument("--workflow", help="import and submit this ComfyUI workflow instead")
+    render.add_argument("-n", "--count", type=_positive, default=1, help="runs (default 1)")
+    render.add_argument("-o", "--output", default=".", help="where takes go (default: here)")
+    _add_remote(render)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -813,9 +943,26 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="apply database migrations")
     _add_dirs(migrate)
 
-    models = commands.add_parser("models", help="model files: `models smoke`")
-    models.add_argument("action", choices=("smoke",), help="smoke: write the tiny CPU stack")
-    _add_dirs(models)
+    models = commands.add_parser("models", help="model files: `models smoke`, `models ls`")
+    models.add_argument("action", choices=("smoke", "ls"),
+                        help="smoke: write the tiny CPU stack; ls: the files live workers hold")
+    _add_remote(models)
+
+    _add_render(commands)
+    watch = commands.add_parser("watch", help="follow runs with live progress")
+    watch.add_argument("runs", nargs="+", metavar="RUN")
+    watch.add_argument("-o", "--output", help="also download their takes here")
+    _add_remote(watch)
+    runs = commands.add_parser("runs", help="your runs, newest first, as a table")
+    runs.add_argument("--status", choices=("queued", "running", "succeeded", "failed",
+                                           "cancelled"))
+    runs.add_argument("--limit", type=_positive, default=50)
+    _add_remote(runs)
+    takes = commands.add_parser("takes", help="`takes get RUN|TAKE -o DIR`: download takes")
+    takes.add_argument("action", choices=("get",))
+    takes.add_argument("id", help="a run id (all its takes) or a take id")
+    takes.add_argument("-o", "--output", default=".", help="where takes go (default: here)")
+    _add_remote(takes)
 
     worker = commands.add_parser(
         "worker", help="join a farm: one worker per GPU of this host (cpu without one)")
@@ -860,7 +1007,9 @@ def main(argv: list[str] | None = None) -> int:
         return passthrough[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models,
-                "import": cmd_import, "worker": cmd_worker, "web": cmd_web}
+                "import": cmd_import, "worker": cmd_worker, "web": cmd_web,
+                "render": cmd_remote, "watch": cmd_remote, "runs": cmd_remote,
+                "takes": cmd_remote}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
