@@ -12,10 +12,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from apps.accounts.selectors import user_for_token
 from apps.graphs.validation import GraphInvalid
+from inline_farm.jsondoc import json_parse
 from inline_farm.schemas import ErrorOut
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,16 @@ def errors(*statuses: int) -> dict[int, type[Schema]]:
     return dict.fromkeys(statuses, ErrorOut)
 
 
+class JsonBody(Parser):
+    """Request bodies through the farm's one JSON rule (inline_farm/jsondoc.py): what it cannot
+    read, ninja answers 400 "Cannot parse request body" (and the importer 422 `not_json`)."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return json_parse(request.body)
+
+
 api = NinjaAPI(
+    parser=JsonBody(),
     title="Inline Farm",
     version="1",
     urls_namespace="v1",
