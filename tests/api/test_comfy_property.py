@@ -234,3 +234,13 @@ def test_the_socket_answers_any_client_id_without_an_internal_error(farm, person
         time.sleep(0)
 
     check()
+
+
+def test_a_hostile_client_key_in_the_base_url_is_refused_not_a_server_error(farm):
+    @PROPERTY
+    @given(key=texts.filter(bool), path=st.sampled_from(["queue", "prompt", "ws"]))
+    def check(key: str, path: str) -> None:
+        response = httpx.get(f"{farm.url}/comfy/k/{quoted(key)}/{path}", timeout=30)
+        assert response.status_code in (401, 404), (key, path, response.status_code)
+
+    check()
