@@ -12,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 
 from apps.fleet.api import router as fleet_router
 from apps.graphs.api import router as graphs_router
@@ -26,10 +27,22 @@ from inline_farm.endpoints import (
     BearerToken,
     error_body,
 )
+from inline_farm.jsondoc import json_parse
 
 log = logging.getLogger(__name__)
 
+
+
+class JsonBody(Parser):
+    """Request bodies through the farm's one JSON rule (inline_farm/jsondoc.py): what it cannot
+    read, ninja answers 400 "Cannot parse request body" (and the importer 422 `not_json`)."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        return json_parse(request.body)
+
+
 api = NinjaAPI(
+    parser=JsonBody(),
     title="Inline Farm",
     version="1",
     urls_namespace="v1",

@@ -187,6 +187,12 @@ INLINE_EVENT_FLUSH_SECONDS = env_float("INLINE_EVENT_FLUSH_SECONDS", 0.05, minim
 INLINE_ASSET_MAX_BYTES = env_int("INLINE_ASSET_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
 INLINE_MAX_IMAGE_PIXELS = env_int("INLINE_MAX_IMAGE_PIXELS", 8192 * 8192, minimum=1)
 INLINE_MAX_GRAPH_NODES = env_int("INLINE_MAX_GRAPH_NODES", 500, minimum=1)
+# A ComfyUI workflow the importer reads (/v1/import/comfy, the door's /prompt): at most this many
+# nodes once its subgraphs are flattened, and subgraphs nested at most this deep. Checked before
+# anything is expanded: ten instances of a subgraph of ten instances of… is a 422 `too_large`.
+# The largest real workflows hold a few hundred nodes and nest subgraphs two or three deep.
+INLINE_IMPORT_MAX_NODES = env_int("INLINE_IMPORT_MAX_NODES", 2000, minimum=1)
+INLINE_IMPORT_MAX_DEPTH = env_int("INLINE_IMPORT_MAX_DEPTH", 16, minimum=1)
 INLINE_MAX_INFLIGHT_RUNS_PER_USER = env_int("INLINE_MAX_INFLIGHT_RUNS_PER_USER", 100, minimum=1)
 # Every request body but an asset upload (a graph document is a few KiB): over it, a 413.
 INLINE_MAX_BODY_BYTES = env_int("INLINE_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)

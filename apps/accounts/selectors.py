@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -11,60 +9,68 @@ from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken, Team
+from apps.accounts.models import ApiToken, Team, UserLimits
 from apps.accounts.services import token_hash
+from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 _TOUCH_EVERY = timedelta(minutes=1)
-# A token's user is remembered this long per process: every /v1 request authenticates, and the
-# lookup was one of the few round trips a request makes. A revoked token (or a deactivated
-# user) stops working within TOKEN_CACHE_SECONDS.
-TOKEN_CACHE_SECONDS = 5.0
-_tokens: dict[str, tuple[float, User]] = {}
-_tokens_lock = threading.Lock()
 
 
 def user_for_token(secret: str) -> User | None:
-    """The active user holding the unrevoked token `secret`, or None."""
-    digest = token_hash(secret)
-    now = time.monotonic()
-    with _tokens_lock:
-        hit = _tokens.get(digest)
-    if hit is not None and now - hit[0] < TOKEN_CACHE_SECONDS:
-        return hit[1]
-    user = _user_for_token_digest(digest)
-    with _tokens_lock:
-        if len(_tokens) > 10_000:
-            _tokens.clear()
-        if user is None:
-            _tokens.pop(digest, None)
-        else:
-            _tokens[digest] = (now, user)
-    return user
+    """The active user holding the unrevoked token `secret`, or None.
+
+    Asked of the database on every call, never remembered: a revoked token or a deactivated
+    user is refused on the very next request, in every process (a per-process cache of a few
+    seconds kept them working that long; bench/hotpath.py measured the query it saved).
+    """
+    return _user_for_token_digest(token_hash(secret))
 
 
 def user_for_token_remembered(secret: str) -> User | None:
-    """`user_for_token` when this process remembers the answer; None when it would have to ask
-    the database (the caller then takes the path that does)."""
-    digest = token_hash(secret)
-    with _tokens_lock:
-        hit = _tokens.get(digest)
-    if hit is not None and time.monotonic() - hit[0] < TOKEN_CACHE_SECONDS:
-        return hit[1]
+    """None: no process remembers a token's user any more (see `user_for_token`), so the
+    caller always takes the path that asks the database. Kept for inline_farm/run_door.py
+    until it is removed."""
     return None
 
 
+def token_digests_valid(digests: set[str]) -> set[str]:
+    """Which of the token digests still authenticate (unrevoked, active user): one query, for
+    the sockets that hold them (apps/accounts/watch.py)."""
+    return set(ApiToken.objects.filter(key_sha256__in=digests, revoked_at__isnull=True,
+                                       user__is_active=True)
+               .values_list("key_sha256", flat=True))
+
+
+# Every request runs this lookup (nothing is cached: see `user_for_token`), so it is one
+# prepared statement (inline_farm/prepared.py) rather than the ORM's
+# `ApiToken.objects.select_related("user", "user__limits").filter(…).first()`, which it
+# answers exactly (tests/apps/accounts/test_token_lookup.py compares the two).
+_TOKEN_USER = f"""
+SELECT t.id, t.last_used_at, {model_columns(User, "u")}, l.id IS NOT NULL,
+       {model_columns(UserLimits, "l")}
+FROM accounts_apitoken t JOIN auth_user u ON u.id = t.user_id
+LEFT JOIN accounts_userlimits l ON l.user_id = u.id
+WHERE t.key_sha256 = %(digest)s AND t.revoked_at IS NULL AND u.is_active
+"""
+_USER_AT, _LIMITS_AT = 2, 3 + len(User._meta.concrete_fields)
+
+
 def _user_for_token_digest(digest: str) -> User | None:
-    token = (
-        ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits
-        .filter(key_sha256=digest, revoked_at__isnull=True, user__is_active=True)
-        .first()
-    )
-    if token is None:
+    with prepared_cursor() as cursor:
+        cursor.execute(_TOKEN_USER, {"digest": digest})
+        row = cursor.fetchone()
+    if row is None:
         return None
+    token_id, last_used_at = row[0], row[1]
+    user = model_from_row(User, row[_USER_AT:_LIMITS_AT - 1])
+    # As select_related("user__limits") leaves it: `user.limits` answers without a query
+    # (submit reads the limits), raising DoesNotExist when the user has none.
+    limits = model_from_row(UserLimits, row[_LIMITS_AT:]) if row[_LIMITS_AT - 1] else None
+    User.limits.related.set_cached_value(user, limits)
     now = timezone.now()
-    if token.last_used_at is None or now - token.last_used_at > _TOUCH_EVERY:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    if last_used_at is None or now - last_used_at > _TOUCH_EVERY:
+        ApiToken.objects.filter(pk=token_id).update(last_used_at=now)
+    return user
 
 
 def visible_owner_ids(user: User) -> QuerySet[User, Any] | None:

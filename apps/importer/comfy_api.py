@@ -8,7 +8,6 @@ calls it (`/comfy/api/prompt`). Refusals use ComfyUI's error shape, never a 500.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -18,10 +17,12 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.accounts.selectors import user_for_token
 from apps.fleet.selectors import model_catalog, workers_live
+from apps.graphs.schema import text_problem
 from apps.importer.comfy_door import (
     PromptIn,
     comfy_history_for_user,
@@ -48,15 +49,62 @@ from apps.takes.selectors import take_get_for_user
 from apps.takes.services import UploadRejected
 from apps.takes.storage import BlobMissing, blob_read
 from inline_farm.ids import is_uuid
+from inline_farm.jsondoc import JsonUnreadable, json_parse, json_problem, printable
 
 View = Callable[..., HttpResponse]
 VERSION = "0.3.64"  # the ComfyUI API this door speaks
 MAX_HISTORY = 1000
 
 
+MAX_OFFSET = 2**31  # /history's `offset` past any history a user has: an empty answer
+# No number a ComfyUI client sends is larger (a seed is at most 2**64 − 1); a larger one in any
+# field, even one the farm ignores, is refused rather than stored.
+MAX_NUMBER = 2**64
+
+
 def _refusal(status: int, type: str, message: str) -> JsonResponse:
     return JsonResponse({"error": error(type, message, message), "node_errors": {}},
                         status=status)
+
+
+class BadInput(Exception):
+    """A request the door refuses before any read or write (answered 400, ComfyUI's shape):
+    text PostgreSQL cannot store, a number JSON cannot hold, a body nested too deep."""
+
+    def __init__(self, message: str, node_errors: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.node_errors = message, node_errors or {}
+
+    def response(self) -> JsonResponse:
+        return JsonResponse({"error": error("bad_request", self.message, self.message),
+                             "node_errors": self.node_errors}, status=400)
+
+
+def _check_text(where: str, value: str) -> None:
+    problem = text_problem(value)
+    if problem is not None:
+        raise BadInput(f"{printable(where)}: text {problem}")
+
+
+def _check_request(request: HttpRequest, kwargs: dict[str, Any]) -> None:
+    """Every field the farm might read, including those it ignores: the query string, form
+    fields and file names of a multipart body, and the path's own parts."""
+    for name, value in kwargs.items():
+        _check_text(name, str(value))
+    fields = [request.GET]
+    if request.method == "POST" and request.content_type == "multipart/form-data":
+        try:
+            fields.append(request.POST)
+            for name, uploads in request.FILES.lists():
+                for upload in uploads:
+                    _check_text(name, upload.name or "")
+        except MultiPartParserError as exc:
+            raise BadInput(f"unreadable multipart body: {exc}") from None
+    for query in fields:
+        for name, values in query.lists():
+            _check_text("parameter name", name)
+            for value in values:
+                _check_text(name, value)
 
 
 def comfy_user(request: HttpRequest, key: str | None) -> User | None:
@@ -79,12 +127,15 @@ def door(*methods: str) -> Callable[[View], View]:
                 response = _refusal(405, "method_not_allowed", f"{request.method} is not allowed")
                 response["Allow"] = ", ".join(methods)
                 return response
-            user = comfy_user(request, key)
+            user = comfy_user(request, key) if key is None or text_problem(key) is None else None
             if user is None:
                 return _refusal(401, "unauthorized", "send 'Authorization: Bearer <token>' or "
                                 "use a base URL with a client key (/comfy/k/<key>/)")
             try:
+                _check_request(request, kwargs)
                 return view(request, user, **kwargs)
+            except BadInput as bad:
+                return bad.response()
             except RequestDataTooBig:
                 return _refusal(413, "too_large", "the request body is over the size limit")
 
@@ -95,11 +146,45 @@ def door(*methods: str) -> Callable[[View], View]:
     return wrap
 
 
-def _json_body(request: HttpRequest) -> Any:
+def _json_body(request: HttpRequest, *, check: bool = True) -> Any:
+    """The body's JSON document (the farm's one rule: inline_farm/jsondoc.py); BadInput when it
+    is unreadable or, with `check`, holds anything PostgreSQL could not store."""
     try:
-        return json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return None
+        document = json_parse(request.body or b"{}")
+    except JsonUnreadable as exc:
+        raise BadInput(f"unreadable JSON body: {exc}") from None
+    if check:
+        _check_json("body", document)
+    return document
+
+
+def _check_json(what: str, document: Any, node_id: str | None = None) -> None:
+    found = json_problem(document, magnitude=MAX_NUMBER)
+    if found is None:
+        return
+    where, why = found
+    message = f"{what}{'.' + where if where else ''}: {why}"
+    if node_id is None:
+        raise BadInput(message)
+    raise BadInput(message, {node_id: {"errors": [error("bad_request", message, message)],
+                                       "dependent_outputs": [], "class_type": _class_type(
+                                           document)}})
+
+
+def _class_type(node: Any) -> str:
+    kind = node.get("class_type") if isinstance(node, dict) else None
+    return kind if isinstance(kind, str) and text_problem(kind) is None else ""
+
+
+def _check_prompt_body(body: dict[str, Any]) -> None:
+    """A refusal naming the node (as ComfyUI's node_errors do) when one holds what cannot be
+    stored; then every other field, the ones the farm ignores included."""
+    prompt = body["prompt"]
+    for node_id, node in prompt.items():
+        if text_problem(str(node_id)) is not None:
+            _check_json("prompt", {node_id: None})
+        _check_json(f"prompt.{node_id}", node, str(node_id))
+    _check_json("body", {k: v for k, v in body.items() if k != "prompt"})
 
 
 @door("GET", "POST")
@@ -108,17 +193,22 @@ def prompt(request: HttpRequest, user: User) -> HttpResponse:
     size, as ComfyUI's `GET /prompt` answers it."""
     if request.method == "GET":
         return JsonResponse({"exec_info": {"queue_remaining": comfy_queue_remaining(user=user)}})
-    body = _json_body(request)
+    body = _json_body(request, check=False)
     if not isinstance(body, dict) or not isinstance(body.get("prompt"), dict):
+        _check_json("body", body)
         return JsonResponse({"error": error("no_prompt", "No prompt provided",
                                             "No prompt provided"), "node_errors": {}}, status=400)
+    _check_prompt_body(body)
     pid = body.get("prompt_id")
     if pid is not None and not is_uuid(pid):
-        return _refusal(400, "invalid_prompt", "prompt_id must be a UUID")
+        return _refusal(400, "invalid_prompt", "prompt_id must be a UUID in canonical form "
+                        "(lowercase, hyphenated)")
     extra = body.get("extra_data")
+    client_id = body.get("client_id")
     try:
         queued, unmapped = comfy_prompt_queue(owner=user, body=PromptIn(
-            prompt=body["prompt"], client_id=str(body.get("client_id") or "")[:200],
+            prompt=body["prompt"],
+            client_id=client_id[:200] if isinstance(client_id, str) else "",
             extra_data=extra if isinstance(extra, dict) else None,
             prompt_id=str(pid) if pid is not None else None))
     except ComfyRefused as refused:
@@ -138,6 +228,8 @@ def history(request: HttpRequest, user: User) -> HttpResponse:
         offset = max(int(request.GET.get("offset") or 0), 0)
     except ValueError:
         return _refusal(400, "bad_request", "max_items and offset must be integers")
+    if offset > MAX_OFFSET:  # no history is that long; PostgreSQL's OFFSET takes a bigint
+        return JsonResponse({})
     prompts = comfy_history_for_user(user=user, max_items=max(limit, 0), offset=offset)
     return JsonResponse({str(p.id): history_entry(p) for p in prompts})
 
@@ -232,21 +324,29 @@ def object_info_one(request: HttpRequest, user: User, node_class: str) -> HttpRe
 
 @door("GET")
 def system_stats(request: HttpRequest, user: User) -> HttpResponse:
-    """This web host's system, and one device per live worker (the farm's GPUs)."""
+    """ComfyUI's keys, one device per live worker (the farm's GPUs). Host details (this web
+    host's RAM, OS, Python, the workers' names) are for staff; a plain user's client gets the
+    same keys with neutral values, which is all a ComfyUI client reads them for."""
+    staff = user.is_staff
     devices = []
     for index, worker in enumerate(workers_live().order_by("name")):
         device = worker.device or {}
         vram = int(float(device.get("vram_gb") or 0) * 2**30)
+        name = str(device.get("device_name", "cpu"))
         devices.append({
-            "name": f"{worker.name}: {device.get('device_name', 'cpu')}",
+            "name": f"{worker.name}: {name}" if staff else name,
             "type": str(device.get("device", "cpu")).split(":")[0], "index": index,
             "vram_total": vram, "vram_free": vram, "torch_vram_total": vram,
             "torch_vram_free": vram})
-    return JsonResponse({"system": {
-        "os": os.name, "ram_total": _ram("SC_PHYS_PAGES"), "ram_free": _ram("SC_AVPHYS_PAGES"),
-        "comfyui_version": VERSION, "python_version": sys.version, "pytorch_version": "",
-        "embedded_python": False, "argv": [], "platform": platform.platform(),
-        "farm": "inline-farm"}, "devices": devices})
+    system: dict[str, Any] = {
+        "os": "", "ram_total": 0, "ram_free": 0, "comfyui_version": VERSION,
+        "python_version": "", "pytorch_version": "", "embedded_python": False, "argv": [],
+        "farm": "inline-farm"}
+    if staff:
+        system.update({"os": os.name, "ram_total": _ram("SC_PHYS_PAGES"),
+                       "ram_free": _ram("SC_AVPHYS_PAGES"), "python_version": sys.version,
+                       "platform": platform.platform()})
+    return JsonResponse({"system": system, "devices": devices})
 
 
 def _ram(pages: str) -> int:

@@ -13,29 +13,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
+from django.db import IntegrityError, transaction
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from apps.accounts.selectors import visible_owner_ids
+from apps.accounts.watch import credential_kind_register
 from apps.fleet.selectors import model_catalog
+from apps.graphs.nodes import MAX_PROMPT
 from apps.graphs.validation import GraphInvalid
 from apps.importer.api_format import AssetResolver
 from apps.importer.comfy_shapes import (
     ComfyRefused,
     import_refusal,
+    node_refusal,
     submit_refusal,
     unknown_refusal,
 )
 from apps.importer.models import ComfyKey, ComfyPrompt, ComfyUpload
 from apps.importer.report import ImportInvalid
-from apps.importer.services import comfy_import
+from apps.importer.services import Imported, comfy_import
 from apps.runs.models import IN_FLIGHT, Run, RunStatus
 from apps.runs.services import (
     RunConflict,
     RunLimitReached,
     RunNotCancellable,
     RunPriorityNotAllowed,
+    advisory_lock,
     run_cancel,
     run_submit,
 )
@@ -45,6 +49,7 @@ from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
 
 KEY_PREFIX = "cfk_"
+LOCK_COMFY_NUMBER = 4  # advisory-lock namespace (apps/runs/services.py holds 1–3): per owner
 
 
 # --- client keys ------------------------------------------------------------------------------
@@ -81,6 +86,21 @@ def user_for_comfy_key(secret: str) -> User | None:
     return key.user
 
 
+def comfy_key_digest(secret: str) -> str:
+    """What a socket holding client key `secret` is watched by (apps/accounts/watch.py)."""
+    return _key_hash(secret)
+
+
+def comfy_key_digests_valid(digests: set[str]) -> set[str]:
+    """Which of the key digests still authenticate (unrevoked, active user): one query."""
+    return set(ComfyKey.objects.filter(key_sha256__in=digests, revoked_at__isnull=True,
+                                       user__is_active=True)
+               .values_list("key_sha256", flat=True))
+
+
+credential_kind_register("comfy_key", comfy_key_digests_valid)
+
+
 # --- prompts ----------------------------------------------------------------------------------
 
 def client_group(owner_id: int, client_id: str) -> str:
@@ -115,11 +135,12 @@ def comfy_prompt_queue(
                                 resolve_asset=asset_resolver(owner))
     except ImportInvalid as exc:
         raise import_refusal(exc, body.prompt) from None
+    kept = _kept_prompt(imported)
     try:
         # One commit for the run and its prompt: a prompt id never names a missing run.
         with transaction.atomic():
             run, _ = run_submit(owner=owner, graph=imported.graph, target=imported.target)
-            prompt = _prompt_record(owner, run, body, imported.target)
+            prompt = _prompt_record(owner, run, body, imported.target, kept)
     except (GraphInvalid, RunConflict, RunLimitReached, RunPriorityNotAllowed) as exc:
         raise submit_refusal(exc, body.prompt, imported.target) from None
     except IntegrityError:  # the client's prompt_id was taken meanwhile; nothing was kept
@@ -132,15 +153,48 @@ def _prompt_id_used(prompt_id: str) -> ComfyRefused:
                               "details": prompt_id, "extra_info": {}})
 
 
-def _prompt_record(owner: User, run: Run, body: PromptIn, target: str) -> ComfyPrompt:
-    """Record the prompt of `run`; call inside the submit's transaction."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT nextval('importer_comfy_number')")
-        number = cursor.fetchone()[0]
+def _kept_prompt(imported: Imported) -> dict[str, Any]:
+    """The nodes of the prompt that run (API format), as the prompt will be kept and echoed by
+    /queue and /history. Nodes off the output path are not kept at all, so no limit needs to
+    hold for them; a kept node's every string is held to the limit its text params have
+    (MAX_PROMPT), the inputs the farm ignores included: refused naming the node beyond it."""
+    kept = {nid: imported.prompt[nid] for nid in imported.graph.nodes if nid in imported.prompt}
+    for node_id, node in kept.items():
+        too_long = _longest_text_over(node, MAX_PROMPT)
+        if too_long is not None:
+            raise node_refusal("value_too_long", f"'{too_long}' holds more than {MAX_PROMPT} "
+                               "characters", node_id, kept, [])
+    return kept
+
+
+def _longest_text_over(node: Any, limit: int) -> str | None:
+    """The input name of the first string over `limit` characters anywhere in `node`."""
+    inputs = node.get("inputs") if isinstance(node, dict) else None
+    meta = node.get("_meta") if isinstance(node, dict) else None
+    stack: list[tuple[str, Any]] = [*(inputs or {}).items(), ("_meta", meta)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, str) and len(value) > limit:
+            return name
+        if isinstance(value, dict):
+            stack.extend((name, v) for v in [*value.keys(), *value.values()])
+        elif isinstance(value, list):
+            stack.extend((name, v) for v in value)
+    return None
+
+
+def _prompt_record(owner: User, run: Run, body: PromptIn, target: str,
+                   kept: dict[str, Any]) -> ComfyPrompt:
+    """Record the prompt of `run` (its nodes that run: `kept`); call inside the submit's
+    transaction. `number` counts the owner's own prompts (1, 2, 3…): a counter shared by all
+    users would tell each how busy the others are. The owner's prompts take turns for it."""
+    advisory_lock(LOCK_COMFY_NUMBER, owner.pk)
+    top = ComfyPrompt.objects.filter(owner=owner).aggregate(top=Max("number"))["top"]
+    number = (top or 0) + 1
     extra = {**(body.extra_data or {}), "client_id": body.client_id} if body.client_id else dict(
         body.extra_data or {})
     prompt = ComfyPrompt.objects.create(
-        number=number, owner=owner, run=run, client_id=body.client_id, prompt=body.prompt,
+        number=number, owner=owner, run=run, client_id=body.client_id, prompt=kept,
         extra_data=extra, outputs=[target], **({"id": body.prompt_id} if body.prompt_id else {}),
     )
     if body.client_id:
@@ -162,13 +216,13 @@ def comfy_prompt_get_for_user(*, user: User, prompt_id: str) -> ComfyPrompt | No
 def comfy_history_for_user(*, user: User, max_items: int, offset: int = 0) -> list[ComfyPrompt]:
     """The user's finished prompts, the newest `max_items` (after skipping `offset` newer ones),
     oldest first as ComfyUI lists its history."""
-    qs = _prompts_for(user).exclude(run__status__in=IN_FLIGHT).order_by("-number")
+    qs = _prompts_for(user).exclude(run__status__in=IN_FLIGHT).order_by("-created_at", "-number")
     return list(reversed(qs[offset: offset + max_items]))
 
 
 def comfy_queue_for_user(*, user: User) -> tuple[list[ComfyPrompt], list[ComfyPrompt]]:
     """(running, pending) prompts the user may see, in queue order."""
-    qs = _prompts_for(user).filter(run__status__in=IN_FLIGHT).order_by("number")
+    qs = _prompts_for(user).filter(run__status__in=IN_FLIGHT).order_by("created_at", "number")
     rows = list(qs)
     return ([p for p in rows if p.run.status == RunStatus.RUNNING],
             [p for p in rows if p.run.status == RunStatus.QUEUED])

@@ -10,7 +10,9 @@ looks for them every `POLL_SECONDS`, so a lost announcement or a channel-layer o
 delays them.
 
 Auth: `Authorization: Bearer <token>`, a client key in the URL (`/comfy/k/<key>/ws`), or the
-/v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`). Refused: close 4401.
+/v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`). Refused: close 4401; an open
+socket closes 4401 within about a second of its token or key being revoked, or its user
+deactivated (apps/accounts/watch.py). A `clientId` PostgreSQL cannot store: close 4400.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 
 from apps.accounts.selectors import user_for_token
+from apps.accounts.services import token_hash
+from apps.accounts.watch import credential_watch
+from apps.graphs.schema import text_problem
 from apps.importer.comfy_door import (
     client_group,
     comfy_client_prompts,
+    comfy_key_digest,
     comfy_queue_remaining,
     user_for_comfy_key,
 )
@@ -48,13 +54,22 @@ _db = partial(database_sync_to_async, thread_sensitive=False)
 
 POLL_SECONDS = 2.0
 CLOSE_INTERNAL = 1011
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 
 
 def _user(key: str | None, token: str | None) -> User | None:
     if key is not None:
-        return user_for_comfy_key(key)
+        return user_for_comfy_key(key) if text_problem(key) is None else None
     return user_for_token(token) if token else None
+
+
+def _credential(key: str | None, token: str | None) -> tuple[str, str]:
+    """(kind, digest) of the credential a socket was admitted with, for the watch."""
+    if key is not None:
+        return "comfy_key", comfy_key_digest(key)
+    assert token is not None
+    return "token", token_hash(token)
 
 
 class ComfyWsConsumer(AsyncWebsocketConsumer):
@@ -67,6 +82,7 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
     user: User
     client_id = ""
     main: asyncio.Task[None] | None = None
+    watching: tuple[str, str, int] | None = None
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -81,14 +97,30 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
         if user is None:
             await self.close(CLOSE_UNAUTHORIZED)
             return
+        client_id = (query.get("clientId") or [""])[0][:200]
+        if text_problem(client_id) is not None:
+            await self.close(CLOSE_BAD_REQUEST)
+            return
         self.user = user
-        self.client_id = (query.get("clientId") or [""])[0][:200] or uuid.uuid4().hex
+        self.client_id = client_id or uuid.uuid4().hex
         self.layer, self.channel, self.joined = get_channel_layer(), "", False
         self.followers: dict[Any, asyncio.Task[None]] = {}
         self.send_lock = asyncio.Lock()
         self.main = asyncio.create_task(self._serve())
+        kind, digest = _credential(key, token)
+        self.watching = credential_watch().watch(kind, digest, self._revoked)
+
+    async def _revoked(self) -> None:
+        """The credential stopped authenticating: stop following and say so."""
+        for task in [self.main, *self.followers.values()]:
+            if task is not None:
+                task.cancel()
+        with contextlib.suppress(OSError):
+            await self.close(CLOSE_UNAUTHORIZED)
 
     async def disconnect(self, code: int) -> None:
+        if self.watching is not None:
+            credential_watch().unwatch(self.watching)
         tasks = [self.main, *getattr(self, "followers", {}).values()]
         for task in tasks:
             if task is not None:

@@ -34,16 +34,17 @@ class ComfyPrompt(models.Model):
     """One `POST /prompt`: the workflow as the client sent it and the run it became.
 
     Several prompts may share a run (an identical workflow still in flight is coalesced);
-    `number` is ComfyUI's queue counter, `id` its `prompt_id`.
+    `number` is ComfyUI's queue counter, counted per owner; `id` its `prompt_id`. `prompt` keeps
+    the nodes that run (API format), not what the client sent around them.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    number = models.BigIntegerField(unique=True)
+    number = models.BigIntegerField()
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                               related_name="comfy_prompts")
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="comfy_prompts")
     client_id = models.CharField(max_length=200, blank=True)
-    prompt = models.JSONField(help_text="The API-format workflow as the client sent it.")
+    prompt = models.JSONField(help_text="The API-format nodes that run, as the client sent them.")
     extra_data = models.JSONField(default=dict, blank=True)
     outputs = models.JSONField(default=list, help_text="The output node ids it executes.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -51,7 +52,9 @@ class ComfyPrompt(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["owner", "client_id", "number"]),
-            models.Index(fields=["owner", "number"]),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "number"], name="comfy_prompt_number_per_owner"),
         ]
 
     def __str__(self) -> str:

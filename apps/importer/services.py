@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,16 +11,19 @@ from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, graph_validate
 from apps.importer.api_format import AssetResolver, prompt_to_graph
 from apps.importer.report import ImportInvalid, Report
-from apps.importer.ui_format import workflow_to_prompt
+from apps.importer.ui_format import Bounds, workflow_to_prompt
+from inline_farm.jsondoc import JsonUnreadable, json_parse
 
 
 @dataclass(frozen=True)
 class Imported:
-    """A validated graph (defaults filled in), its target node and what happened to each node."""
+    """A validated graph (defaults filled in), its target node and what happened to each node;
+    `prompt` is the workflow in ComfyUI's API format (a UI workflow once flattened)."""
 
     graph: GraphDoc
     target: str
     report: Report
+    prompt: dict[str, Any]
 
     def to_wire(self) -> dict[str, Any]:
         return {"graph": self.graph.model_dump(mode="json"), "target": self.target,
@@ -29,11 +31,12 @@ class Imported:
 
 
 def workflow_parse(raw: bytes | str) -> Any:
-    """The JSON document of an upload; ImportInvalid(not_json) when it is not JSON."""
+    """The JSON document of an upload; ImportInvalid(not_json) when it is not JSON, or nests
+    deeper than any workflow does (the rule /v1 bodies follow: inline_farm/jsondoc.py)."""
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ImportInvalid("not_json", f"the workflow is not JSON: {exc}") from None
+        return json_parse(raw)
+    except JsonUnreadable as exc:
+        raise ImportInvalid("not_json", f"the workflow is unreadable: {exc}") from None
 
 
 def comfy_import(
@@ -63,20 +66,25 @@ def comfy_import(
     except ImportInvalid as exc:
         exc.report = report
         raise
-    return Imported(graph, target, report)
+    return Imported(graph, target, report, prompt)
 
 
 def _prompt_of(workflow: Any, report: Report) -> dict[str, Any]:
-    """The API prompt of either format (also `{"prompt": …}` as ComfyUI's /prompt takes it)."""
+    """The API prompt of either format (also `{"prompt": …}` as ComfyUI's /prompt takes it),
+    bounded by INLINE_IMPORT_MAX_NODES / _DEPTH before any node is read."""
+    bounds = Bounds(nodes=settings.INLINE_IMPORT_MAX_NODES, depth=settings.INLINE_IMPORT_MAX_DEPTH)
     if isinstance(workflow, dict) and isinstance(workflow.get("prompt"), dict):
         workflow = workflow["prompt"]
     if isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
         report.format = "ui"
-        return workflow_to_prompt(workflow, report)
+        return workflow_to_prompt(workflow, report, bounds)
     if isinstance(workflow, dict) and workflow and all(
         isinstance(v, dict) and "class_type" in v for v in workflow.values()
     ):
         report.format = "api"
+        if len(workflow) > bounds.nodes:
+            raise ImportInvalid("too_large", f"the workflow has {len(workflow)} nodes; the limit "
+                                f"is {bounds.nodes} (INLINE_IMPORT_MAX_NODES)")
         return workflow
     raise ImportInvalid(
         "not_a_workflow",

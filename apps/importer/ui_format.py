@@ -25,7 +25,16 @@ from apps.importer.report import ImportInvalid, Report
 MUTED, BYPASSED = 2, 4
 SUBGRAPH_IN, SUBGRAPH_OUT = -10, -20  # ids of a subgraph's boundary nodes in its links
 _IN_NODE, _OUT_NODE = "<subgraph inputs>", "<subgraph outputs>"  # our virtual pass-throughs
-MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How large a flattened workflow may be: `nodes` (instances and the virtual boundaries
+    they add included) and `depth` (subgraphs within subgraphs). Settings
+    INLINE_IMPORT_MAX_NODES / INLINE_IMPORT_MAX_DEPTH."""
+
+    nodes: int = 2000
+    depth: int = 16
 
 
 @dataclass
@@ -62,13 +71,27 @@ class Const:
 
 @dataclass
 class _Flat:
+    bounds: Bounds
     nodes: dict[str, UiNode] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)  # ids in the order they were added
+
+    def add(self, node: UiNode) -> None:
+        if node.id not in self.nodes:
+            self.added.append(node.id)
+            if len(self.added) > self.bounds.nodes:  # never reached past `_measure`; kept as
+                raise _too_large_nodes(self.bounds, "the workflow")  # the expansion's own guard
+        self.nodes[node.id] = node
 
 
-def workflow_to_prompt(doc: dict[str, Any], report: Report) -> dict[str, dict[str, Any]]:
-    """The API prompt of a UI workflow; UI-only, muted and bypassed nodes are reported dropped."""
+def workflow_to_prompt(doc: dict[str, Any], report: Report,
+                       bounds: Bounds | None = None) -> dict[str, dict[str, Any]]:
+    """The API prompt of a UI workflow; UI-only, muted and bypassed nodes are reported dropped.
+    ImportInvalid(too_large) naming the subgraph, before anything is expanded, when the
+    flattened workflow would pass `bounds`."""
+    bounds = bounds or Bounds()
     subgraphs = {str(s.get("id")): s for s in _subgraph_defs(doc)}
-    flat = _Flat()
+    _measure(doc, subgraphs, bounds)
+    flat = _Flat(bounds)
     _flatten(doc, "", subgraphs, flat, depth=0, report=report)
     prompt: dict[str, dict[str, Any]] = {}
     for node in flat.nodes.values():
@@ -79,6 +102,78 @@ def workflow_to_prompt(doc: dict[str, Any], report: Report) -> dict[str, dict[st
         prompt[node.id] = {"class_type": node.type, "inputs": _api_inputs(node, flat),
                            "_meta": {"title": node.title}}
     return prompt
+
+
+# --- bounding the expansion before it happens ---------------------------------------------------
+
+
+def _too_large_nodes(bounds: Bounds, what: str, node_id: str | None = None) -> ImportInvalid:
+    return ImportInvalid("too_large", f"{what} expands to more than {bounds.nodes} nodes once "
+                         "its subgraphs are flattened (INLINE_IMPORT_MAX_NODES)", node_id)
+
+
+def _measure(doc: dict[str, Any], subgraphs: dict[str, dict[str, Any]], bounds: Bounds) -> None:
+    """Refuse a workflow whose flattening would pass `bounds`, naming the subgraph, without
+    expanding it: each definition is measured once (its flattened size and nesting depth are
+    remembered), so the cost is linear in the workflow's own size, however many instances."""
+    measured: dict[str, tuple[int, int]] = {}  # subgraph id → (nodes flattened, levels)
+    total = 0
+    for raw in _graph_nodes(doc):
+        node_type = str(raw.get("type") or "")
+        size = 1
+        if node_type in subgraphs:
+            name = _subgraph_name(subgraphs[node_type])
+            try:
+                inner, levels = _measure_subgraph(node_type, subgraphs, bounds, measured, ())
+            except ImportInvalid as exc:  # a subgraph inside it: the instance here is the culprit
+                exc.node_id = exc.node_id or str(raw.get("id"))
+                raise
+            if levels > bounds.depth:
+                raise ImportInvalid("too_large", f"subgraph {name!r} nests subgraphs {levels} "
+                                    f"deep; the limit is {bounds.depth} "
+                                    "(INLINE_IMPORT_MAX_DEPTH)", str(raw.get("id")))
+            size += inner
+        total += size
+        if total > bounds.nodes:
+            what = (f"subgraph {_subgraph_name(subgraphs[node_type])!r} (node {raw.get('id')})"
+                    if node_type in subgraphs else "the workflow")
+            raise _too_large_nodes(bounds, what, str(raw.get("id")))
+
+
+def _measure_subgraph(sub_id: str, subgraphs: dict[str, dict[str, Any]], bounds: Bounds,
+                      measured: dict[str, tuple[int, int]], trail: tuple[str, ...]
+                      ) -> tuple[int, int]:
+    """(nodes the subgraph flattens to, with its boundary; levels of nesting, itself 1). The
+    recursion is at most `bounds.depth` deep: a deeper trail (or a subgraph holding itself) is
+    refused on the way down."""
+    if sub_id in measured:
+        return measured[sub_id]
+    name = _subgraph_name(subgraphs[sub_id])
+    if sub_id in trail or len(trail) >= bounds.depth:
+        raise ImportInvalid("too_large", f"subgraph {name!r} nests subgraphs deeper than "
+                            f"{bounds.depth} levels (INLINE_IMPORT_MAX_DEPTH)"
+                            + (" (it holds itself)" if sub_id in trail else ""))
+    size, levels = 1, 1  # its input boundary
+    for raw in _graph_nodes(subgraphs[sub_id]):
+        node_type = str(raw.get("type") or "")
+        size += 1
+        if node_type in subgraphs:
+            inner, inner_levels = _measure_subgraph(node_type, subgraphs, bounds, measured,
+                                                    (*trail, sub_id))
+            size, levels = size + inner, max(levels, inner_levels + 1)
+        if size > bounds.nodes:
+            raise _too_large_nodes(bounds, f"subgraph {name!r}")
+    measured[sub_id] = (size, levels)
+    return size, levels
+
+
+def _subgraph_name(definition: dict[str, Any]) -> str:
+    return str(definition.get("name") or definition.get("id"))[:100]
+
+
+def _graph_nodes(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = graph.get("nodes")
+    return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
 
 
 # --- reading the workflow into one flat set of nodes --------------------------------------------
@@ -110,14 +205,14 @@ def _flatten(
 ) -> list[tuple[str, int] | None]:
     """Add `graph`'s nodes (ids prefixed) to `flat`; returns the origins of its outputs when
     `graph` is a subgraph (`boundary`: the instance's inputs, one per subgraph input)."""
-    if depth > MAX_DEPTH:
-        raise ImportInvalid("subgraph_depth", f"subgraphs nest deeper than {MAX_DEPTH} levels")
+    if depth > flat.bounds.depth:  # `_measure` refused it already; the expansion's own guard
+        raise ImportInvalid("too_large", f"subgraphs nest deeper than {flat.bounds.depth} "
+                            "levels (INLINE_IMPORT_MAX_DEPTH)")
     links = _links(graph.get("links"))
     nodes = [n for n in graph.get("nodes") or [] if isinstance(n, dict)]
     ids = {int(n["id"]) for n in nodes if _is_int(n.get("id"))}
     if boundary is not None:
-        flat.nodes[f"{prefix}{SUBGRAPH_IN}"] = UiNode(
-            f"{prefix}{SUBGRAPH_IN}", _IN_NODE, 0, boundary, {}, virtual=True)
+        flat.add(UiNode(f"{prefix}{SUBGRAPH_IN}", _IN_NODE, 0, boundary, {}, virtual=True))
         ids.add(SUBGRAPH_IN)
     for raw in nodes:
         node = _read_node(raw, prefix, links, ids, mode)
@@ -125,7 +220,7 @@ def _flatten(
         if definition is not None:
             _expand(node, definition, subgraphs, flat, depth=depth, report=report)
         else:
-            flat.nodes[node.id] = node
+            flat.add(node)
     outputs: list[tuple[str, int] | None] = []
     for index, _ in enumerate(graph.get("outputs") or []):
         origin = next(((o, s) for o, s, t, ts, _ in links.values()
@@ -180,15 +275,19 @@ def _expand(instance: UiNode, definition: dict[str, Any], subgraphs: dict[str, d
     name = str(definition.get("name") or definition.get("id"))
     boundary = _boundary(instance, definition)
     prefix = f"{instance.id}:"
+    start = len(flat.added)
     outputs = _flatten(definition, prefix, subgraphs, flat, depth=depth + 1, report=report,
                        boundary=boundary, mode=instance.mode)
     _apply_proxy_widgets(instance, prefix, flat)
-    flat.nodes[instance.id] = UiNode(
+    flat.add(UiNode(
         instance.id, _OUT_NODE, instance.mode,
         [Slot(str(o.get("name", "")), str(o.get("type", "*")), origin)
          for o, origin in zip(definition.get("outputs") or [], outputs, strict=False)],
-        {}, instance.title, bypass_inputs=boundary, virtual=True)
-    inner = sorted(n for n in flat.nodes if n.startswith(prefix) and not flat.nodes[n].virtual)
+        {}, instance.title, bypass_inputs=boundary, virtual=True))
+    # The nodes this expansion added (not a scan of every node so far: that made flattening
+    # quadratic in the workflow's size).
+    inner = sorted(n for n in flat.added[start:] if n.startswith(prefix)
+                   and not flat.nodes[n].virtual)
     report.drop(instance.id, instance.type, f"subgraph {name!r} flattened into its nodes "
                 f"{', '.join(inner) or '(none)'}")
 

@@ -21,6 +21,7 @@ from apps.fleet.models import Worker
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import RunNotCancellable, run_cancel
 from inline_farm.admin_display import badge, duration, pretty_json, short_id, when
+from inline_farm.ids import is_uuid
 
 EVENTS_PER_PAGE = 50
 # A lease names "<worker>#<incarnation>"; the worker row is named "<worker>".
@@ -167,7 +168,7 @@ def _inputs(spec: dict[str, Any]) -> str:
 
 def _timeline(request: HttpRequest, run_id: str) -> dict[str, Any]:
     """One page of the run's event log as timeline rows (`?events=milestones` hides progress)."""
-    run = Run.objects.filter(pk=run_id).only("created_at").first() if _is_uuid(run_id) else None
+    run = Run.objects.filter(pk=run_id).only("created_at").first() if is_uuid(run_id) else None
     if run is None:
         return {}
     events = RunEvent.objects.filter(run_id=run.pk).order_by("seq")
@@ -181,16 +182,6 @@ def _timeline(request: HttpRequest, run_id: str) -> dict[str, Any]:
         "timeline_milestones": milestones,
         "timeline_total": RunEvent.objects.filter(run_id=run.pk).count(),
     }
-
-
-def _is_uuid(value: str) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True
 
 
 def _timeline_row(event: RunEvent, start: Any) -> dict[str, Any]:

@@ -24,7 +24,8 @@ Close codes:
 - 1000 — the run finished; `run_done` was the last message.
 - 1011 — internal error; reconnect with `?after=<the last seq you got>`.
 - 4400 — `after` is not an integer >= 0.
-- 4401 — no token, or an unknown or revoked one.
+- 4401 — no token, or an unknown or revoked one; also on an open socket within about a second
+  of its token being revoked or its user deactivated (apps/accounts/watch.py).
 - 4404 — no such run, or not one you may see (malformed ids too: existence never leaks).
 """
 
@@ -42,6 +43,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.selectors import user_for_token
+from apps.accounts.services import token_hash
+from apps.accounts.watch import credential_watch
 from apps.runs.fanout import run_fanout
 from apps.runs.selectors import run_events_wire_after, run_get_for_user, run_snapshot
 from apps.runs.stream import RunEventStream
@@ -73,6 +76,7 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
 
     stream: RunEventStream | None = None
     pump: asyncio.Task[None] | None = None
+    watching: tuple[str, str, int] | None = None
 
     async def connect(self) -> None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -95,6 +99,15 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         await run_fanout().subscribe(run_id, self.stream)
         await self.accept(subprotocol)
         self.pump = asyncio.create_task(self._pump())
+        assert token is not None  # _admit found its user
+        self.watching = credential_watch().watch("token", token_hash(token), self._revoked)
+
+    async def _revoked(self) -> None:
+        """The token stopped authenticating: stop streaming and say so."""
+        if self.pump is not None:
+            self.pump.cancel()
+        with contextlib.suppress(OSError):
+            await self.close(CLOSE_UNAUTHORIZED)
 
     async def _admit(self, token: str | None, query: dict[str, list[str]]) -> tuple[Any, int | None]:
         """(the run this client may follow, its `after`), or `Refused` with the close code."""
@@ -112,6 +125,8 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         return run, after
 
     async def disconnect(self, code: int) -> None:
+        if self.watching is not None:
+            credential_watch().unwatch(self.watching)
         if self.pump is not None:
             self.pump.cancel()
         if self.stream is not None:

@@ -14,6 +14,7 @@ from apps.runs.events import event_to_wire
 from apps.runs.models import Run, RunEvent
 from apps.runs.wire import run_to_wire
 from apps.takes.models import Take
+from inline_farm.ids import is_uuid
 from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 WAITING = "wait_reason"  # a run read by RUN_VISIBLE while queued: why it waits
@@ -48,7 +49,9 @@ _TAKE_AT = _RUN_COLUMNS + 2  # after the run's columns, the sha256 and `serving`
 
 def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     """The run `run_id` if `user` may see it (own, a teammate's, or any for staff), with its
-    graph's sha256 and its takes loaded."""
+    graph's sha256 and its takes loaded; an id not in canonical form names nothing."""
+    if not is_uuid(run_id):
+        return None
     with prepared_cursor() as cursor:
         cursor.execute(RUN_VISIBLE, run_visible_params(user, run_id))
         return run_from_rows(cursor.fetchall())

@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.takes.models import Asset, Take
+from inline_farm.ids import is_uuid
 from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 
@@ -29,7 +30,10 @@ WHERE t.id = %(take)s AND (%(all)s OR t.owner_id = %(me)s OR t.owner_id IN (
 
 
 def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
-    """The take `take_id` if `user` may see it (own, a teammate's, or any for staff)."""
+    """The take `take_id` if `user` may see it (own, a teammate's, or any for staff); an id
+    not in canonical form names nothing."""
+    if not is_uuid(take_id):
+        return None
     with prepared_cursor() as cursor:
         cursor.execute(_TAKE_VISIBLE, {"take": take_id, "all": user.is_staff, "me": user.pk})
         row = cursor.fetchone()
@@ -37,6 +41,8 @@ def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
 
 
 def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
+    if not is_uuid(asset_id):
+        return None
     return _scoped(Asset.objects.all(), user).filter(pk=asset_id).first()
 
 

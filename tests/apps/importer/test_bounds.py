@@ -1,0 +1,93 @@
+"""The importer bounds its work before it expands a workflow (no database): a subgraph bomb is
+refused naming the subgraph, in far less than a second, and real workflows still import."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from apps.importer.report import ImportInvalid
+from apps.importer.services import comfy_import, workflow_parse
+from tests.apps.importer.builder import CATALOG, turbo_ui, workflow
+
+
+def bomb(levels: int, fanout: int, copies: int = 1) -> dict[str, Any]:
+    """A UI workflow of `copies` instances of subgraph `sgN`, which holds `fanout` instances of
+    `sgN-1` (N = 1..levels); `sg0` holds one PrimitiveInt. Flattened: copies × fanout**levels
+    primitives, from a few KB."""
+    subgraphs = [{"id": "sg0", "name": "sg0", "inputs": [], "outputs": [], "links": [],
+                  "nodes": [{"id": 1, "type": "PrimitiveInt", "widgets_values": [1]}]}]
+    for level in range(1, levels + 1):
+        subgraphs.append({"id": f"sg{level}", "name": f"sg{level}", "inputs": [], "outputs": [],
+                          "links": [], "nodes": [{"id": i, "type": f"sg{level - 1}"}
+                                                 for i in range(1, fanout + 1)]})
+    return {"nodes": [{"id": i, "type": f"sg{levels}"} for i in range(1, copies + 1)],
+            "links": [],
+            "definitions": {"subgraphs": subgraphs}}
+
+
+def refused_within(doc: Any, seconds: float) -> ImportInvalid:
+    started = time.process_time()
+    with pytest.raises(ImportInvalid) as err:
+        comfy_import(workflow=doc, catalog=CATALOG)
+    assert time.process_time() - started < seconds
+    return err.value
+
+
+@pytest.mark.parametrize(("levels", "fanout"), [(4, 10), (13, 2)])
+def test_a_subgraph_bomb_is_refused_too_large_naming_the_subgraph_in_well_under_a_second(
+        levels, fanout):
+    err = refused_within(bomb(levels, fanout), 0.1)
+    assert err.code == "too_large" and "subgraph 'sg" in err.message
+    assert "INLINE_IMPORT_MAX_NODES" in err.message and err.node_id == "1"
+
+
+def test_subgraphs_nested_past_the_depth_limit_are_refused_before_expanding():
+    err = refused_within(bomb(20, 1), 0.1)
+    assert err.code == "too_large" and "INLINE_IMPORT_MAX_DEPTH" in err.message
+
+
+def test_a_subgraph_that_holds_itself_is_refused():
+    doc = {"nodes": [{"id": 1, "type": "loop"}], "links": [], "definitions": {"subgraphs": [
+        {"id": "loop", "name": "loop", "nodes": [{"id": 1, "type": "loop"}]}]}}
+    err = refused_within(doc, 0.1)
+    assert err.code == "too_large" and "holds itself" in err.message
+
+
+@override_settings(INLINE_IMPORT_MAX_NODES=50)
+def test_the_node_limit_is_a_setting_and_bounds_the_api_format_too():
+    prompt = {str(i): {"class_type": "Note", "inputs": {}} for i in range(51)}
+    err = refused_within(prompt, 0.5)
+    assert err.code == "too_large" and "51 nodes" in err.message
+    assert refused_within(bomb(2, 8), 0.1).code == "too_large"  # 8 + 64 + boundaries > 50
+
+
+@override_settings(INLINE_IMPORT_MAX_DEPTH=2)
+def test_the_depth_limit_is_a_setting():
+    assert refused_within(bomb(3, 1), 0.1).code == "too_large"
+
+
+@override_settings(INLINE_IMPORT_MAX_NODES=10_000)
+def test_a_workflow_just_under_the_limits_expands_in_time_linear_in_its_size():
+    """9,666 nodes (3 × 10 × 10 × 10 instances and their boundaries): the flattening no longer
+    rescans every node added so far for each instance (which took ~2 s here)."""
+    started = time.process_time()
+    with pytest.raises(ImportInvalid) as err:  # no output: refused after the full expansion
+        comfy_import(workflow=bomb(3, 10, copies=3), catalog=CATALOG)
+    assert err.value.code == "no_output"
+    assert time.process_time() - started < 0.5  # ~0.1 s
+
+
+def test_real_workflows_import_within_the_default_limits():
+    assert comfy_import(workflow=workflow("z_image_turbo.ui.json"), catalog=CATALOG).target
+    assert comfy_import(workflow=turbo_ui().doc(), catalog=CATALOG).target
+
+
+def test_a_workflow_nested_past_any_real_one_is_unreadable_not_a_crash():
+    for depth in (100, 100_000):
+        with pytest.raises(ImportInvalid) as err:
+            workflow_parse("[" * depth + "]" * depth)
+        assert err.value.code == "not_json" and "nests deeper" in err.value.message
