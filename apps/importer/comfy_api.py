@@ -18,6 +18,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.accounts.selectors import user_for_token
@@ -46,12 +47,13 @@ from apps.importer.comfy_shapes import (
     unmapped_node_errors,
 )
 from apps.takes.selectors import take_get_for_user
+from apps.takes.serve import blob_response
 from apps.takes.services import UploadRejected
-from apps.takes.storage import BlobMissing, blob_read
+from apps.takes.storage import BlobMissing
 from inline_farm.ids import is_uuid
 from inline_farm.jsondoc import JsonUnreadable, json_parse, json_problem, printable
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 VERSION = "0.3.64"  # the ComfyUI API this door speaks
 MAX_HISTORY = 1000
 
@@ -122,7 +124,7 @@ def door(*methods: str) -> Callable[[View], View]:
 
     def wrap(view: View) -> View:
         @csrf_exempt
-        def handle(request: HttpRequest, key: str | None = None, **kwargs: Any) -> HttpResponse:
+        def handle(request: HttpRequest, key: str | None = None, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 response = _refusal(405, "method_not_allowed", f"{request.method} is not allowed")
                 response["Allow"] = ", ".join(methods)
@@ -244,7 +246,7 @@ def history_one(request: HttpRequest, user: User, prompt_id: str) -> HttpRespons
 
 
 @door("GET")
-def view(request: HttpRequest, user: User) -> HttpResponse:
+def view(request: HttpRequest, user: User) -> HttpResponseBase:
     """An output image (a take, by the id in its file name) or an uploaded input's bytes."""
     filename = request.GET.get("filename", "")
     kind = request.GET.get("type", "output")
@@ -260,13 +262,11 @@ def view(request: HttpRequest, user: User) -> HttpResponse:
         found = (take.sha256, take.media_type) if take is not None else None
     if found is None:
         return HttpResponse(status=404)
-    try:
-        data = blob_read(found[0])
+    try:  # streamed, with Range (inline_farm/asgi.py sends /view to Django's ASGI handler)
+        return blob_response(request, sha256=found[0], media_type=found[1],
+                             filename=os.path.basename(filename))
     except BlobMissing:
         return HttpResponse(status=404)
-    return HttpResponse(data, content_type=found[1], headers={
-        "Content-Disposition": f'filename="{os.path.basename(filename)}"',
-        "ETag": f'"{found[0]}"', "Cache-Control": "private, max-age=31536000, immutable"})
 
 
 @door("POST")
