@@ -7,7 +7,8 @@
     ./farm worker [--gpus all|0,1] [--pool NAME] [--slots N] [--queues Q,…] [--data-dir D]
     ./farm web [--listen H] [--port P] [--processes N] [--data-dir D]
     ./farm render "PROMPT" [-n N] [-o DIR] …   ./farm watch RUN…   ./farm runs [--status S]
-    ./farm takes get RUN|TAKE [-o DIR]          ./farm models ls      (any farm: --url, --token)
+    ./farm takes get RUN|TAKE [-o DIR]          ./farm models ls      ./farm check [--json]
+    (those six: any farm, with --url and --token)
 
 Services come from the environment (DATABASE_URL, BROKER_URL, CHANNEL_REDIS_URL) and, where
 DATABASE_URL or BROKER_URL is unset, from embedded PostgreSQL / Redis under the data dir
@@ -804,9 +805,11 @@ def cmd_remote(args: argparse.Namespace) -> int:
     from inline_farm.remote import Farm, FarmError, farm_from
 
     url, token = farm_from(args.url, args.token)
+    from inline_farm.golive import cmd_check
+
     command = {"render": terminal.cmd_render, "watch": terminal.cmd_watch,
                "runs": terminal.cmd_runs, "takes": terminal.cmd_takes_get,
-               "models": terminal.cmd_models_ls}[args.command]
+               "models": terminal.cmd_models_ls, "check": cmd_check}[args.command]
     farm = Farm(url, token or _local_token(args, url))
     try:
         try:
@@ -958,6 +961,14 @@ def build_parser() -> argparse.ArgumentParser:
                                            "cancelled"))
     runs.add_argument("--limit", type=_positive, default=50)
     _add_remote(runs)
+    check = commands.add_parser("check", help="the go-live checklist against a live farm")
+    check.add_argument("--model", help="the diffusion model file (default: the first held)")
+    check.add_argument("--size", type=_size, default=(256, 256), help="WxH (default 256x256)")
+    check.add_argument("--steps", type=_positive, default=4, help="steps a render (default 4)")
+    check.add_argument("--burst", type=_positive, default=500,
+                       help="the most runs the overload check submits (default 500)")
+    check.add_argument("--json", action="store_true", help="the results as JSON")
+    _add_remote(check)
     takes = commands.add_parser("takes", help="`takes get RUN|TAKE -o DIR`: download takes")
     takes.add_argument("action", choices=("get",))
     takes.add_argument("id", help="a run id (all its takes) or a take id")
@@ -1009,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"up": cmd_up, "token": cmd_token, "migrate": cmd_migrate, "models": cmd_models,
                 "import": cmd_import, "worker": cmd_worker, "web": cmd_web,
                 "render": cmd_remote, "watch": cmd_remote, "runs": cmd_remote,
-                "takes": cmd_remote}
+                "takes": cmd_remote, "check": cmd_remote}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

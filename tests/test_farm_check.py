@@ -1,0 +1,76 @@
+"""`./farm check`, the go-live checklist, against a live farm: it passes on a healthy farm and
+fails, naming the check, on a worker that renders other pixels and on a user without limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import smoke_stack_reported
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parent.parent
+
+
+def check(farm: Any, token: str, *args: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "inline_farm.cli", "check", "--json", "--size", "64x64",
+         "--steps", "3", "--url", farm.url, "--token", token, *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.stdout.strip(), out.stderr
+    return out.returncode, {c["name"]: c for c in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+@pytest.fixture
+def stack(farm, personas, data_dirs):
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
+
+
+def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack):
+    code, results = check(farm, personas["owner"], "--model", stack["model"])
+    assert code == 0, results
+    for name in ("reproducible", "isolated", "cancel", "overload"):
+        assert results[name]["ok"] is True, results[name]
+    assert results["memory"]["ok"] is None  # said, not passed
+    assert "429 after 100 runs in flight" in results["overload"]["figures"]
+
+
+def test_a_user_without_an_in_flight_limit_fails_the_overload_check(farm, stack, db_access):
+    from apps.accounts.models import UserLimits
+    from apps.accounts.services import token_create, user_get_or_create
+
+    user = user_get_or_create(username="unlimited")
+    UserLimits.objects.update_or_create(user=user, defaults={"max_inflight_runs": 100_000})
+    token = token_create(user=user, name="test")[1]
+    code, results = check(farm, token, "--model", stack["model"], "--burst", "120")
+    assert code == 1
+    assert results["overload"]["ok"] is False
+    assert "no 429 after 120 runs" in results["overload"]["figures"]
+
+
+def test_a_worker_whose_files_render_other_pixels_fails_the_reproducibility_check(
+        farm, personas, data_dirs, tmp_path):
+    """A second worker holds files of the same names with other weights (two pools given
+    different files under one name): one seed renders two images."""
+    from workers.models.zimage.tiny import write_smoke_stack
+
+    names = smoke_stack_reported(farm, personas["owner"], data_dirs["models"], name="repro")
+    other = tmp_path / "models"
+    assert write_smoke_stack(other, name="repro", seed=99) == names
+    worker = farm.start_worker(proc="worker-other", env={"INLINE_MODELS_DIR": str(other)})
+    try:
+        code, results = check(farm, personas["owner"], "--model", names["model"])
+    finally:
+        farm.stop("worker-other")
+    assert code == 1, results
+    assert results["reproducible"]["ok"] is False
+    assert "different images of one seed" in results["reproducible"]["figures"]
+    assert worker in results["reproducible"]["figures"]
