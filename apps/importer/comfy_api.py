@@ -183,8 +183,7 @@ def _check_prompt_body(body: dict[str, Any]) -> None:
     stored; then every other field, the ones the farm ignores included."""
     prompt = body["prompt"]
     for node_id, node in prompt.items():
-        if text_problem(str(node_id)) is not None:
-            _check_json("prompt", {node_id: None})
+        _check_text("prompt: a node id", str(node_id))
         _check_json(f"prompt.{node_id}", node, str(node_id))
     _check_json("body", {k: v for k, v in body.items() if k != "prompt"})
 
