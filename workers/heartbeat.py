@@ -22,6 +22,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,17 +89,40 @@ class Presence:
         worker's startup runs Celery's shutdown before its `worker_ready`; joining the unstarted
         thread raised there, the offline mark was never written, and the worker stayed online
         until it aged out (INLINE_WORKER_LOST_SECONDS)."""
-        from apps.fleet.services import worker_set_offline
-
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=5)
         try:
-            worker_set_offline(name=self.name, incarnation=self.incarnation)
-        except Exception:  # the database is gone: the reaper sees the silence instead
-            log.warning("could not mark %s offline", self.name, exc_info=True)
+            self._mark_offline()
         finally:
             connection.close()
+
+    def _mark_offline(self) -> None:
+        """Write the offline mark, retried on a fresh connection as a failed beat is.
+
+        After a PostgreSQL restart this thread still held a session the server had ended: one
+        try on it failed, and the worker stayed listed live until its beats aged out. Each
+        failure closes the connection and tries again on another; a run worker's pool hands
+        connections out unchecked (workers/tasks.py), so every dead one it holds fails once
+        before a new session is made, hence short pauses first, growing to a beat interval
+        while the server is away. It gives up once the farm no longer lists the worker anyway
+        (INLINE_WORKER_LOST_SECONDS): from then on its silence tells."""
+        from apps.fleet.services import worker_set_offline
+
+        deadline = time.monotonic() + settings.INLINE_WORKER_LOST_SECONDS
+        pause = 0.05
+        while True:
+            try:
+                worker_set_offline(name=self.name, incarnation=self.incarnation)
+                return
+            except Exception:
+                connection.close()
+                if time.monotonic() + pause >= deadline:
+                    log.warning("could not mark %s offline", self.name, exc_info=True)
+                    return
+                log.info("marking %s offline failed; retrying", self.name, exc_info=True)
+            time.sleep(pause)
+            pause = min(pause * 2, settings.INLINE_WORKER_HEARTBEAT)
 
     def beat(self) -> None:
         """Report the worker and renew its leases (raises on a database error)."""
@@ -162,8 +186,6 @@ class _StopListener:
 
     def wait(self, seconds: float, on_stop: Any, stop: threading.Event) -> None:
         """Deliver notified run ids to `on_stop` for `seconds` (or until `stop`)."""
-        import time
-
         deadline = time.monotonic() + seconds
         while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
             conn = self._connect()
