@@ -288,17 +288,37 @@ def test_a_comfy_seed_beyond_what_json_holds_wraps_around_with_a_warning():
     assert "2^53" in entry(result.report.warnings, "8")["message"]
 
 
-@pytest.mark.parametrize("breakage", [
-    lambda doc: doc["links"].append(["x", "y", 0, 1, 0, "MODEL"]),
-    lambda doc: doc["nodes"][0].update(mode="loud"),
-    lambda doc: doc["nodes"][0].update(inputs="nope"),
-    lambda doc: doc["nodes"][3].update(widgets_values=None),
-    lambda doc: doc.update(definitions={"subgraphs": [{"id": "UNETLoader", "nodes": 5}]}),
+def sampler(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(node for node in doc["nodes"] if node["type"] == "KSampler")
+
+
+@pytest.mark.parametrize(("breakage", "code", "node_id"), [
+    (lambda doc: doc["links"].append(["x", "y", 0, 1, 0, "MODEL"]), "bad_workflow", None),
+    (lambda doc: doc["nodes"][0].update(mode="loud"), "bad_workflow", None),
+    (lambda doc: doc.update(definitions={"subgraphs": [{"id": "UNETLoader", "nodes": 5}]}),
+     "bad_workflow", None),
+    # The same breakages as below, on nodes that need what they break: the sampler's wired
+    # inputs, the loader's file name.
+    (lambda doc: sampler(doc).update(inputs="nope"), "missing_input", "8"),
+    (lambda doc: doc["nodes"][0].update(widgets_values=None), "missing_param", "1"),
 ])
-def test_a_malformed_workflow_is_refused_not_a_crash(breakage):
+def test_a_malformed_workflow_is_refused_not_a_crash(breakage, code, node_id):
     doc = turbo_ui().doc()
     breakage(doc)
-    try:
-        imported(doc)
-    except ImportInvalid as err:
-        assert err.code in ("bad_workflow", "missing_input", "missing_param")
+    err = refused(doc)
+    assert (err.code, err.node_id) == (code, node_id), err.message
+    if code == "bad_workflow":
+        assert err.message.startswith("the workflow is malformed ("), err.message
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda doc: doc["nodes"][0].update(inputs="nope"),  # the model loader has no inputs
+    lambda doc: doc["nodes"][3].update(widgets_values=None),  # the shift node is folded away
+])
+def test_a_malformed_field_that_feeds_nothing_in_the_graph_changes_nothing(breakage):
+    doc = turbo_ui().doc()
+    breakage(doc)
+    intact = imported(turbo_ui().doc())
+    result = imported(doc)
+    assert result.graph == intact.graph and result.target == intact.target
+    assert result.report.to_wire() == intact.report.to_wire()
