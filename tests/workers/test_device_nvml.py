@@ -4,6 +4,8 @@ heartbeat description carries the card (name, memory) while a simulated one comp
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
@@ -15,8 +17,29 @@ from workers.device.policy import Placement
 L40S = json.dumps({"name": "L40S", "vram_gb": 48})
 
 
-def test_this_machine_without_a_gpu_or_driver_sees_no_gpu():
-    assert nvml.host_gpus({}) == []
+def test_without_a_simulation_the_host_lists_the_gpus_its_driver_reports():
+    """NVML's view, checked against the driver's own tool: no GPU on a host without the driver
+    or a card (every CPU host of CI), each card by index, name and memory on a CUDA host."""
+    driver = driver_gpus()
+    gpus = nvml.host_gpus({})
+    assert [(g.index, g.name, g.simulated) for g in gpus] == [
+        (index, name, False) for index, (name, _) in enumerate(driver)]
+    for gpu, (_, mib) in zip(gpus, driver, strict=True):  # the tool rounds to whole MiB
+        assert abs(gpu.total_gb * 1024 - mib) <= 1, (gpu, mib)
+
+
+def driver_gpus() -> list[tuple[str, int]]:
+    """(name, total MiB) of each GPU `nvidia-smi` lists, in its (NVML's) index order; none
+    without the driver's tool, or when it finds no driver or card."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    listed = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    if listed.returncode != 0:  # the tool without a loaded driver or a card
+        return []
+    rows = [line.rsplit(",", 1) for line in listed.stdout.splitlines() if line.strip()]
+    return [(name.strip(), int(mib)) for name, mib in rows]
 
 
 def test_a_simulated_gpu_is_described_like_a_card_of_that_size():
@@ -69,4 +92,4 @@ def test_a_worker_pinned_by_index_or_uuid_finds_its_nvml_index():
     assert nvml.pinned_index({"CUDA_VISIBLE_DEVICES": "3"}) == 3
     assert nvml.pinned_index({"CUDA_VISIBLE_DEVICES": "2,3"}) == 2
     assert nvml.pinned_index({}) == 0
-    assert nvml.pinned_index({"CUDA_VISIBLE_DEVICES": "GPU-0000"}) == 0  # no NVML here
+    assert nvml.pinned_index({"CUDA_VISIBLE_DEVICES": "GPU-0000"}) == 0  # no such card (or no NVML)
