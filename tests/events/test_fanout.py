@@ -1,10 +1,12 @@
 """The fan-out's outage rules (apps/runs/fanout.py) on an in-memory channel layer that can be
-made to fail, and a fake log: polling while down, re-joining, no gap and no duplicate after."""
+made to fail, and a fake log: polling while down, re-joining, no gap and no duplicate after.
+Each wait is on a condition with a deadline; the follower keeps every event it is handed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer
@@ -80,14 +82,16 @@ class Log:
 
 
 class Follower:
+    """A stream as the fan-out sees it. It keeps every event it is handed, duplicates included:
+    a real stream drops those by seq (stream.py), which would hide one the fan-out sent."""
+
     def __init__(self) -> None:
         self.sent, self.rechecks = 0, 0
         self.got: list[int] = []
 
     def put(self, event: dict[str, Any]) -> None:
-        if event["seq"] > self.sent:  # the stream's own dedupe, reduced to its essence
-            self.got.append(event["seq"])
-            self.sent = event["seq"]
+        self.got.append(event["seq"])
+        self.sent = max(self.sent, event["seq"])  # what the fan-out's poll reads after
 
     def recheck(self) -> None:
         self.rechecks += 1
@@ -100,8 +104,12 @@ def fanout(layer: FlakyLayer, log: Log) -> RunFanout:
     return fan
 
 
-async def settle() -> None:
-    await asyncio.sleep(0.15)
+async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Let the fan-out's task run until `check()` holds; fail naming `what` at the deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"gave up waiting: {what}"
+        await asyncio.sleep(0.005)
 
 
 def test_events_keep_flowing_from_the_log_while_the_layer_is_down_then_live_again():
@@ -113,35 +121,34 @@ def test_events_keep_flowing_from_the_log_while_the_layer_is_down_then_live_agai
         await fan.subscribe("r", follower)
         for _ in range(3):
             await log.append()
-        await settle()
+        await until(lambda: len(follower.got) >= 3, "the first three events")
         assert follower.got == [1, 2, 3] and fan.healthy and log.reads == 0  # live
 
         layer.fail()
-        await settle()
-        assert not fan.healthy
+        await until(lambda: not fan.healthy, "the fan-out to notice the outage")
         for _ in range(3):
             await log.append()  # published nowhere: only the log has them
-        await settle()
+        await until(lambda: len(follower.got) >= 6, "the outage's events, from the log")
         assert follower.got == [1, 2, 3, 4, 5, 6]
 
         layer.recover()
-        await settle()
-        assert fan.healthy and "r" in fan.joined
+        await until(lambda: fan.healthy, "the fan-out to take the layer again")
+        assert "r" in fan.joined
         reads = log.reads
         for _ in range(3):
             await log.append()
-        await settle()
-        assert log.reads == reads  # live again: no more polling
+        await until(lambda: len(follower.got) >= 9, "the events after the outage")
+        assert log.reads == reads  # they came live: no more polling
         if fan.task is not None:
             fan.task.cancel()
         return follower.got, fan, log
 
     got, _, _ = asyncio.run(scenario())
-    assert got == list(range(1, 10))
+    assert got == list(range(1, 10))  # every event once: no gap, no duplicate
 
 
 def test_a_subscriber_that_arrives_during_an_outage_is_served_from_the_log():
-    async def scenario() -> list[int]:
+    async def scenario() -> tuple[list[int], int]:
         layer = FlakyLayer()
         log = Log(layer)
         fan = fanout(layer, log)
@@ -151,17 +158,18 @@ def test_a_subscriber_that_arrives_during_an_outage_is_served_from_the_log():
         assert not fan.healthy
         for _ in range(2):
             await log.append()
-        await settle()
+        await until(lambda: len(follower.got) >= 2, "the outage's events, from the log")
+        polled = log.reads
         layer.recover()
-        await settle()
+        await until(lambda: fan.healthy, "the fan-out to take the layer again")
         await log.append()
-        await settle()
-        assert fan.healthy
+        await until(lambda: len(follower.got) >= 3, "the event after the outage")
         if fan.task is not None:
             fan.task.cancel()
-        return follower.got
+        return follower.got, polled
 
-    assert asyncio.run(scenario()) == [1, 2, 3]
+    got, polled = asyncio.run(scenario())
+    assert got == [1, 2, 3] and polled > 0  # every event once; the first two from the log
 
 
 def test_when_the_log_fails_too_each_stream_is_told_to_read_it_itself():
@@ -173,7 +181,7 @@ def test_when_the_log_fails_too_each_stream_is_told_to_read_it_itself():
         await fan.subscribe("r", follower)
         log.readable = False
         layer.fail()
-        await settle()
+        await until(lambda: follower.rechecks >= 1, "the stream to be told to read the log")
         if fan.task is not None:
             fan.task.cancel()
         return follower.rechecks
