@@ -4,7 +4,6 @@ batched text encodes and VAE decodes, on the tiny Z-Image stack on CPU."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.workers.helpers import pixels
+from tests.workers.helpers import pixels, wait_for
 from tests.workers.test_step_batcher import make_job, run_in_threads
 from workers.models.zimage import engine, loading
 from workers.sampling import Coalescer, SampleJob, StepBatcher
@@ -47,18 +46,31 @@ def solo(stack) -> list[torch.Tensor]:
     return [alone.run(make_job(encoder, **spec)) for spec in MIXED]
 
 
-def recording(model, seen: list[list[SampleJob]], *, fail: Callable[[list[SampleJob]], None]
-              = lambda jobs: None) -> Callable[[list[SampleJob]], list[torch.Tensor]]:
-    """The real forward, slowed so that threads meet, recording each batch; `fail(jobs)` may
-    raise to simulate a broken forward."""
+class Recording:
+    """The real forward, recording each batch in `seen`; `fail(jobs)` may raise to simulate a
+    broken forward. Its first forward waits until every job is inside its batcher, and the
+    batcher waits for every running job before each forward after it: the jobs meet by those
+    conditions, whatever the threads' timing (a sleep in the forward used to make it likely)."""
 
-    def predict(jobs: list[SampleJob]) -> list[torch.Tensor]:
-        time.sleep(0.02)
-        fail(jobs)
-        seen.append(list(jobs))
-        return engine.predict_velocity(model.transformer, jobs)
+    def __init__(self, model: Any, seen: list[list[SampleJob]], *,
+                 fail: Callable[[list[SampleJob]], None] = lambda jobs: None) -> None:
+        self.model, self.seen, self.fail = model, seen, fail
+        self.batcher: StepBatcher | None = None
 
-    return predict
+    def batcher_with(self, **bounds: Any) -> StepBatcher:
+        self.batcher = StepBatcher(self, gather_seconds=60, **bounds)
+        return self.batcher
+
+    def __call__(self, jobs: list[SampleJob]) -> list[torch.Tensor]:
+        if not self.seen:
+            wait_for(self.all_inside, 30, f"all {len(MIXED)} jobs inside the batcher")
+        self.fail(jobs)
+        self.seen.append(list(jobs))
+        return engine.predict_velocity(self.model.transformer, jobs)
+
+    def all_inside(self) -> bool:
+        assert self.batcher is not None
+        return len(self.batcher._active) >= len(MIXED)
 
 
 def test_jobs_of_mixed_sizes_steps_and_guidance_share_forwards_and_match_their_solo_runs(
@@ -70,7 +82,7 @@ def test_jobs_of_mixed_sizes_steps_and_guidance_share_forwards_and_match_their_s
     jobs = [make_job(encoder, **spec) for spec in MIXED]
     for i, job in enumerate(jobs):
         job.on_progress = lambda d, t, i=i, job=job: batches[i].append(job.batch)
-    results, errors = run_in_threads(StepBatcher(recording(model, seen)), jobs)
+    results, errors = run_in_threads(Recording(model, seen).batcher_with(), jobs)
     assert errors == [None] * len(MIXED)
     assert len(seen) < sum(s["steps"] for s in MIXED) and max(map(len, seen)) > 2
     assert any(job.cfg for batch in seen if len(batch) > 1 for job in batch)  # CFG halves mix in
@@ -86,7 +98,7 @@ def test_a_forward_never_exceeds_the_item_and_token_bounds_and_big_jobs_wait_the
     model, encoder, _ = stack
     seen: list[list[SampleJob]] = []
     bound_tokens = 2 * 24 * 32  # the CFG job alone (2 × 24·32 tokens) fills it
-    batcher = StepBatcher(recording(model, seen), max_items=3, max_tokens=bound_tokens)
+    batcher = Recording(model, seen).batcher_with(max_items=3, max_tokens=bound_tokens)
     results, errors = run_in_threads(batcher, [make_job(encoder, **spec) for spec in MIXED])
     assert errors == [None] * len(MIXED)
     for batch in seen:
@@ -117,7 +129,7 @@ def test_an_out_of_memory_batch_is_retried_smaller_and_every_job_finishes_right(
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
     seen: list[list[SampleJob]] = []
-    batcher = StepBatcher(recording(model, seen, fail=too_big))
+    batcher = Recording(model, seen, fail=too_big).batcher_with()
     results, errors = run_in_threads(batcher, [make_job(encoder, **spec) for spec in MIXED])
     assert errors == [None] * len(MIXED)
     assert all(sum(j.items for j in batch) <= 2 for batch in seen)
@@ -135,7 +147,7 @@ def test_a_job_whose_forward_fails_fails_alone_and_its_batch_mates_finish(stack,
         if poisoned in batch and poisoned.step == 1:
             raise RuntimeError("NaN in the caption (simulated)")
 
-    results, errors = run_in_threads(StepBatcher(recording(model, [], fail=poison)), jobs)
+    results, errors = run_in_threads(Recording(model, [], fail=poison).batcher_with(), jobs)
     assert isinstance(errors[2], RuntimeError) and poisoned.step == 1
     for i, (alone, together) in enumerate(zip(solo, results, strict=True)):
         if i != 2:
@@ -145,8 +157,25 @@ def test_a_job_whose_forward_fails_fails_alone_and_its_batch_mates_finish(stack,
 # --- batched text encodes and VAE decodes --------------------------------------------------
 
 
+def coalesced(fn: Callable[[list[Any]], list[Any]], total: int, **options: Any) -> Coalescer:
+    """A Coalescer of `fn` whose first call waits until the other `total` - 1 requests (minus
+    those it took) are pending: they meet in the calls after it, whatever the threads' timing
+    (a sleep in `fn` used to make that likely)."""
+    first: list[int] = []
+
+    def held(batch: list[Any]) -> list[Any]:
+        if not first:
+            first.append(len(batch))
+            wait_for(lambda: first[0] + len(coalescer._pending) >= total, 30,
+                     f"all {total} requests pending")
+        return fn(batch)
+
+    coalescer: Coalescer = Coalescer(held, **options)
+    return coalescer
+
+
 def call_together(coalescer: Coalescer, items: list[Any]) -> list[Any]:
-    """Call from one thread per item, started together (the first call holds the others)."""
+    """Call from one thread per item, started together."""
     out: list[Any] = [None] * len(items)
     gate = threading.Barrier(len(items))
 
@@ -169,10 +198,9 @@ def test_text_encodes_that_arrive_together_share_one_encoder_call(stack):
 
     def encode(batch: list[str]) -> list[torch.Tensor]:
         calls.append(len(batch))
-        time.sleep(0.05)
         return engine.encode_prompts(encoder, batch)
 
-    together = call_together(Coalescer(encode), texts)
+    together = call_together(coalesced(encode, len(texts)), texts)
     assert len(calls) < len(texts) and max(calls) > 1
     for text, embeds in zip(texts, together, strict=True):
         alone = engine.encode_prompt(encoder, text)
@@ -188,10 +216,9 @@ def test_vae_decodes_batch_by_latent_shape_within_the_bounds(stack):
 
     def decode(batch: list[torch.Tensor]) -> list[Any]:
         calls.append([tuple(x.shape) for x in batch])
-        time.sleep(0.05)
         return engine.decode_latents_batch(vae, batch)
 
-    coalescer = Coalescer(decode, max_items=2, key=lambda x: tuple(x.shape))
+    coalescer = coalesced(decode, len(latents), max_items=2, key=lambda x: tuple(x.shape))
     images = call_together(coalescer, latents)
     assert all(len(set(call)) == 1 and len(call) <= 2 for call in calls)
     assert any(len(call) == 2 for call in calls)
@@ -201,13 +228,16 @@ def test_vae_decodes_batch_by_latent_shape_within_the_bounds(stack):
 
 
 def test_a_failing_request_fails_alone_in_its_batch(stack):
+    calls: list[list[str]] = []
+
     def encode(batch: list[str]) -> list[str]:
-        time.sleep(0.02)
+        calls.append(list(batch))
         if "boom" in batch:
             raise ValueError("cannot encode boom")
         return [t.upper() for t in batch]
 
-    coalescer: Coalescer[str, str] = Coalescer(encode)
+    texts = ["a", "b", "boom", "c"]
+    coalescer: Coalescer[str, str] = coalesced(encode, len(texts))
     out: dict[str, Any] = {}
 
     def work(text: str) -> None:
@@ -216,11 +246,14 @@ def test_a_failing_request_fails_alone_in_its_batch(stack):
         except ValueError as exc:
             out[text] = exc
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in ("a", "b", "boom", "c")]
-    for t in threads:
+    threads = [threading.Thread(target=work, args=(t,)) for t in texts]
+    threads[0].start()  # "a" alone: its call holds until the three others wait, together
+    wait_for(lambda: coalescer._driving, 30, "the call for \"a\" under way")
+    for t in threads[1:]:
         t.start()
     for t in threads:
         t.join(timeout=30)
+    assert calls[0] == ["a"] and sorted(calls[1]) == ["b", "boom", "c"]  # a shared call failed
     assert isinstance(out["boom"], ValueError)
     assert {k: v for k, v in out.items() if k != "boom"} == {"a": "A", "b": "B", "c": "C"}
 
