@@ -186,8 +186,6 @@ class _StopListener:
 
     def wait(self, seconds: float, on_stop: Any, stop: threading.Event) -> None:
         """Deliver notified run ids to `on_stop` for `seconds` (or until `stop`)."""
-        import time
-
         deadline = time.monotonic() + seconds
         while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
             conn = self._connect()
