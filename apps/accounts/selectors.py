@@ -26,13 +26,6 @@ def user_for_token(secret: str) -> User | None:
     return _user_for_token_digest(token_hash(secret))
 
 
-def user_for_token_remembered(secret: str) -> User | None:
-    """None: no process remembers a token's user any more (see `user_for_token`), so the
-    caller always takes the path that asks the database. Kept for inline_farm/run_door.py
-    until it is removed."""
-    return None
-
-
 def token_digests_valid(digests: set[str]) -> set[str]:
     """Which of the token digests still authenticate (unrevoked, active user): one query, for
     the sockets that hold them (apps/accounts/watch.py)."""
