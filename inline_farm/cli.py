@@ -306,7 +306,8 @@ def _child_commands(
         commands.append((f"worker{i}", [*worker, "-Q", worker_queues(env), "-l", "INFO"]))
     control = [*celery, "worker", "--pool=threads", "--concurrency=2", "-n", "control@%h"]
     commands.append(("control", [*control, "-Q", "control", "-l", "INFO"]))
-    beat = [*celery, "beat", "-s", str(data_dir / "celerybeat-schedule"), "-l", "INFO"]
+    # beat at WARNING: at INFO it logs a line every second (the reaper's pass)
+    beat = [*celery, "beat", "-s", str(data_dir / "celerybeat-schedule"), "-l", "WARNING"]
     commands.append(("beat", beat))
     return commands
 
