@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -44,11 +45,15 @@ class Setup:
     size: tuple[int, int]
     steps: int
     burst_bound: int
+    seed: int
 
 
 def cmd_check(args: argparse.Namespace, farm: Farm) -> int:
+    # Seeds of their own each time: a check run again on the same farm must render afresh,
+    # not be answered by the workers' node caches.
     setup = Setup(farm=farm, files=model_files(farm, args.model), size=args.size,
-                  steps=args.steps, burst_bound=args.burst)
+                  steps=args.steps, burst_bound=args.burst,
+                  seed=random.randint(0, 2**40))
     checks: list[Callable[[Setup], Check]] = [reproducible, isolated, cancel, overload]
     results = []
     for check in checks:
@@ -85,7 +90,7 @@ def reproducible(setup: Setup) -> Check:
     forward round alike only to float precision; and each take's bytes carry its own lineage,
     so images are compared by their pixels)."""
     copies = min(16, _live_slots(setup.farm) + 1)
-    bodies = [_labelled(_graph(setup, seed=1234), f"check reproducible {i}") for i in range(copies)]
+    bodies = [_labelled(_graph(setup, seed=setup.seed), f"check reproducible {i}") for i in range(copies)]
     runs = _render_all(setup.farm, bodies)
     failed = [r for r in runs if r["status"] != "succeeded"]
     if failed:
@@ -104,7 +109,7 @@ def reproducible(setup: Setup) -> Check:
 
 def isolated(setup: Setup, count: int = 8) -> Check:
     """Runs side by side match their solo renders (within one level of 8-bit rounding)."""
-    seeds = range(100, 100 + count)
+    seeds = range(setup.seed + 100, setup.seed + 100 + count)
     # The solo renders differ from the side-by-side ones only in `parallel` ("off": placement,
     # never pixels), so a worker's node cache, keyed by params, cannot answer one from the other.
     solo = [_render_all(setup.farm, [_graph(setup, seed=s, parallel="off")])[0] for s in seeds]
@@ -125,7 +130,7 @@ def isolated(setup: Setup, count: int = 8) -> Check:
 
 def cancel(setup: Setup) -> Check:
     """A run cancelled mid-way ends `cancelled`; the slot then renders the next run."""
-    body = _graph(setup, seed=777, steps=max(setup.steps, 30))
+    body = _graph(setup, seed=setup.seed + 1, steps=max(setup.steps, 30))
     run_id = setup.farm.submit(_labelled(body, "check cancel"))
     started = time.monotonic()
     for event in setup.farm.events(run_id):
@@ -137,7 +142,7 @@ def cancel(setup: Setup) -> Check:
     setup.farm.cancel(run_id)
     run = _wait(setup.farm, run_id)
     took = time.monotonic() - asked
-    after = _render_all(setup.farm, [_labelled(_graph(setup, seed=778), "check after cancel")])[0]
+    after = _render_all(setup.farm, [_labelled(_graph(setup, seed=setup.seed + 2), "check after cancel")])[0]
     ok = run["status"] == "cancelled" and after["status"] == "succeeded"
     return Check("cancel", ok, f"cancelled mid-run: {run['status']} {took:.1f} s after asking; "
                  f"the next run {after['status']}")

@@ -121,9 +121,7 @@ class Farm:
                         event = json.loads(raw)
                         after = max(after, int(event.get("seq") or event.get("lastSeq") or 0))
                         yield event
-                        if event["type"] == "run_done" or (
-                                event["type"] == "snapshot"
-                                and event["run"]["status"] in TERMINAL):
+                        if event["type"] == "run_done":  # a finished run's log replays to it
                             return
             except ConnectionClosed as closed:
                 if closed.rcvd is not None and closed.rcvd.code in (4401, 4404):
