@@ -39,7 +39,6 @@ from psycopg_pool import ConnectionPool
 from apps.accounts.selectors import user_for_token_remembered
 from apps.runs.schemas import RunOut
 from apps.runs.selectors import RUN_VISIBLE, run_from_rows, run_visible_params, runs_to_wire
-from inline_farm.prepared import PreparingCursor
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,7 @@ class RunDoor:
 
 def _run_wire(conn: psycopg.Connection[Any], params: dict[str, Any]) -> dict[str, Any] | None:
     """What `get_run` (apps/runs/api.py) returns, read on the door's connection."""
-    with PreparingCursor(conn) as cursor:
+    with conn.cursor() as cursor:
         cursor.execute(RUN_VISIBLE, params)
         run = run_from_rows(cursor.fetchall())
         return None if run is None else runs_to_wire([run], cursor)[0]

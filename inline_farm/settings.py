@@ -116,20 +116,13 @@ DATABASES = {
         env_str("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/inline_farm")
     )
 }
-# A psycopg connection pool per process: opening a PostgreSQL connection costs ~3 ms, several
-# times the queries of a whole request. A connection is checked as it leaves the pool, so one
-# whose server session was terminated (or a restarted server) is replaced, not handed out
-# (CONN_HEALTH_CHECKS; the check asks the idle socket and pings only when it has something to
-# read: inline_farm/db/base.py, the ENGINE inline_farm/env.py names).
+# A psycopg connection pool per process (Django's own `pool` option): opening a PostgreSQL
+# connection costs ~3 ms, several times the queries of a whole request. CONN_HEALTH_CHECKS has
+# the pool ping a connection as it leaves it, so one whose server session was terminated (or a
+# restarted server) is replaced, not handed out.
 INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
 DATABASES["default"]["OPTIONS"] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
-    # Let a connection keep prepared statements (Django turns them off). Only the hot
-    # hand-written statements use them (inline_farm/prepared.py); Django's own cursors bind
-    # parameters client-side and never prepare.
-    "prepare_threshold": 0,
-    # ...and plan each once per connection (inline_farm/prepared.py: why).
-    "options": "-c plan_cache_mode=force_generic_plan",
 }
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -152,7 +145,7 @@ BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_REDIS_URL = env_str("CHANNEL_REDIS_URL", "redis://127.0.0.1:6379/1")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "inline_farm.channel_layer.FarmChannelLayer",  # group_send in fewer round trips
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             # redis-py 8 defaults socket_timeout to 5 s, which is also channels-redis' BZPOPMIN
             # timeout: an idle websocket's receive then dies with "Timeout reading". Read longer.
@@ -222,6 +215,8 @@ INLINE_PREVIEW_SECONDS = env_float("INLINE_PREVIEW_SECONDS", 1.0, minimum=-1.0)
 # --- Celery -----------------------------------------------------------------------------------
 CELERY_BROKER_URL = BROKER_URL
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's thread pool, waking the worker's loop as a slot frees (workers/pool.py: why).
+CELERY_WORKER_POOL = "workers.pool:ThreadPool"
 CELERY_RESULT_BACKEND = None
 # Postgres is the source of truth: a message is acked on receipt and a lost one is re-published
 # by the dispatcher (queued runs) or the reaper (expired leases). acks_late would only add

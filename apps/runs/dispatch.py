@@ -54,7 +54,6 @@ from apps.runs.services import (
 from apps.runs.transitions import run_move
 from apps.runs.wire import run_done_payload
 from inline_farm.effects import publish_after_commit
-from inline_farm.prepared import prepared_cursor
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ def queue_dispatch_submitted(queue: str, run_id: str) -> int:
     lone = lone_dispatch(queue, run_id)
     if lone is None:
         return 0
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(lone.statement, lone.params)
         answer, error = cursor.fetchone()
     return lone.answered(answer, error)
@@ -187,7 +186,7 @@ def _pass(queue: str, window: int) -> int:
         # frees one dispatches after their commit, and sees every run committed before it.
         return 0
     candidates = _pick(heads, window)
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_MARK, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
                                candidates, not connection.in_atomic_block])
         published = [str(row[0]) for row in cursor.fetchall()]  # in the order picked
@@ -208,8 +207,8 @@ def runs_dispatch() -> int:
 # fair share needs, and no more. No rows when nothing is eligible or every slot is taken; a full
 # queue costs two index probes, as the separate probe before it did (now folded in: one round
 # trip less per pass). Read without the dispatch lock; the marking function counts again under
-# it. Every lookup has an index whose order or predicate fits it, so the one generic plan
-# (prepared statements, settings.py) stays flat in queue depth; bench/dispatch.py measures it.
+# it. Every lookup has an index whose order or predicate fits it, so its plan stays flat in
+# queue depth whatever the queue; bench/dispatch.py measures it.
 _HEADS = """
 WITH RECURSIVE busy AS (
     SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s
@@ -253,7 +252,7 @@ def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
     """Each waiting owner's next eligible runs, with their and their team's running counts (and,
     last, the queue's busy count), in one round trip; none when nothing is eligible or the
     queue's `window` is full."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_HEADS, heads_params(queue, fresh, window))
         return list(cursor.fetchall())
 

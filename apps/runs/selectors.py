@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
@@ -14,7 +15,7 @@ from apps.runs.events import event_to_wire
 from apps.runs.models import Run, RunEvent
 from apps.runs.wire import run_to_wire
 from apps.takes.models import Take
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+from inline_farm.rows import model_columns, model_from_row
 
 WAITING = "wait_reason"  # a run read by RUN_VISIBLE while queued: why it waits
 
@@ -27,7 +28,7 @@ def _runs_for(user: User) -> QuerySet[Run]:
 
 
 # Clients poll a run's state; this read is the hottest of the farm (inline_farm/run_door.py
-# answers most polls with it). Written out (one prepared
+# answers most polls with it). Written out (one
 # statement: the run, with one row per take when it has any; no ORM query building: that was
 # most of its cost) with the same scoping as `_runs_for`. A queued run's row also says who
 # serves its queue (why it waits), where that was a second statement for every such poll.
@@ -49,7 +50,7 @@ _TAKE_AT = _RUN_COLUMNS + 2  # after the run's columns, the sha256 and `serving`
 def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     """The run `run_id` if `user` may see it (own, a teammate's, or any for staff), with its
     graph's sha256 and its takes loaded."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(RUN_VISIBLE, run_visible_params(user, run_id))
         return run_from_rows(cursor.fetchall())
 
@@ -127,7 +128,7 @@ def run_snapshot(*, run_id: Any) -> dict[str, Any]:
     `run_done` event (None while it runs). One statement reads all three, so the takes are
     those the log up to `lastSeq` lists (clients dedupe takes by id all the same). Raises
     Run.DoesNotExist for a run that is gone."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_SNAPSHOT, {"run": run_id})
         rows = cursor.fetchall()
     run = run_from_rows([row[:-1] for row in rows])

@@ -55,7 +55,6 @@ from apps.takes.storage import (
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
-from inline_farm.prepared import prepared_cursor
 
 if TYPE_CHECKING:
     from apps.runs.dispatch import LoneDispatch
@@ -284,7 +283,7 @@ def _submit_committed(
     """The owner's lock, `statement` and the dispatch `lone` as one implicit transaction
     (autocommit + pipeline): sent together with the Sync that commits them; the answers (the
     statement's row, the dispatch's) read after it."""
-    with prepared_cursor() as cursor, prepared_cursor() as dispatch:
+    with connection.cursor() as cursor, connection.cursor() as dispatch:
         # Django's errors, as for any statement: the pipeline's Sync may raise the statement's
         with connection.wrap_database_errors, connection.connection.pipeline():
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
@@ -298,7 +297,7 @@ def _submit_joined(statement: str, params: dict[str, Any], owner: int, *,
                    lock: bool) -> tuple[Any, ...]:
     """The owner's lock (`lock`: not again on a retry, it is held) and `statement` in the
     current transaction: BEGIN and both in one pipelined round trip."""
-    with prepared_cursor() as cursor, _pipelined(first=lock):
+    with connection.cursor() as cursor, _pipelined(first=lock):
         if lock:
             # Its own statement, ahead of `_SUBMIT_PLAIN`, whose snapshot (taken when it starts,
             # after the lock is granted) then sees every earlier submit of the owner.
@@ -362,7 +361,7 @@ def _existing_run(
                     f"clientRunId {client_run_id!r} was already used for a different graph or target"
                 )
             return key.run, 0
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_IN_FLIGHT, {"owner": owner.pk, "sha": sha, "target": target})
         run_id, in_flight = cursor.fetchone()
     if run_id is None:
@@ -384,7 +383,7 @@ SELECT id FROM kept UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s
 
 def _graph_id(sha: str, graph: GraphDoc) -> int:
     """The stored graph of content hash `sha`, inserted on first use (one round trip)."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_GRAPH_UPSERT, {"sha": sha, "doc": json.dumps(graph.model_dump())})
         row = cursor.fetchone()
     if row is None:  # another transaction committed it after this statement's snapshot
@@ -594,7 +593,7 @@ def run_claim_next(
 
 def _claim(statement: str, params: dict[str, Any]) -> Claim | None:
     edge_check([RunStatus.QUEUED], RunStatus.RUNNING)
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(statement, {**params, "lease": settings.INLINE_LEASE_SECONDS})
         row = cursor.fetchone()
     if row is None:
@@ -666,7 +665,7 @@ def run_finish(
     if _finish_first_takes(claim, status, error, events, takes, next_run):
         return True
     with transaction.atomic():
-        with prepared_cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_FINISH, {
                 "status": status, "code": error.get("code", ""),
                 "message": error.get("message", ""), "node": error.get("nodeId") or "",
@@ -798,7 +797,7 @@ def _finish_first_takes(
                 "media_type": t.media_type, "size": t.size, "width": t.width, "height": t.height,
                 "seed": t.seed, "lineage": t.lineage} for t in rows])}
         with transaction.atomic():
-            with prepared_cursor() as cursor:
+            with connection.cursor() as cursor:
                 cursor.execute(_finish_first_takes_sql(), params)
                 row = cursor.fetchone()
             if row is None:

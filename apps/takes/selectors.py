@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import QuerySet
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.takes.models import Asset, Take
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+from inline_farm.rows import model_columns, model_from_row
 
 
 def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
@@ -17,7 +18,7 @@ def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-# A client fetches each take it is told about (its metadata, its bytes): one prepared statement
+# A client fetches each take it is told about (its metadata, its bytes): one statement
 # with the same scoping as `_scoped`, as the run read (apps/runs/selectors.py) does. The ORM's
 # two queries (the visible owners, then the take) took ~6.5 ms of a GET, the run's read ~3.7 ms.
 _TAKE_VISIBLE = f"""
@@ -30,7 +31,7 @@ WHERE t.id = %(take)s AND (%(all)s OR t.owner_id = %(me)s OR t.owner_id IN (
 
 def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
     """The take `take_id` if `user` may see it (own, a teammate's, or any for staff)."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_TAKE_VISIBLE, {"take": take_id, "all": user.is_staff, "me": user.pk})
         row = cursor.fetchone()
     return None if row is None else model_from_row(Take, row)
@@ -59,6 +60,6 @@ def assets_visible_to_owner(
     it, saving a lookup)."""
     if owner is None:
         owner = User.objects.get(pk=owner_id)
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
         return {str(row[0]) for row in cursor.fetchall()}
