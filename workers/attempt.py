@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -85,11 +84,10 @@ class _NextRun:
         self.me = me
         self.claim: Claim | None = None
 
-    def __call__(self, queue: str, heads: list[tuple[Any, ...]] | None = None) -> bool:
+    def __call__(self, queue: str) -> bool:
         if self.me.stopping.is_set():
             return False
-        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name,
-                                     heads=heads)
+        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name)
         return self.claim is not None
 
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken, Team
+from apps.accounts.models import ApiToken
 from apps.accounts.services import token_hash
 
 _TOUCH_EVERY = timedelta(minutes=1)
@@ -67,11 +68,30 @@ def _user_for_token_digest(digest: str) -> User | None:
     return token.user
 
 
+# Every read is scoped: a user reads their own work and their teammates'; staff read all. The
+# rule, written once: the teammates of user `{me}` (a parameter placeholder), as SQL that both
+# the ORM's `visible_owner_ids` and the hand-written reads (`owner_visible_sql`) embed.
+_TEAMMATES = ("SELECT mate.user_id FROM accounts_team_members mine JOIN accounts_team_members "
+              "mate ON mate.team_id = mine.team_id WHERE mine.user_id = {me}")
+
+
 def visible_owner_ids(user: User) -> QuerySet[User, Any] | None:
     """The owners whose work `user` may read (self and teammates) as a lazy query of user ids —
     `filter(owner_id__in=…)` makes it a subquery, so scoping costs no round trip of its own;
     None means all (staff)."""
     if user.is_staff:
         return None
-    teams = Team.objects.filter(members=user).values("pk")
-    return User.objects.filter(Q(pk=user.pk) | Q(teams__in=teams)).values("pk")
+    mates = RawSQL(_TEAMMATES.format(me="%s"), [user.pk])
+    return User.objects.filter(Q(pk=user.pk) | Q(pk__in=mates)).values("pk")
+
+
+def owner_visible_sql(column: str) -> str:
+    """`visible_owner_ids` as an SQL condition on the owner id `column`, for hand-written reads:
+    true where user `%(me)s` may read it, always when `%(all)s` (`owner_visible_params`)."""
+    mates = _TEAMMATES.format(me="%(me)s")
+    return f"(%(all)s OR {column} = %(me)s OR {column} IN ({mates}))"
+
+
+def owner_visible_params(user: User) -> dict[str, Any]:
+    """The parameters of an `owner_visible_sql` condition for reads by `user`."""
+    return {"all": user.is_staff, "me": user.pk}

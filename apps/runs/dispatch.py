@@ -11,13 +11,9 @@ reads only what it selects — one probe per owner waiting in the queue (a loose
 never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
 runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
 lock is taken only inside the one statement that counts and marks (`_pass`), never in a
-submit's or a finish's transaction — but a plain submit's own, whose pipeline commits without
-a round trip to this process: a submit whose run is the only eligible one of its queue (a farm
-that keeps up) skips the heads read, `lone_dispatch` marks it in one statement sent in the
-submit's implicit transaction (`inline_dispatch_submitted`: same lock, same recount). While
-every slot is taken no pass takes it: a slot that finishes either takes its next run in its
-finish's transaction (`queue_take_next`: the slot is never free, so nothing changes for anyone
-else) or dispatches after its commit.
+submit's or a finish's transaction. While every slot is taken no pass takes it: a slot that
+finishes either takes its next run in its finish's transaction (`queue_take_next`: the slot is
+never free, so nothing changes for anyone else) or dispatches after its commit.
 
 Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
 run whose web process died between commit and publish, or whose message the broker lost, is
@@ -27,13 +23,11 @@ stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -73,67 +67,7 @@ def queue_dispatch(queue: str) -> int:
     return _pass(queue, window)
 
 
-# A new run's dispatch when nothing else of its queue is eligible (migrations/runs/0005, 0006):
-# the busy count, the check that the policy has nothing to choose, the lock, the recount and the
-# mark, in one statement where a pass makes two round trips (heads, mark). A plain submit sends
-# it in its own transaction, after its statement (apps/runs/services.py `_submit_committed`).
-_LONE = "SELECT answer, error FROM inline_dispatch_submitted(%s, %s, %s, %s, %s, %s::uuid)"
-
-
-class DispatchFailed(Exception):
-    """A submit's dispatch failed on the server (its answer -2, migrations/runs/0006); the run
-    waits unpublished for beat's pass."""
-
-
-@dataclass(frozen=True)
-class LoneDispatch:
-    """A submitted run's dispatch (`lone_dispatch`): its statement and parameters, sent where
-    the caller chooses, then `answered` with the row the statement returned."""
-
-    queue: str
-    run_id: str
-    window: int
-    params: list[Any]
-    statement: ClassVar[str] = _LONE
-
-    def answered(self, answer: int, error: str | None) -> int:
-        """Act on the lone mark's answer once it committed: publish the run it marked (1), run
-        the full pass when others of the queue are eligible (-1: the policy orders them);
-        0: every slot is taken, or the run is gone or already marked. DispatchFailed for -2."""
-        if answer == -2:
-            raise DispatchFailed(error)
-        if answer < 0:
-            return _pass(self.queue, self.window)
-        if answer:
-            publish_after_commit(EXECUTE_TASK, args=[self.run_id], queue=self.queue)
-        return answer
-
-
-def lone_dispatch(queue: str, run_id: str) -> LoneDispatch | None:
-    """The dispatch of submitted run `run_id` when it is the only one of its queue the policy
-    could pick (a farm that keeps up: each run is dispatched as it arrives): marked in the
-    statement; when others wait, the full pass after it; when every slot is taken, nothing
-    (whoever frees one dispatches). None when nobody serves the queue."""
-    window = _queue_capacity(queue)
-    if window <= 0:
-        return None
-    return LoneDispatch(queue, run_id, window, [
-        LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, _fresh(), window, run_id])
-
-
-def queue_dispatch_submitted(queue: str, run_id: str) -> int:
-    """`lone_dispatch` sent on its own, in the current transaction (or its own)."""
-    lone = lone_dispatch(queue, run_id)
-    if lone is None:
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(lone.statement, lone.params)
-        answer, error = cursor.fetchone()
-    return lone.answered(answer, error)
-
-
-def queue_take_next(queue: str, *, worker: str, name: str,
-                    heads: list[tuple[Any, ...]] | None = None) -> Claim | None:
+def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
     """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
     `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot
     (`run_finish(next_run=…)`, workers/attempt.py). None when nothing is eligible, the queue's
@@ -146,16 +80,14 @@ def queue_take_next(queue: str, *, worker: str, name: str,
     message, the next run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
     free slot is this one: in a burst of quick runs that cost the worker more CPU than the run's
     graph (bench/hotpath.py under py-spy), and the claim was one more durable commit. The
-    choice is the policy's (`_heads`, `_pick`), read in this transaction as if the slot were
-    free already: `heads`, when the finish's own statement read them (`HEADS_JSON`, counting
-    its run as finished: one round trip less), else read here after its writes. Should more
-    slots be free than this one, the queue is dispatched after commit too."""
+    choice is the policy's (`_heads`, `_pick`), read in this transaction after the finish's
+    writes, as if the slot were free already. Should more slots be free than this one, the
+    queue is dispatched after commit too."""
     window = _queue_capacity(queue)
     if window <= 0:
         return None
     fresh = _fresh()
-    if heads is None:  # else read by the finish's own statement (`HEADS_JSON`)
-        heads = _heads(queue, fresh, window)
+    heads = _heads(queue, fresh, window)
     if not heads:
         return None
     # a few in the policy's order: one another slot or pass is taking meanwhile is skipped
@@ -209,28 +141,26 @@ def runs_dispatch() -> int:
 # trip less per pass). Read without the dispatch lock; the marking function counts again under
 # it. Every lookup has an index whose order or predicate fits it, so its plan stays flat in
 # queue depth whatever the queue; bench/dispatch.py measures it.
-_HEADS = """
+_HEADS = f"""
 WITH RECURSIVE busy AS (
-    SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s
-              AND id IS DISTINCT FROM %(leaving)s::uuid)
-         + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+    SELECT (SELECT count(*) FROM runs_run WHERE status = '{RunStatus.RUNNING}' AND queue = %(q)s)
+         + (SELECT count(*) FROM runs_run WHERE status = '{RunStatus.QUEUED}' AND queue = %(q)s
               AND dispatched_at >= %(fresh)s) AS n
 ), owners AS (
-    (SELECT owner_id FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+    (SELECT owner_id FROM runs_run WHERE status = '{RunStatus.QUEUED}' AND queue = %(q)s
        AND (SELECT n FROM busy) < %(window)s
      ORDER BY owner_id LIMIT 1)
   UNION ALL
-    SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = 'queued' AND r.queue = %(q)s
+    SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = '{RunStatus.QUEUED}' AND r.queue = %(q)s
               AND r.owner_id > owners.owner_id ORDER BY r.owner_id LIMIT 1)
     FROM owners WHERE owners.owner_id IS NOT NULL
 )
 SELECT head.id, owners.owner_id, head.priority, head.created_at,
-       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id
-          AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS owner_running,
+       (SELECT count(*) FROM runs_run x WHERE x.status = '{RunStatus.RUNNING}'
+          AND x.owner_id = owners.owner_id) AS owner_running,
        team.id AS team_id, COALESCE(team.weight, 1) AS team_weight,
        (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
-         WHERE x.status = 'running' AND m.team_id = team.id
-           AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS team_running,
+         WHERE x.status = '{RunStatus.RUNNING}' AND m.team_id = team.id) AS team_running,
        (SELECT n FROM busy) AS busy
 FROM owners
 LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
@@ -240,7 +170,7 @@ LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share al
 ) team ON true
 CROSS JOIN LATERAL (
     SELECT q.id, q.priority, q.created_at FROM runs_run q
-    WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
+    WHERE q.status = '{RunStatus.QUEUED}' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
       AND (q.dispatched_at IS NULL OR q.dispatched_at < %(fresh)s)
     ORDER BY q.priority DESC, q.created_at LIMIT %(window)s
 ) head
@@ -253,7 +183,7 @@ def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
     last, the queue's busy count), in one round trip; none when nothing is eligible or the
     queue's `window` is full."""
     with connection.cursor() as cursor:
-        cursor.execute(_HEADS, heads_params(queue, fresh, window))
+        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "window": window})
         return list(cursor.fetchall())
 
 
@@ -261,35 +191,6 @@ def _fresh() -> Any:
     """Published before this and not claimed: the message counts as lost (a run is eligible
     again, and no longer busy)."""
     return timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-
-
-def heads_params(queue: str, fresh: Any, window: int, leaving: str | None = None) -> dict[str, Any]:
-    """`_HEADS`'s parameters; `leaving`: a running run to count as finished already (its
-    finish's own statement reads the heads, and cannot see its own update)."""
-    return {"q": queue, "fresh": fresh, "window": window, "leaving": leaving}
-
-
-# `_HEADS` as one JSON text, for a finish's statement (apps/runs/services.py
-# `_FINISH_FIRST_TAKES`): the slot that finishes reads its queue's heads in the statement that
-# finishes its run, where it read them in a statement of its own (one round trip per chained
-# run). `created_at` as epoch seconds: `_pick` only compares them.
-HEADS_JSON = f"""(SELECT coalesce(json_agg(json_build_array(h.id, h.owner_id, h.priority,
-        extract(epoch FROM h.created_at), h.owner_running, h.team_id, h.team_weight,
-        h.team_running, h.busy)), '[]')::text
-    FROM ({_HEADS}) h)"""
-
-
-def heads_for_finish(queue: str, leaving: str, *, wanted: bool) -> dict[str, Any]:
-    """The parameters of a finish's `HEADS_JSON` for its run `leaving` of `queue`, with
-    `heads`: whether to read them at all — `wanted` (the slot may take the next run) and some
-    live worker serves the queue (else there is no next run to take)."""
-    window = _queue_capacity(queue) if wanted else 0
-    return {"heads": window > 0, **heads_params(queue, _fresh(), window, leaving)}
-
-
-def heads_from_json(text: str) -> list[tuple[Any, ...]]:
-    """`HEADS_JSON`'s rows, as `_heads` returns them (`created_at` as epoch seconds)."""
-    return [tuple(row) for row in json.loads(text)]
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
@@ -329,11 +230,12 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
 def _queues_waiting() -> list[str]:
     """Queues with queued runs (a loose index scan: one probe per queue, not per run)."""
     with connection.cursor() as cursor:
-        cursor.execute("""
+        cursor.execute(f"""
             WITH RECURSIVE qs AS (
-                (SELECT queue FROM runs_run WHERE status = 'queued' ORDER BY queue LIMIT 1)
+                (SELECT queue FROM runs_run WHERE status = '{RunStatus.QUEUED}'
+                 ORDER BY queue LIMIT 1)
               UNION ALL
-                SELECT (SELECT r.queue FROM runs_run r WHERE r.status = 'queued'
+                SELECT (SELECT r.queue FROM runs_run r WHERE r.status = '{RunStatus.QUEUED}'
                           AND r.queue > qs.queue ORDER BY r.queue LIMIT 1)
                 FROM qs WHERE qs.queue IS NOT NULL
             ) SELECT queue FROM qs WHERE queue IS NOT NULL""")
@@ -423,11 +325,11 @@ def _reroute_orphans() -> None:
 
 # --- the reaper -------------------------------------------------------------------------------
 
-_LOST = """
+_LOST = f"""
 SELECT r.id, r.lease_worker FROM runs_run r
-WHERE r.status = 'running' AND NOT EXISTS (
+WHERE r.status = '{RunStatus.RUNNING}' AND NOT EXISTS (
     SELECT 1 FROM fleet_worker w
-    WHERE w.name || '#' || w.incarnation = r.lease_worker AND w.state <> 'offline'
+    WHERE w.name || '#' || w.incarnation = r.lease_worker AND w.state <> '{WorkerState.OFFLINE}'
       AND w.last_heartbeat >= now() - make_interval(secs => %s))
 LIMIT 200
 """

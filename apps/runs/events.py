@@ -41,9 +41,9 @@ def run_event_append(
     return events_insert(run_id=run_id, first_seq=seq, events=[(type, payload)])[0]
 
 
-_FENCED_BUMP = """
+_FENCED_BUMP = f"""
 UPDATE runs_run SET last_seq = last_seq + %s
-WHERE id = %s AND status = 'running' AND attempts = %s
+WHERE id = %s AND status = '{RunStatus.RUNNING}' AND attempts = %s
 RETURNING last_seq
 """
 
@@ -58,10 +58,10 @@ def run_seqs_reserve(*, run_id: Any, attempt: int, count: int) -> int | None:
     return None if row is None else int(row[0]) - count + 1
 
 
-_APPEND_FENCED = """
+_APPEND_FENCED = f"""
 WITH bumped AS (
     UPDATE runs_run SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb)
-    WHERE id = %(run)s::uuid AND status = 'running' AND attempts = %(attempt)s
+    WHERE id = %(run)s::uuid AND status = '{RunStatus.RUNNING}' AND attempts = %(attempt)s
     RETURNING last_seq)
 INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
 SELECT %(run)s::uuid, b.last_seq - jsonb_array_length(%(events)s::jsonb) + e.n, e.doc->>0,

@@ -8,11 +8,11 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import visible_owner_ids
+from apps.accounts.selectors import owner_visible_params, owner_visible_sql, visible_owner_ids
 from apps.fleet.selectors import queue_wait_reason, queue_wait_reasons, serving_of, serving_params
 from apps.graphs.models import Graph
 from apps.runs.events import event_to_wire
-from apps.runs.models import Run, RunEvent
+from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.wire import run_to_wire
 from apps.takes.models import Take
 from inline_farm.rows import model_columns, model_from_row
@@ -34,13 +34,11 @@ def _runs_for(user: User) -> QuerySet[Run]:
 # serves its queue (why it waits), where that was a second statement for every such poll.
 RUN_VISIBLE = f"""
 SELECT {model_columns(Run, "r")}, g.sha256,
-       CASE WHEN r.status = 'queued' THEN {serving_of("r.queue")} END AS serving,
+       CASE WHEN r.status = '{RunStatus.QUEUED}' THEN {serving_of("r.queue")} END AS serving,
        {model_columns(Take, "t")}
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 LEFT JOIN takes_take t ON t.run_id = r.id
-WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE r.id = %(run)s AND {owner_visible_sql("r.owner_id")}
 ORDER BY t.created_at, t.node_id, t.index
 """
 _RUN_COLUMNS = len(Run._meta.concrete_fields)
@@ -56,7 +54,7 @@ def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
 
 
 def run_visible_params(user: User, run_id: Any) -> dict[str, Any]:
-    return {"run": run_id, "all": user.is_staff, "me": user.pk, **serving_params()}
+    return {"run": run_id, **owner_visible_params(user), **serving_params()}
 
 
 def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:

@@ -10,30 +10,25 @@ progress flushes (one per flush), finish (one, with the takes and the last event
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from apps.fleet.models import WorkerState
 from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
 from apps.fleet.selectors import LiveFleet
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.events import (
-    events_doc,
     events_insert,
-    events_publish,
     run_event_append,
     run_events_append_fenced,
     run_group,
@@ -43,21 +38,11 @@ from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.runs.transitions import edge_check, run_move
 from apps.runs.wire import run_done_payload
 from apps.takes.models import Take
-from apps.takes.selectors import ASSETS_VISIBLE, assets_visible_to_owner
+from apps.takes.selectors import assets_visible_to_owner
 from apps.takes.services import TakeDraft, takes_insert, takes_keep
-from apps.takes.storage import (
-    BLOB_LOCK_SPACE,
-    blob_lock_key,
-    blob_place,
-    blob_stage_soon,
-    blob_unstage,
-)
 from apps.takes.wire import take_to_wire
 from inline_farm.effects import group_send_after_commit
 from inline_farm.ids import is_uuid
-
-if TYPE_CHECKING:
-    from apps.runs.dispatch import LoneDispatch
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +100,10 @@ def run_submit(
     """
     normalised = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
     order = closure_order(normalised, target)
-    assets = list(param_refs(normalised, order, "asset"))
-    plain = client_run_id is None and not _team_limits(owner)
-    if not plain:
-        _assets_check(owner, assets)  # the plain path checks them in its statement
+    _assets_check(owner, list(param_refs(normalised, order, "asset")))
     requirement, queue = _requirement(normalised, order)
     _priority_check(owner, priority)
     sha = normalised.sha256()
-    if plain:
-        return _run_create_plain(owner, normalised, sha, target, priority, requirement, queue,
-                                 assets)
     try:
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
                                    requirement, queue)
@@ -168,180 +147,18 @@ def dispatch_after_commit(queue: str) -> None:
     transaction.on_commit(lambda: dispatch_queue_soon(queue), robust=True)
 
 
-# A submit without clientRunId by an owner without team limits (the common case), after the
-# owner's lock: which of its assets the owner may use, the coalescing and in-flight checks, the
-# graph upsert and the run's insert (both only when every check passes), in one statement
-# where they were five (bench/hotpath.py's web-side timeline). The asset check is
-# `assets_visible_to_owner`'s statement. The INSERT's columns and casts come from the Run model
-# (`_submit_plain`), so a migration that adds a column changes the text.
-_SUBMIT_PLAIN = """
-WITH visible AS ({assets_visible}), flight AS (
-    SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
-            WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
-              AND r.status IN ('queued', 'running') LIMIT 1) AS same,
-           (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
-              AND status IN ('queued', 'running')) AS busy
-), go AS (
-    SELECT 1 FROM flight WHERE same IS NULL AND busy < %(limit)s AND %(found)s = (
-        SELECT count(*) FROM visible)
-), stored AS (
-    INSERT INTO graphs_graph (sha256, document, created_at)
-    SELECT %(sha)s, %(doc)s::jsonb, now() FROM go
-    ON CONFLICT (sha256) DO NOTHING RETURNING id
-), graph AS (
-    SELECT id FROM stored
-    UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s AND EXISTS (SELECT 1 FROM go)
-    LIMIT 1
-), made AS (
-    {insert} RETURNING graph_id
-)
-SELECT flight.same, flight.busy, (SELECT graph_id FROM made), ARRAY(SELECT id FROM visible)
-FROM flight
-"""
-
-
-@functools.cache
-def _submit_plain() -> tuple[str, list[Any]]:
-    """(`_SUBMIT_PLAIN` with the run's INSERT filled in from the Run model, the fields whose
-    values that INSERT takes as parameters `f_<column>`); the graph's id comes from the
-    statement."""
-    fields = list(Run._meta.concrete_fields)
-    columns = ", ".join(f.column for f in fields)
-    values = ", ".join("graph.id" if f.column == "graph_id"
-                       else f"%(f_{f.column})s::{f.db_type(connection)}" for f in fields)
-    insert = f"INSERT INTO runs_run ({columns}) SELECT {values} FROM graph"
-    statement = _SUBMIT_PLAIN.format(insert=insert, assets_visible=ASSETS_VISIBLE)
-    return statement, [f for f in fields if f.column != "graph_id"]
-
-
-def _run_create_plain(
-    owner: User, graph: GraphDoc, sha: str, target: str, priority: int,
-    requirement: dict[str, Any], queue: str, assets: list[AssetRef],
-) -> tuple[Run, bool]:
-    """`_run_create_or_find` (and `_assets_check`) without clientRunId or team limits, with its
-    dispatch, in one round trip.
-
-    Outside any transaction (the API's submit): the owner's lock, `_SUBMIT_PLAIN` and the run's
-    dispatch (`lone_dispatch`: the mark, when the run is the only one its queue could pick),
-    pipelined in autocommit mode, are one implicit transaction that the pipeline's Sync commits
-    on the server — no BEGIN, no COMMIT, no round trip of the dispatch's own. Each statement of
-    it takes its own snapshot, so the statement, run after the lock is granted, sees every
-    earlier submit of the owner (as in a transaction block). When its checks refuse, it wrote
-    nothing (and the dispatch found no run to mark). A dispatch that fails is undone on its own,
-    robust as `dispatch_after_commit`. Inside a caller's transaction (tests, a caller that
-    writes more) the two statements join it and the dispatch waits for its commit."""
-    limits = _limits_of(owner)
-    limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
-    run = Run(owner=owner, target=target, priority=priority, requirement=requirement,
-              queue=queue, created_at=timezone.now())
-    statement, fields = _submit_plain()
-    params = {f"f_{f.column}": f.get_db_prep_save(getattr(run, f.attname), connection)
-              for f in fields}
-    wanted = sorted(set(_asset_ids(assets)))
-    # `found` counts every distinct reference, malformed ones too (never visible): the statement
-    # then inserts only when all of them are the owner's — it commits, nothing rolls it back
-    named = {str(value) for _, _, value in assets}
-    params.update(owner=owner.pk, sha=sha, target=target, limit=limit,
-                  doc=json.dumps(graph.model_dump()), ids=wanted, found=len(named),
-                  all=owner.is_staff, me=owner.pk)
-    own = not connection.in_atomic_block
-    from apps.runs.dispatch import lone_dispatch
-
-    lone = lone_dispatch(run.queue, str(run.pk)) if own else None
-    dispatched: tuple[Any, ...] | None = None
-    for attempt in range(2):
-        if own:
-            (same, busy, graph_id, visible), dispatched = _submit_committed(
-                statement, params, owner.pk, lone)
-        else:
-            with transaction.atomic():
-                same, busy, graph_id, visible = _submit_joined(statement, params, owner.pk,
-                                                               lock=attempt == 0)
-        _assets_found(assets, {str(v) for v in visible})
-        if same is not None:
-            return Run.objects.get(pk=same), False  # coalesced onto the run in flight
-        if busy >= limit:
-            raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
-        if graph_id is not None:
-            break
-        # Another submit committed the same new graph after this statement's snapshot was taken:
-        # its insert waited and did nothing, and the snapshot cannot see the row. Look again.
-    else:
-        raise IntegrityError(f"graph {sha} was neither inserted nor found")
-    run.graph_id = graph_id
-    run._state.adding, run._state.db = False, connection.alias  # as the ORM leaves a saved row
-    if own:
-        _dispatch_submitted(lone, dispatched)
-    else:
-        dispatch_after_commit(run.queue)
-    return run, True
-
-
-def _submit_committed(
-    statement: str, params: dict[str, Any], owner: int, lone: LoneDispatch | None
-) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
-    """The owner's lock, `statement` and the dispatch `lone` as one implicit transaction
-    (autocommit + pipeline): sent together with the Sync that commits them; the answers (the
-    statement's row, the dispatch's) read after it."""
-    with connection.cursor() as cursor, connection.cursor() as dispatch:
-        # Django's errors, as for any statement: the pipeline's Sync may raise the statement's
-        with connection.wrap_database_errors, connection.connection.pipeline():
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
-            cursor.execute(statement, params)
-            if lone is not None:
-                dispatch.execute(lone.statement, lone.params)
-        return tuple(cursor.fetchone()), None if lone is None else tuple(dispatch.fetchone())
-
-
-def _submit_joined(statement: str, params: dict[str, Any], owner: int, *,
-                   lock: bool) -> tuple[Any, ...]:
-    """The owner's lock (`lock`: not again on a retry, it is held) and `statement` in the
-    current transaction: BEGIN and both in one pipelined round trip."""
-    with connection.cursor() as cursor, _pipelined(first=lock):
-        if lock:
-            # Its own statement, ahead of `_SUBMIT_PLAIN`, whose snapshot (taken when it starts,
-            # after the lock is granted) then sees every earlier submit of the owner.
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner])
-        cursor.execute(statement, params)
-        return tuple(cursor.fetchone())
-
-
-def _dispatch_submitted(lone: LoneDispatch | None, answer: tuple[Any, ...] | None) -> None:
-    """After a committed submit: act on its dispatch's answer (publish its run, or the full
-    pass), robust as `dispatch_after_commit`: a dispatch that failed (the database gone a moment,
-    its function refusing) is logged and the submit still answers; beat's pass publishes."""
-    if lone is None or answer is None:
-        return  # nobody serves the queue (yet): nothing to publish
-    try:
-        lone.answered(*answer)
-    except Exception:
-        log.exception("dispatching queue %s after the submit of run %s failed; beat's pass "
-                      "will publish it", lone.queue, lone.run_id)
-
-
-@contextmanager
-def _pipelined(*, first: bool) -> Iterator[None]:
-    """psycopg's pipeline mode on this connection while the block runs (`first`): statements are
-    sent without waiting for each answer; a fetch waits for all of them, in order."""
-    if not first:
-        yield
-        return
-    with connection.connection.pipeline():
-        yield
-
-
 def advisory_lock(namespace: int, key: int) -> None:
     """Take a transaction-scoped advisory lock (call inside `transaction.atomic()`)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
-_IN_FLIGHT = """
+_IN_FLIGHT = f"""
 SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
         WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
-          AND r.status IN ('queued', 'running') LIMIT 1),
+          AND r.status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}') LIMIT 1),
        (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
-          AND status IN ('queued', 'running'))
+          AND status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}'))
 """
 
 
@@ -534,20 +351,20 @@ def run_stop_notify(*, run_id: Any) -> None:
 
 # --- the worker's side ------------------------------------------------------------------------
 
-_CLAIM = """
+_CLAIM = f"""
 WITH claimed AS (
     UPDATE runs_run AS r
-    SET status = 'running', attempts = r.attempts + 1, lease_worker = %(worker)s,
+    SET status = '{RunStatus.RUNNING}', attempts = r.attempts + 1, lease_worker = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease)s),
         started_at = COALESCE(r.started_at, now()), dispatched_at = NULL,
         last_seq = r.last_seq + 1
     FROM graphs_graph AS g
-    WHERE r.id = {which} AND r.status = 'queued' AND g.id = r.graph_id{also}
+    WHERE r.id = {{which}} AND r.status = '{RunStatus.QUEUED}' AND g.id = r.graph_id{{also}}
     RETURNING r.id, r.attempts, r.owner_id, r.target, r.queue, r.last_seq, g.sha256, g.document
 ), logged AS (
     INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
     SELECT id, last_seq, 'status', jsonb_build_object(
-        'status', 'running', 'attempt', attempts, 'worker', %(worker)s::text), now()
+        'status', '{RunStatus.RUNNING}', 'attempt', attempts, 'worker', %(worker)s::text), now()
     FROM claimed
     RETURNING seq
 )
@@ -557,13 +374,14 @@ _CLAIM_DELIVERED = _CLAIM.format(which="%(run)s", also="")
 # The next run of a slot whose finish is in the same transaction (`run_claim_next`): the first
 # candidate still waiting and unpublished that no other transaction holds, and only while the
 # worker is online — a drained worker takes no new run, however it would get it.
-_CLAIM_NEXT = _CLAIM.format(which="""(
+_CLAIM_NEXT = _CLAIM.format(which=f"""(
         SELECT c.id FROM unnest(%(candidates)s::uuid[]) WITH ORDINALITY AS c(id, n)
         JOIN runs_run x ON x.id = c.id
-        WHERE x.status = 'queued' AND x.queue = %(queue)s
+        WHERE x.status = '{RunStatus.QUEUED}' AND x.queue = %(queue)s
           AND (x.dispatched_at IS NULL OR x.dispatched_at < %(fresh)s)
-        ORDER BY c.n LIMIT 1 FOR UPDATE OF x SKIP LOCKED)""", also="""
-      AND EXISTS (SELECT 1 FROM fleet_worker w WHERE w.name = %(name)s AND w.state = 'online')""")
+        ORDER BY c.n LIMIT 1 FOR UPDATE OF x SKIP LOCKED)""", also=f"""
+      AND EXISTS (SELECT 1 FROM fleet_worker w WHERE w.name = %(name)s
+                  AND w.state = '{WorkerState.ONLINE}')""")
 
 
 def run_claim(*, run_id: str, worker: str) -> Claim | None:
@@ -633,19 +451,19 @@ def run_events_flush(
     return kept
 
 
-_FINISH = """
+_FINISH = f"""
 UPDATE runs_run
 SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
     error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
     last_seq = last_seq + %(events)s
-WHERE id = %(run)s AND attempts = %(attempt)s AND status = 'running'
+WHERE id = %(run)s AND attempts = %(attempt)s AND status = '{RunStatus.RUNNING}'
 RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id),
-    EXISTS (SELECT 1 FROM runs_run w WHERE w.status = 'queued' AND w.queue = runs_run.queue)
+    EXISTS (SELECT 1 FROM runs_run w WHERE w.status = '{RunStatus.QUEUED}' AND w.queue = runs_run.queue)
 """
 
 # Called inside a finish's transaction, after its writes, with the run's queue, when runs of
 # that queue wait: may claim one of them for the finishing slot; returns whether it did.
-NextRun = Callable[[str, "list[tuple[Any, ...]] | None"], bool]
+NextRun = Callable[[str], bool]
 
 
 def run_finish(
@@ -662,8 +480,6 @@ def run_finish(
     queue's busy count is unchanged and there is nothing to dispatch."""
     edge_check([RunStatus.RUNNING], status)
     error = error or {}
-    if _finish_first_takes(claim, status, error, events, takes, next_run):
-        return True
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(_FINISH, {
@@ -692,134 +508,12 @@ def run_finish(
     return True
 
 
-def _after_finish(queue: str, waiting: bool, next_run: NextRun | None,
-                  heads: list[tuple[Any, ...]] | None = None) -> None:
-    """The end of a finish's transaction: the slot's next run (`heads`: the queue's, when the
-    finish's statement read them), or the queue's dispatch after commit."""
-    if waiting and next_run is not None and next_run(queue, heads):
+def _after_finish(queue: str, waiting: bool, next_run: NextRun | None) -> None:
+    """The end of a finish's transaction: the slot's next run, or the queue's dispatch after
+    commit."""
+    if waiting and next_run is not None and next_run(queue):
         return
     dispatch_after_commit(queue)
-
-
-# The finish of a run that has no take yet (the common case: a quick graph's takes all come
-# with its finish) in one statement: the takes' blob locks, the fenced status change, the takes
-# and the last events. With BEGIN and COMMIT that is three round trips where the general path
-# below makes six (bench/hotpath.py's worker-side timeline). No row: the attempt lost the run,
-# or the run has takes already (an earlier flush or attempt) — the general path answers both.
-_FINISH_FIRST_TAKES = """
-WITH held AS (
-    SELECT count(pg_advisory_xact_lock_shared(%(space)s, k)) AS n FROM unnest(%(keys)s::int[]) k
-), done AS (
-    UPDATE runs_run
-    SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
-        error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
-        last_seq = last_seq + jsonb_array_length(%(events)s::jsonb)
-    WHERE id = %(run)s::uuid AND attempts = %(attempt)s AND status = 'running'
-      AND NOT EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = %(run)s::uuid)
-      AND (SELECT n FROM held) >= 0
-    RETURNING last_seq, queue,
-        EXISTS (SELECT 1 FROM runs_run w WHERE w.status = 'queued' AND w.queue = runs_run.queue)
-            AS waiting
-), kept AS (
-    INSERT INTO takes_take (id, run_id, owner_id, node_id, index, sha256, media_type, size,
-                            width, height, seed, lineage, created_at)
-    SELECT t.id, %(run)s::uuid, %(owner)s, t.node_id, t.index, t.sha256, t.media_type, t.size,
-           t.width, t.height, t.seed, t.lineage, %(created)s
-    FROM done, jsonb_to_recordset(%(takes)s::jsonb)
-         AS t(id uuid, node_id text, index int, sha256 text, media_type text, size bigint,
-              width int, height int, seed bigint, lineage jsonb)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-), logged AS (
-    INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
-    SELECT %(run)s::uuid, done.last_seq - jsonb_array_length(%(events)s::jsonb) + e.n,
-           e.doc->>0, e.doc->1, now()
-    FROM done, jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(doc, n)
-    RETURNING 1
-)
-SELECT last_seq, queue, waiting, (SELECT count(*) FROM kept), (SELECT count(*) FROM logged),
-       CASE WHEN %(heads)s AND waiting THEN {heads_json} END
-FROM done
-"""
-
-
-@functools.cache
-def _finish_first_takes_sql() -> str:
-    """`_FINISH_FIRST_TAKES` with the dispatcher's heads read (`HEADS_JSON`) filled in: read
-    (only for a slot that may take the queue's next run, `%(heads)s`, while runs of the queue
-    wait) in the statement that finishes the run, counting that run as finished (`leaving`)."""
-    from apps.runs.dispatch import HEADS_JSON
-
-    return _FINISH_FIRST_TAKES.format(heads_json=HEADS_JSON)
-
-
-class _NotFirstTakes(Exception):
-    """Roll `_finish_first_takes` back: the general path keeps one take per slot."""
-
-
-def _finish_first_takes(
-    claim: Claim, status: str, error: dict[str, str],
-    events: Sequence[tuple[str, dict[str, Any]]], takes: Sequence[TakeDraft],
-    next_run: NextRun | None,
-) -> bool:
-    """`run_finish` for a run with no take yet; False (nothing written) to leave it to the
-    general path. The bytes are written to disk meanwhile (staged: nobody's yet) and named
-    after the statement, which holds their blob locks until commit (apps/takes/storage.py), and
-    only when it wrote the takes: an attempt that lost the run keeps none."""
-    now = timezone.now()
-    rows = sorted((Take(id=uuid.uuid4(), run_id=claim.run_id, owner_id=claim.owner_id,
-                        node_id=d.node_id, index=d.index, sha256=hashlib.sha256(d.data).hexdigest(),
-                        media_type=d.media_type, size=len(d.data), width=d.width,
-                        height=d.height, seed=d.seed, lineage=d.lineage, created_at=now)
-                   for d in takes), key=lambda t: (t.node_id, t.index))  # as Take's ordering
-    drafts = sorted(takes, key=lambda d: (d.node_id, d.index))  # as `rows`
-    # The takes' bytes go to disk (temp files that are nobody's until `blob_place` names them
-    # under the statement's blob locks) while this thread prepares and sends BEGIN and the
-    # statement: their fsync was the finish's longest wait (bench/timeline.py).
-    staging = blob_stage_soon([(d.data, t.sha256) for t, d in zip(rows, drafts, strict=True)]
-                              ) if rows else None
-    placed = False
-    try:
-        every = [take_to_wire(t) for t in rows]
-        kept = {(t["nodeId"], t["index"]): t for t in every}
-        done = {"status": status, "error": run_error_of(error), "takes": every}
-        bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
-        from apps.runs.dispatch import heads_for_finish, heads_from_json
-
-        heads = heads_for_finish(claim.queue, claim.run_id, wanted=next_run is not None)
-        params = {
-            **heads, "space": BLOB_LOCK_SPACE, "keys": sorted({blob_lock_key(t.sha256) for t in rows}),
-            "status": status, "code": error.get("code", ""), "message": error.get("message", ""),
-            "node": error.get("nodeId") or "", "run": claim.run_id, "attempt": claim.attempt,
-            "owner": claim.owner_id, "created": now, "events": events_doc(bound),
-            "takes": json.dumps([{
-                "id": str(t.id), "node_id": t.node_id, "index": t.index, "sha256": t.sha256,
-                "media_type": t.media_type, "size": t.size, "width": t.width, "height": t.height,
-                "seed": t.seed, "lineage": t.lineage} for t in rows])}
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(_finish_first_takes_sql(), params)
-                row = cursor.fetchone()
-            if row is None:
-                return False  # the general path answers
-            last_seq, queue, waiting, inserted, logged, heads_read = row
-            if (inserted, logged) != (len(rows), len(bound)):  # two drafts of one slot
-                raise _NotFirstTakes
-            staged = staging.result() if staging is not None else []
-            for take, draft, tmp in zip(rows, drafts, staged, strict=True):
-                blob_place(tmp, draft.data, take.sha256)  # under the statement's blob locks
-            placed = True
-            first = last_seq - len(bound) + 1
-            events_publish(claim.run_id, [{**p, "type": t, "runId": claim.run_id, "seq": first + i}
-                                          for i, (t, p) in enumerate(bound)])
-            _after_finish(queue, waiting, next_run,
-                          None if heads_read is None else heads_from_json(heads_read))
-    except _NotFirstTakes:
-        return False
-    finally:
-        if staging is not None and not placed:  # the run was lost, or the finish failed
-            blob_unstage(staging)
-    return True
 
 
 def run_error_of(error: dict[str, str]) -> dict[str, Any] | None:
@@ -889,7 +583,7 @@ def run_leases_renew(*, worker: str, held: Sequence[tuple[str, int]]) -> set[str
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE runs_run SET lease_expires_at = now() + make_interval(secs => %s) "
-            "WHERE status = 'running' AND lease_worker = %s AND (id, attempts) IN "
+            f"WHERE status = '{RunStatus.RUNNING}' AND lease_worker = %s AND (id, attempts) IN "
             "(SELECT * FROM unnest(%s::uuid[], %s::int[])) RETURNING id",
             [settings.INLINE_LEASE_SECONDS, worker, [r for r, _ in held], [a for _, a in held]],
         )

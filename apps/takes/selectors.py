@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import visible_owner_ids
+from apps.accounts.selectors import owner_visible_params, owner_visible_sql, visible_owner_ids
 from apps.takes.models import Asset, Take
 from inline_farm.rows import model_columns, model_from_row
 
@@ -23,9 +23,7 @@ def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
 # two queries (the visible owners, then the take) took ~6.5 ms of a GET, the run's read ~3.7 ms.
 _TAKE_VISIBLE = f"""
 SELECT {model_columns(Take, "t")} FROM takes_take t
-WHERE t.id = %(take)s AND (%(all)s OR t.owner_id = %(me)s OR t.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE t.id = %(take)s AND {owner_visible_sql("t.owner_id")}
 """
 
 
@@ -42,12 +40,10 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
 
 
 # The assets (`%(ids)s`) that user `%(me)s` may use: own, a teammate's, any when `%(all)s`
-# (staff). Also part of a plain submit's statement (apps/runs/services.py `_SUBMIT_PLAIN`).
-ASSETS_VISIBLE = """
+# (staff).
+ASSETS_VISIBLE = f"""
 SELECT a.id FROM takes_asset a
-WHERE a.id = ANY(%(ids)s::uuid[]) AND (%(all)s OR a.owner_id = %(me)s OR a.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE a.id = ANY(%(ids)s::uuid[]) AND {owner_visible_sql("a.owner_id")}
 """
 
 
@@ -61,5 +57,5 @@ def assets_visible_to_owner(
     if owner is None:
         owner = User.objects.get(pk=owner_id)
     with connection.cursor() as cursor:
-        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
+        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, **owner_visible_params(owner)})
         return {str(row[0]) for row in cursor.fetchall()}
