@@ -1,4 +1,4 @@
-"""The dispatcher and the reaper: where the farm's scheduling policy lives (not in the broker).
+"""The dispatcher: where the farm's scheduling policy lives (not in the broker).
 
 Runs wait in Postgres as `queued`. A queue gets messages only for free slots: its window is
 the slots of the live, non-draining workers serving it (+ INLINE_DISPATCH_WINDOW), less its
@@ -15,10 +15,7 @@ submit's or a finish's transaction. While every slot is taken no pass takes it: 
 finishes either takes its next run in its finish's transaction (`queue_take_next`: the slot is
 never free, so nothing changes for anyone else) or dispatches after its commit.
 
-Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
-run whose web process died between commit and publish, or whose message the broker lost, is
-published again within INLINE_REDISPATCH_SECONDS; `runs_reap` requeues the runs of workers that
-stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
+Beat's safety net (every pass over every queue, rerouting, the reaper) is apps/runs/recovery.py.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -34,26 +32,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.fleet.models import WorkerState
-from apps.fleet.routing import RunCannotFit
-from apps.fleet.selectors import queue_for, workers_live
-from apps.runs.events import run_event_append
-from apps.runs.models import Run, RunStatus
-from apps.runs.services import (
-    LOCK_QUEUE_DISPATCH,
-    Claim,
-    dispatch_after_commit,
-    run_claim_next,
-    run_stop_notify,
-)
-from apps.runs.transitions import run_move
-from apps.runs.wire import run_done_payload
+from apps.fleet.selectors import workers_live
+from apps.runs.models import RunStatus
 from inline_farm.effects import publish_after_commit
 
 log = logging.getLogger(__name__)
 
 EXECUTE_TASK = "workers.tasks.execute_run"
 CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's slots
-NEXT_CANDIDATES = 4  # runs a finishing slot tries, in order, for its next (`queue_take_next`)
+LOCK_QUEUE_DISPATCH = 2  # the queues' advisory-lock namespace (pg_advisory_xact_lock(2, key))
 
 
 # --- dispatch ---------------------------------------------------------------------------------
@@ -67,22 +54,29 @@ def queue_dispatch(queue: str) -> int:
     return _pass(queue, window)
 
 
-def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
-    """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
-    `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot
-    (`run_finish(next_run=…)`, workers/attempt.py). None when nothing is eligible, the queue's
-    window is full without that slot, or the worker is no longer online (a drained worker takes
-    no new run): the finish then dispatches after commit as any other.
+def dispatch_after_commit(queue: str) -> None:
+    """Dispatch `queue` once the current transaction commits (a submit, finish, cancel or
+    requeue: the queue's lock is taken only in a statement of its own, never in such a
+    transaction). Robust: what was committed stands, so a pass that fails (the database gone a
+    moment) is logged, not raised into the caller — a submit still answers 201 — and beat's pass
+    publishes what waits within INLINE_REDISPATCH_SECONDS, as it does for a process that died
+    in between."""
+    transaction.on_commit(lambda: queue_dispatch(queue), robust=True)
 
-    The finished run and the next one change places in one commit, so the slot is never free in
-    between: the queue's busy count is the same before and after, and no pass — the web's after
-    a submit, another slot's — sees a slot to fill or needs the dispatch lock for it. Sent as a
-    message, the next run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
-    free slot is this one: in a burst of quick runs that cost the worker more CPU than the run's
-    graph (bench/hotpath.py under py-spy), and the claim was one more durable commit. The
-    choice is the policy's (`_heads`, `_pick`), read in this transaction after the finish's
-    writes, as if the slot were free already. Should more slots be free than this one, the
-    queue is dispatched after commit too."""
+
+@dataclass(frozen=True)
+class NextPicks:
+    """The policy's next runs of a queue for a slot about to free up (`queue_next_picks`)."""
+
+    candidates: list[str]  # in the policy's order
+    fresh: Any  # published before this and not claimed: eligible again
+    others_free: bool  # more slots than the one are free: dispatch after commit too
+
+
+def queue_next_picks(queue: str, room: int) -> NextPicks | None:
+    """Up to `room` runs of `queue` in the policy's order, read as if one more slot were free
+    (a finishing slot's next run: apps/runs/services/attempts.py `queue_take_next`); None when
+    nobody serves the queue, nothing is eligible or its window is full without that slot."""
     window = _queue_capacity(queue)
     if window <= 0:
         return None
@@ -90,12 +84,7 @@ def queue_take_next(queue: str, *, worker: str, name: str) -> Claim | None:
     heads = _heads(queue, fresh, window)
     if not heads:
         return None
-    # a few in the policy's order: one another slot or pass is taking meanwhile is skipped
-    claim = run_claim_next(candidates=_pick(heads, NEXT_CANDIDATES), queue=queue,
-                           fresh=fresh, worker=worker, name=name)
-    if claim is not None and window - heads[0][-1] > 1:
-        dispatch_after_commit(queue)  # the other free slots
-    return claim
+    return NextPicks(_pick(heads, room), fresh, window - heads[0][-1] > 1)
 
 
 # The locked part of a pass is one statement on the server (migrations/runs/0003: the queue's
@@ -125,12 +114,6 @@ def _pass(queue: str, window: int) -> int:
     for run_id in published:
         publish_after_commit(EXECUTE_TASK, args=[run_id], queue=queue)
     return len(published)
-
-
-def runs_dispatch() -> int:
-    """The safety-net pass: reroute orphans, then dispatch every queue with waiting runs."""
-    _reroute_orphans()
-    return sum(queue_dispatch(queue) for queue in _queues_waiting())
 
 
 # The queue's busy count (running + published and not yet claimed), then — only while that
@@ -227,21 +210,6 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
     return chosen
 
 
-def _queues_waiting() -> list[str]:
-    """Queues with queued runs (a loose index scan: one probe per queue, not per run)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"""
-            WITH RECURSIVE qs AS (
-                (SELECT queue FROM runs_run WHERE status = '{RunStatus.QUEUED}'
-                 ORDER BY queue LIMIT 1)
-              UNION ALL
-                SELECT (SELECT r.queue FROM runs_run r WHERE r.status = '{RunStatus.QUEUED}'
-                          AND r.queue > qs.queue ORDER BY r.queue LIMIT 1)
-                FROM qs WHERE qs.queue IS NOT NULL
-            ) SELECT queue FROM qs WHERE queue IS NOT NULL""")
-        return [row[0] for row in cursor.fetchall()]
-
-
 def queue_lock_key(queue: str) -> int:
     """A stable int4 for a queue name: the second key of its dispatch lock (the first is
     LOCK_QUEUE_DISPATCH)."""
@@ -270,109 +238,5 @@ def _queue_capacity(queue: str) -> int:
 
 
 def capacity_forget() -> None:
-    """Make the next dispatch and the next reroute pass read the fleet again (tests)."""
+    """Make the next dispatch read the fleet again (tests)."""
     _capacity["at"] = float("-inf")
-    _reroute.update(fleet=None, changed=float("-inf"), looked=float("-inf"))
-
-
-REROUTE_SETTLE_S = 10.0  # after the fleet changes, every pass looks for orphans this long
-REROUTE_FULL_EVERY_S = 60.0  # and one pass looks at least this often, whatever the fleet does
-_reroute: dict[str, Any] = {"fleet": None, "changed": float("-inf"), "looked": float("-inf")}
-
-
-def _reroute_orphans() -> None:
-    """Move queued runs off queues that no live worker serves, when another queue now fits.
-
-    The queue is chosen at submit; workers come and go (drained, replaced, new GPU types), so a
-    run must not wait forever on a queue nobody listens to. One `queue_for` per distinct
-    requirement, one UPDATE per group.
-
-    Finding those requirements reads every queued run of an unserved queue (6 ms per pass at
-    10,000 queued, bench/dispatch.py's backlog), so a pass looks only when the answer can have
-    changed: the live fleet (what `queue_for` reads) differs from the last look, or changed less
-    than REROUTE_SETTLE_S ago (a submit routed by the old fleet may commit after the first
-    look), or REROUTE_FULL_EVERY_S has passed. With the same fleet, a run submitted since was
-    routed by that fleet already.
-    """
-    fleet = list(workers_live().order_by("name").values_list(
-        "name", "incarnation", "state", "queues", "device", "model_files"))
-    if not fleet:
-        return  # no live worker at all: nothing better to choose, keep the submit-time choice
-    now, seen = time.monotonic(), hash(repr(fleet))
-    if seen != _reroute["fleet"]:
-        _reroute.update(fleet=seen, changed=now)
-    elif (now - _reroute["changed"] > REROUTE_SETTLE_S
-          and now - _reroute["looked"] < REROUTE_FULL_EVERY_S):
-        return
-    _reroute["looked"] = now
-    # A queue whose workers are all draining counts as unserved: its runs move to another pool
-    # when one fits them (else they stay, and their wait reason says the pool is draining).
-    served = {q for _, _, state, queues, _, _ in fleet if state != WorkerState.DRAINING
-              for q in queues}
-    orphans = (
-        Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
-        .values_list("queue", "requirement").distinct()
-    )
-    for queue, requirement in orphans.order_by()[:50]:
-        try:
-            better = queue_for(requirement)
-        except RunCannotFit:
-            continue  # its files' holders are too small now: it waits for a bigger worker
-        if better != queue and better in served:
-            Run.objects.filter(status=RunStatus.QUEUED, queue=queue,
-                               requirement=requirement).update(queue=better, dispatched_at=None)
-
-
-# --- the reaper -------------------------------------------------------------------------------
-
-_LOST = f"""
-SELECT r.id, r.lease_worker FROM runs_run r
-WHERE r.status = '{RunStatus.RUNNING}' AND NOT EXISTS (
-    SELECT 1 FROM fleet_worker w
-    WHERE w.name || '#' || w.incarnation = r.lease_worker AND w.state <> '{WorkerState.OFFLINE}'
-      AND w.last_heartbeat >= now() - make_interval(secs => %s))
-LIMIT 200
-"""
-
-
-def runs_reap() -> int:
-    """Requeue the runs of lost workers (no heartbeat for INLINE_WORKER_LOST_SECONDS) and runs
-    whose lease expired; past INLINE_MAX_ATTEMPTS, fail them with the reason."""
-    with connection.cursor() as cursor:
-        cursor.execute(_LOST, [settings.INLINE_WORKER_LOST_SECONDS])
-        lost = {str(run_id): worker for run_id, worker in cursor.fetchall()}
-    expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
-    for run_id, worker in expired.values_list("pk", "lease_worker")[:200]:
-        lost.setdefault(str(run_id), worker)
-    return sum(_reap_one(run_id, worker) for run_id, worker in lost.items())
-
-
-@transaction.atomic
-def _reap_one(run_id: str, worker: str) -> int:
-    run = (
-        Run.objects.select_for_update(skip_locked=True)
-        .filter(pk=run_id, status=RunStatus.RUNNING, lease_worker=worker).first()
-    )
-    if run is None:
-        return 0
-    name = worker.split("#", 1)[0] or "?"
-    lost = (f"worker {name} stopped heartbeating and renewing its lease "
-            f"(attempt {run.attempts})")
-    fence = Run.objects.filter(pk=run.pk, attempts=run.attempts)
-    run_stop_notify(run_id=run.pk)  # a worker that is only slow stops its stale attempt now
-    if run.attempts >= settings.INLINE_MAX_ATTEMPTS:
-        run_move(
-            fence, source=[RunStatus.RUNNING], to=RunStatus.FAILED,
-            finished_at=timezone.now(), lease_expires_at=None, error_code="worker_lost",
-            error_message=f"{lost}; gave up after {run.attempts} attempts: each attempt lost "
-                          "its worker (a run that kills its worker every time fails here)",
-        )
-        run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
-    else:
-        run_move(fence, source=[RunStatus.RUNNING], to=RunStatus.QUEUED,
-                 lease_expires_at=None, dispatched_at=None)
-        run_event_append(run_id=run.pk, type="status",
-                         payload={"status": RunStatus.QUEUED, "reason": lost})
-        dispatch_after_commit(run.queue)
-    log.warning("reaped run %s: %s", run.pk, lost)
-    return 1

@@ -17,14 +17,14 @@ from django.utils import timezone
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
 from apps.runs.dispatch import (
+    LOCK_QUEUE_DISPATCH,
     capacity_forget,
     queue_dispatch,
     queue_lock_key,
-    queue_take_next,
-    runs_dispatch,
 )
 from apps.runs.models import Run
-from apps.runs.services import LOCK_QUEUE_DISPATCH, run_claim, run_finish
+from apps.runs.recovery import runs_dispatch
+from apps.runs.services import queue_take_next, run_claim, run_finish
 from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db

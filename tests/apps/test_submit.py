@@ -1,4 +1,4 @@
-"""A submit (apps/runs/services.py `run_submit`) under its owner's lock: its one race checked
+"""A submit (apps/runs/services/submit.py `run_submit`) under its owner's lock: its one race checked
 by hand (another submit commits the same new graph document while this one's insert waits), its
 coalescing, its asset check, and a dispatch that fails after its commit."""
 
@@ -17,7 +17,8 @@ from django.db import connection
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.runs.models import Run
-from apps.runs.services import _run_create_or_find, run_submit
+from apps.runs.services import run_submit
+from apps.runs.services.submit import _run_create_or_find
 from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
