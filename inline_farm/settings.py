@@ -124,6 +124,16 @@ INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
 DATABASES["default"]["OPTIONS"] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
 }
+# Server-side parameter binding (Django's documented `server_side_binding` and
+# `prepare_threshold` options): psycopg prepares a statement once a connection has run it
+# `INLINE_DB_PREPARE_THRESHOLD` times, and PostgreSQL parses and plans it once per connection
+# instead of on every call — the dispatcher's heads read planned in ~1 ms and ran in ~0.1 ms.
+# 0 turns it off (Django's default: client-side binding, nothing prepared), e.g. behind a
+# transaction-pooling proxy that keeps no prepared statements.
+INLINE_DB_PREPARE_THRESHOLD = env_int("INLINE_DB_PREPARE_THRESHOLD", 5, minimum=0)
+if INLINE_DB_PREPARE_THRESHOLD:
+    DATABASES["default"]["OPTIONS"].update(
+        server_side_binding=True, prepare_threshold=INLINE_DB_PREPARE_THRESHOLD)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

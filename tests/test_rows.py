@@ -55,3 +55,18 @@ def test_a_take_read_through_it_equals_the_orm_read_and_keeps_the_scoping() -> N
             assert getattr(read, field.attname) == getattr(orm, field.attname), field.name
     assert take_get_for_user(user=stranger, take_id=str(take.pk)) is None
     assert take_get_for_user(user=owner, take_id="00000000-0000-0000-0000-000000000000") is None
+
+
+def test_a_statement_a_connection_runs_often_is_prepared_there() -> None:
+    """settings' `server_side_binding` + `prepare_threshold` (Django's documented options):
+    psycopg prepares what a connection keeps running, so PostgreSQL plans it once there."""
+    from django.conf import settings
+
+    threshold = settings.INLINE_DB_PREPARE_THRESHOLD
+    with connection.cursor() as cursor:
+        for n in range(threshold + 1):
+            cursor.execute("SELECT 41 + %(n)s AS prepared_probe", {"n": n})
+            assert cursor.fetchone() == (41 + n,)
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        kept = [row[0] for row in cursor.fetchall() if "prepared_probe" in row[0]]
+    assert kept == (["SELECT 41 + $1 AS prepared_probe"] if threshold else [])
