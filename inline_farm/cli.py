@@ -299,12 +299,10 @@ def _child_commands(
     celery = [py, "-m", "celery", "-A", "inline_farm"]
     commands = [("web", web)]
     for i in range(1, args.workers + 1):
-        # Celery's threads pool: the slots of one worker share its loaded models, node cache
-        # and step batchers (a process per slot would load every model once per slot).
-        worker = [*celery, "worker", "--pool=threads", f"--concurrency={args.slots}",
-                  "-n", f"worker{i}@%h"]
+        # the pool is settings.CELERY_WORKER_POOL's threads (workers/pool.py)
+        worker = [*celery, "worker", f"--concurrency={args.slots}", "-n", f"worker{i}@%h"]
         commands.append((f"worker{i}", [*worker, "-Q", worker_queues(env), "-l", "INFO"]))
-    control = [*celery, "worker", "--pool=threads", "--concurrency=2", "-n", "control@%h"]
+    control = [*celery, "worker", "--concurrency=2", "-n", "control@%h"]
     commands.append(("control", [*control, "-Q", "control", "-l", "INFO"]))
     # beat at WARNING: at INFO it logs a line every second (the reaper's pass)
     beat = [*celery, "beat", "-s", str(data_dir / "celerybeat-schedule"), "-l", "WARNING"]
@@ -609,7 +607,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         env["INLINE_PARALLEL"] = args.parallel
     _join_services(env, data_dir, "worker")
     specs = _worker_specs(args, env)
-    celery = [sys.executable, "-m", "celery", "-A", "inline_farm", "worker", "--pool=threads",
+    celery = [sys.executable, "-m", "celery", "-A", "inline_farm", "worker",
               f"--concurrency={args.slots}"]
     with contextlib.ExitStack() as stack:
 

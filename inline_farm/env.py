@@ -94,7 +94,7 @@ def database_from_url(url: str) -> dict[str, object]:
         raise ImproperlyConfiguredEnv("DATABASE_URL names no database (…/<name>)")
     host = query.get("host", [unquote(parsed.hostname or "")])[0]
     return {
-        "ENGINE": "inline_farm.db",
+        "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
         "USER": unquote(parsed.username or ""),
         "PASSWORD": unquote(parsed.password or ""),

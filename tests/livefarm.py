@@ -77,7 +77,7 @@ class LiveFarm:
         self.worker_count += 1
         name = f"w{self.worker_count}@test"
         self._spawn(proc, [sys.executable, "-m", "celery", "-A", "inline_farm", "worker",
-                           "--pool=threads", f"--concurrency={slots}", "-Q", queues, "-n", name,
+                           f"--concurrency={slots}", "-Q", queues, "-n", name,
                            "--without-mingle", "--without-gossip", "--loglevel=INFO"], env)
         if wait:
             self.wait_for_worker(name)

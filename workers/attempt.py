@@ -12,13 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
 
-from apps.runs.dispatch import queue_take_next
-from apps.runs.services import Claim, run_claim, run_finish, run_hand_back
+from apps.runs.services import Claim, queue_take_next, run_claim, run_finish, run_hand_back
 from workers import runtime
 from workers.executor import CancelCheck, Outcome, execute
 from workers.faults import db_retry, is_infrastructure_error
@@ -77,7 +75,7 @@ def _attempt(claim: Claim, me: Presence, keep: _NextRun | None) -> str:
 
 class _NextRun:
     """Passed to `run_finish(next_run=…)`: inside the finish's transaction, claims the queue's
-    next run for this slot (apps/runs/dispatch.py `queue_take_next`), unless the worker is
+    next run for this slot (apps/runs/services/attempts.py `queue_take_next`), unless the worker is
     stopping. `claim` holds it once the finish returned; a finish that is retried starts over,
     so a rolled-back claim is never kept."""
 
@@ -85,11 +83,10 @@ class _NextRun:
         self.me = me
         self.claim: Claim | None = None
 
-    def __call__(self, queue: str, heads: list[tuple[Any, ...]] | None = None) -> bool:
+    def __call__(self, queue: str) -> bool:
         if self.me.stopping.is_set():
             return False
-        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name,
-                                     heads=heads)
+        self.claim = queue_take_next(queue, worker=self.me.lease_key, name=self.me.name)
         return self.claim is not None
 
 

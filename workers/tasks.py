@@ -71,8 +71,7 @@ def _checkout_without_ping() -> None:
     nothing: every database call of an attempt (claim, cancel check, flush, finish, hand-back)
     goes through `db_retry`, which on a dead connection (a terminated session, a restarted
     server) closes it and repeats the fenced call on a fresh one, and a failure inside a node
-    is a worker fault, retried (workers/faults.py). The web keeps its check (inline_farm/db:
-    on the socket, a ping only when the socket has something to read): a request there is not
+    is a worker fault, retried (workers/faults.py). The web keeps psycopg's ping: a request there is not
     repeated. Runs before the process's first connection (the pool reads this when made).
     """
     from django.db import connection
@@ -94,7 +93,7 @@ def _lower_cpu_priority(increment: int) -> None:
 
 
 @worker_ready.connect
-def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+def _start_heartbeat(**_: Any) -> None:
     from inline_farm.heap import freeze_long_lived
     from workers.heartbeat import presence
 
@@ -103,48 +102,6 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     if me is not None:
         me.start()
         log.info("worker %s serving %s with %d slots", me.name, ", ".join(me.queues), me.slots)
-    controller = getattr(sender, "controller", None)
-    if controller is not None and getattr(controller, "hub", None) is not None:
-        _wake_on_free_slot(controller.hub, controller.pool)
-
-
-SAFETY_TICK_S = 1.0
-
-
-def _wake_on_free_slot(hub: Any, pool: Any) -> None:
-    """Wake the worker's event loop when a slot frees up.
-
-    With the threads pool, a task that ends does not wake Celery's event loop, and kombu's
-    Redis transport re-arms its BRPOP (paused while every slot was reserved) only on a loop
-    tick: with nothing else waking it, a burst of short runs completed at ~4/s whatever the
-    slots. A 20 ms timer did it before, at ~0.47 ms of the loop's CPU per tick: 23 ms of CPU a
-    second on an idle worker, and under load about as much Celery loop as run (py-spy --gil on
-    the hot path: the main thread held the GIL for 48% of the worker's samples).
-
-    Here each task's future, once it is done — after Celery's own callback has released the
-    slot (its prefetch count) — asks the loop to run once (`Hub.call_soon` is thread-safe and
-    wakes a sleeping loop since kombu 5.7). A slow tick stays as a safety net. Measured: an
-    idle worker's CPU 23.5 → 8.5 ms a second; under the hot path's load about the same as the
-    20 ms timer (a wake per run replaces a tick per run), bursts no slower (bench/ab.py).
-    """
-    from celery.concurrency.thread import TaskPool
-
-    if not isinstance(pool, TaskPool):  # another pool (solo, prefork): tick as before
-        hub.call_repeatedly(0.02, _nothing)
-        return
-    apply = pool.on_apply
-
-    def on_apply(*args: Any, **kwargs: Any) -> Any:
-        result = apply(*args, **kwargs)
-        result.f.add_done_callback(lambda _: hub.call_soon(_nothing))  # .f: its Future
-        return result
-
-    pool.on_apply = on_apply
-    hub.call_repeatedly(SAFETY_TICK_S, _nothing)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _executes_runs(queues: Any) -> bool:

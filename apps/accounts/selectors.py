@@ -7,11 +7,11 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken, Team, UserLimits
+from apps.accounts.models import ApiToken
 from apps.accounts.services import token_hash
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
 
 _TOUCH_EVERY = timedelta(minutes=1)
 
@@ -34,36 +34,27 @@ def token_digests_valid(digests: set[str]) -> set[str]:
                .values_list("key_sha256", flat=True))
 
 
-# Every request runs this lookup (nothing is cached: see `user_for_token`), so it is one
-# prepared statement (inline_farm/prepared.py) rather than the ORM's
-# `ApiToken.objects.select_related("user", "user__limits").filter(…).first()`, which it
-# answers exactly (tests/apps/accounts/test_token_lookup.py compares the two).
-_TOKEN_USER = f"""
-SELECT t.id, t.last_used_at, {model_columns(User, "u")}, l.id IS NOT NULL,
-       {model_columns(UserLimits, "l")}
-FROM accounts_apitoken t JOIN auth_user u ON u.id = t.user_id
-LEFT JOIN accounts_userlimits l ON l.user_id = u.id
-WHERE t.key_sha256 = %(digest)s AND t.revoked_at IS NULL AND u.is_active
-"""
-_USER_AT, _LIMITS_AT = 2, 3 + len(User._meta.concrete_fields)
-
-
 def _user_for_token_digest(digest: str) -> User | None:
-    with prepared_cursor() as cursor:
-        cursor.execute(_TOKEN_USER, {"digest": digest})
-        row = cursor.fetchone()
-    if row is None:
+    # Every request runs this: with server-side binding (settings: DATABASES OPTIONS) psycopg
+    # prepares it once per connection.
+    token = (
+        ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits
+        .filter(key_sha256=digest, revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if token is None:
         return None
-    token_id, last_used_at = row[0], row[1]
-    user = model_from_row(User, row[_USER_AT:_LIMITS_AT - 1])
-    # As select_related("user__limits") leaves it: `user.limits` answers without a query
-    # (submit reads the limits), raising DoesNotExist when the user has none.
-    limits = model_from_row(UserLimits, row[_LIMITS_AT:]) if row[_LIMITS_AT - 1] else None
-    User.limits.related.set_cached_value(user, limits)
     now = timezone.now()
-    if last_used_at is None or now - last_used_at > _TOUCH_EVERY:
-        ApiToken.objects.filter(pk=token_id).update(last_used_at=now)
-    return user
+    if token.last_used_at is None or now - token.last_used_at > _TOUCH_EVERY:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user
+
+
+# Every read is scoped: a user reads their own work and their teammates'; staff read all. The
+# rule, written once: the teammates of user `{me}` (a parameter placeholder), as SQL that both
+# the ORM's `visible_owner_ids` and the hand-written reads (`owner_visible_sql`) embed.
+_TEAMMATES = ("SELECT mate.user_id FROM accounts_team_members mine JOIN accounts_team_members "
+              "mate ON mate.team_id = mine.team_id WHERE mine.user_id = {me}")
 
 
 def visible_owner_ids(user: User) -> QuerySet[User, Any] | None:
@@ -72,5 +63,17 @@ def visible_owner_ids(user: User) -> QuerySet[User, Any] | None:
     None means all (staff)."""
     if user.is_staff:
         return None
-    teams = Team.objects.filter(members=user).values("pk")
-    return User.objects.filter(Q(pk=user.pk) | Q(teams__in=teams)).values("pk")
+    mates = RawSQL(_TEAMMATES.format(me="%s"), [user.pk])
+    return User.objects.filter(Q(pk=user.pk) | Q(pk__in=mates)).values("pk")
+
+
+def owner_visible_sql(column: str) -> str:
+    """`visible_owner_ids` as an SQL condition on the owner id `column`, for hand-written reads:
+    true where user `%(me)s` may read it, always when `%(all)s` (`owner_visible_params`)."""
+    mates = _TEAMMATES.format(me="%(me)s")
+    return f"(%(all)s OR {column} = %(me)s OR {column} IN ({mates}))"
+
+
+def owner_visible_params(user: User) -> dict[str, Any]:
+    """The parameters of an `owner_visible_sql` condition for reads by `user`."""
+    return {"all": user.is_staff, "me": user.pk}

@@ -186,7 +186,7 @@ _DISPATCH = f"""
     WITH tail AS ({_TAIL})
     SELECT r.queue, extract(epoch FROM t.created_at - r.created_at)
     FROM tail t JOIN runs_run r ON r.id = t.run_id
-    WHERE t.type = 'status' AND t.payload->>'status' = 'running'
+    WHERE t.type = 'status' AND t.payload->>'status' = '{RunStatus.RUNNING}'
       AND coalesce(t.payload->>'attempt', '1') = '1'
 """
 

@@ -7,11 +7,11 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.fleet.models import Worker, WorkerState
-from inline_farm.prepared import prepared_cursor
 
 
 def workers_live() -> QuerySet[Worker]:
@@ -39,7 +39,7 @@ class LiveFleet:
     of the same rows), and the three answers then agree with each other."""
 
     def __init__(self) -> None:
-        with prepared_cursor() as cursor:  # written out: the ORM's query building was most of it
+        with connection.cursor() as cursor:  # written out: the ORM's query building was most of it
             cursor.execute(_LIVE, serving_params())
             self.workers = [LiveWorker(name, _json(queues), _json(device), _json(files), state)
                             for name, queues, device, files, state in cursor.fetchall()]
@@ -120,11 +120,10 @@ _SERVING = f"SELECT q, {serving_of('q')} FROM unnest(%(queues)s::text[]) q"
 
 def queue_wait_reasons(queues: set[str], cursor: Any = None) -> dict[str, str]:
     """Why runs queued on each of `queues` are waiting, in words (one query for all), read on
-    `cursor` (a preparing one: inline_farm/prepared.py) or else on Django's connection."""
-    from inline_farm.prepared import prepared_cursor
+    `cursor` or else on Django's connection."""
 
     if cursor is None:
-        with prepared_cursor() as cursor:
+        with connection.cursor() as cursor:
             return queue_wait_reasons(queues, cursor)
     cursor.execute(_SERVING, {**serving_params(), "queues": sorted(queues)})
     return {queue: queue_wait_reason(queue, serving) for queue, serving in cursor.fetchall()}

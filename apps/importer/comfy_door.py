@@ -39,10 +39,10 @@ from apps.runs.services import (
     RunLimitReached,
     RunNotCancellable,
     RunPriorityNotAllowed,
-    advisory_lock,
     run_cancel,
     run_submit,
 )
+from apps.runs.services.submit import advisory_lock
 from apps.takes.models import Asset
 from apps.takes.services import asset_create
 from inline_farm.effects import group_send_after_commit

@@ -1,4 +1,4 @@
-"""The dispatcher and the reaper: where the farm's scheduling policy lives (not in the broker).
+"""The dispatcher: where the farm's scheduling policy lives (not in the broker).
 
 Runs wait in Postgres as `queued`. A queue gets messages only for free slots: its window is
 the slots of the live, non-draining workers serving it (+ INLINE_DISPATCH_WINDOW), less its
@@ -11,56 +11,36 @@ reads only what it selects — one probe per owner waiting in the queue (a loose
 never one per queued run — so it stays flat as the queue grows. Passes over one queue mark
 runs one at a time (an advisory lock), so concurrent passes never overfill the window; the
 lock is taken only inside the one statement that counts and marks (`_pass`), never in a
-submit's or a finish's transaction — but a plain submit's own, whose pipeline commits without
-a round trip to this process: a submit whose run is the only eligible one of its queue (a farm
-that keeps up) skips the heads read, `lone_dispatch` marks it in one statement sent in the
-submit's implicit transaction (`inline_dispatch_submitted`: same lock, same recount). While
-every slot is taken no pass takes it: a slot that finishes either takes its next run in its
-finish's transaction (`queue_take_next`: the slot is never free, so nothing changes for anyone
-else) or dispatches after its commit.
+submit's or a finish's transaction. While every slot is taken no pass takes it: a slot that
+finishes either takes its next run in its finish's transaction (`queue_take_next`: the slot is
+never free, so nothing changes for anyone else) or dispatches after its commit.
 
-Safety net (beat, every INLINE_REAPER_INTERVAL): `runs_dispatch` passes over every queue, so a
-run whose web process died between commit and publish, or whose message the broker lost, is
-published again within INLINE_REDISPATCH_SECONDS; `runs_reap` requeues the runs of workers that
-stopped heartbeating (INLINE_WORKER_LOST_SECONDS) and of expired leases.
+Beat's safety net (every pass over every queue, rerouting, the reaper) is apps/runs/recovery.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.fleet.models import WorkerState
-from apps.fleet.routing import RunCannotFit
-from apps.fleet.selectors import queue_for, workers_live
-from apps.runs.events import run_event_append
-from apps.runs.models import Run, RunStatus
-from apps.runs.services import (
-    LOCK_QUEUE_DISPATCH,
-    Claim,
-    dispatch_after_commit,
-    run_claim_next,
-    run_stop_notify,
-)
-from apps.runs.transitions import run_move
-from apps.runs.wire import run_done_payload
+from apps.fleet.selectors import workers_live
+from apps.runs.models import RunStatus
 from inline_farm.effects import publish_after_commit
-from inline_farm.prepared import prepared_cursor
 
 log = logging.getLogger(__name__)
 
 EXECUTE_TASK = "workers.tasks.execute_run"
 CAPACITY_TTL_S = 1.0  # how long one process trusts its reading of the fleet's slots
-NEXT_CANDIDATES = 4  # runs a finishing slot tries, in order, for its next (`queue_take_next`)
+LOCK_QUEUE_DISPATCH = 2  # the queues' advisory-lock namespace (pg_advisory_xact_lock(2, key))
 
 
 # --- dispatch ---------------------------------------------------------------------------------
@@ -74,97 +54,37 @@ def queue_dispatch(queue: str) -> int:
     return _pass(queue, window)
 
 
-# A new run's dispatch when nothing else of its queue is eligible (migrations/runs/0005, 0006):
-# the busy count, the check that the policy has nothing to choose, the lock, the recount and the
-# mark, in one statement where a pass makes two round trips (heads, mark). A plain submit sends
-# it in its own transaction, after its statement (apps/runs/services.py `_submit_committed`).
-_LONE = "SELECT answer, error FROM inline_dispatch_submitted(%s, %s, %s, %s, %s, %s::uuid)"
-
-
-class DispatchFailed(Exception):
-    """A submit's dispatch failed on the server (its answer -2, migrations/runs/0006); the run
-    waits unpublished for beat's pass."""
+def dispatch_after_commit(queue: str) -> None:
+    """Dispatch `queue` once the current transaction commits (a submit, finish, cancel or
+    requeue: the queue's lock is taken only in a statement of its own, never in such a
+    transaction). Robust: what was committed stands, so a pass that fails (the database gone a
+    moment) is logged, not raised into the caller — a submit still answers 201 — and beat's pass
+    publishes what waits within INLINE_REDISPATCH_SECONDS, as it does for a process that died
+    in between."""
+    transaction.on_commit(lambda: queue_dispatch(queue), robust=True)
 
 
 @dataclass(frozen=True)
-class LoneDispatch:
-    """A submitted run's dispatch (`lone_dispatch`): its statement and parameters, sent where
-    the caller chooses, then `answered` with the row the statement returned."""
+class NextPicks:
+    """The policy's next runs of a queue for a slot about to free up (`queue_next_picks`)."""
 
-    queue: str
-    run_id: str
-    window: int
-    params: list[Any]
-    statement: ClassVar[str] = _LONE
-
-    def answered(self, answer: int, error: str | None) -> int:
-        """Act on the lone mark's answer once it committed: publish the run it marked (1), run
-        the full pass when others of the queue are eligible (-1: the policy orders them);
-        0: every slot is taken, or the run is gone or already marked. DispatchFailed for -2."""
-        if answer == -2:
-            raise DispatchFailed(error)
-        if answer < 0:
-            return _pass(self.queue, self.window)
-        if answer:
-            publish_after_commit(EXECUTE_TASK, args=[self.run_id], queue=self.queue)
-        return answer
+    candidates: list[str]  # in the policy's order
+    fresh: Any  # published before this and not claimed: eligible again
+    others_free: bool  # more slots than the one are free: dispatch after commit too
 
 
-def lone_dispatch(queue: str, run_id: str) -> LoneDispatch | None:
-    """The dispatch of submitted run `run_id` when it is the only one of its queue the policy
-    could pick (a farm that keeps up: each run is dispatched as it arrives): marked in the
-    statement; when others wait, the full pass after it; when every slot is taken, nothing
-    (whoever frees one dispatches). None when nobody serves the queue."""
-    window = _queue_capacity(queue)
-    if window <= 0:
-        return None
-    return LoneDispatch(queue, run_id, window, [
-        LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, _fresh(), window, run_id])
-
-
-def queue_dispatch_submitted(queue: str, run_id: str) -> int:
-    """`lone_dispatch` sent on its own, in the current transaction (or its own)."""
-    lone = lone_dispatch(queue, run_id)
-    if lone is None:
-        return 0
-    with prepared_cursor() as cursor:
-        cursor.execute(lone.statement, lone.params)
-        answer, error = cursor.fetchone()
-    return lone.answered(answer, error)
-
-
-def queue_take_next(queue: str, *, worker: str, name: str,
-                    heads: list[tuple[Any, ...]] | None = None) -> Claim | None:
-    """Inside the transaction that finishes a run of `queue` on a slot of `worker` (lease key;
-    `name`: its fleet row), after the finish's writes: claim the queue's next run for that slot
-    (`run_finish(next_run=…)`, workers/attempt.py). None when nothing is eligible, the queue's
-    window is full without that slot, or the worker is no longer online (a drained worker takes
-    no new run): the finish then dispatches after commit as any other.
-
-    The finished run and the next one change places in one commit, so the slot is never free in
-    between: the queue's busy count is the same before and after, and no pass — the web's after
-    a submit, another slot's — sees a slot to fill or needs the dispatch lock for it. Sent as a
-    message, the next run would travel LPUSH → BRPOP → Celery's consumer → a free slot, and the
-    free slot is this one: in a burst of quick runs that cost the worker more CPU than the run's
-    graph (bench/hotpath.py under py-spy), and the claim was one more durable commit. The
-    choice is the policy's (`_heads`, `_pick`), read in this transaction as if the slot were
-    free already: `heads`, when the finish's own statement read them (`HEADS_JSON`, counting
-    its run as finished: one round trip less), else read here after its writes. Should more
-    slots be free than this one, the queue is dispatched after commit too."""
+def queue_next_picks(queue: str, room: int) -> NextPicks | None:
+    """Up to `room` runs of `queue` in the policy's order, read as if one more slot were free
+    (a finishing slot's next run: apps/runs/services/attempts.py `queue_take_next`); None when
+    nobody serves the queue, nothing is eligible or its window is full without that slot."""
     window = _queue_capacity(queue)
     if window <= 0:
         return None
     fresh = _fresh()
-    if heads is None:  # else read by the finish's own statement (`HEADS_JSON`)
-        heads = _heads(queue, fresh, window)
+    heads = _heads(queue, fresh, window)
     if not heads:
         return None
-    # a few in the policy's order: one another slot or pass is taking meanwhile is skipped
-    claim = run_claim_next(candidates=_pick(heads, NEXT_CANDIDATES), queue=queue,
-                           fresh=fresh, worker=worker, name=name)
-    if claim is not None and window - heads[0][-1] > 1:
-        dispatch_after_commit(queue)  # the other free slots
-    return claim
+    return NextPicks(_pick(heads, room), fresh, window - heads[0][-1] > 1)
 
 
 # The locked part of a pass is one statement on the server (migrations/runs/0003: the queue's
@@ -187,7 +107,7 @@ def _pass(queue: str, window: int) -> int:
         # frees one dispatches after their commit, and sees every run committed before it.
         return 0
     candidates = _pick(heads, window)
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_MARK, [LOCK_QUEUE_DISPATCH, queue_lock_key(queue), queue, fresh, window,
                                candidates, not connection.in_atomic_block])
         published = [str(row[0]) for row in cursor.fetchall()]  # in the order picked
@@ -196,42 +116,34 @@ def _pass(queue: str, window: int) -> int:
     return len(published)
 
 
-def runs_dispatch() -> int:
-    """The safety-net pass: reroute orphans, then dispatch every queue with waiting runs."""
-    _reroute_orphans()
-    return sum(queue_dispatch(queue) for queue in _queues_waiting())
-
-
 # The queue's busy count (running + published and not yet claimed), then — only while that
 # leaves a slot free — per owner waiting in the queue (a loose index scan over
 # run_queued_heads), their next `window` eligible runs and how many runs they have running: what
 # fair share needs, and no more. No rows when nothing is eligible or every slot is taken; a full
 # queue costs two index probes, as the separate probe before it did (now folded in: one round
 # trip less per pass). Read without the dispatch lock; the marking function counts again under
-# it. Every lookup has an index whose order or predicate fits it, so the one generic plan
-# (prepared statements, settings.py) stays flat in queue depth; bench/dispatch.py measures it.
-_HEADS = """
+# it. Every lookup has an index whose order or predicate fits it, so its plan stays flat in
+# queue depth whatever the queue; bench/dispatch.py measures it.
+_HEADS = f"""
 WITH RECURSIVE busy AS (
-    SELECT (SELECT count(*) FROM runs_run WHERE status = 'running' AND queue = %(q)s
-              AND id IS DISTINCT FROM %(leaving)s::uuid)
-         + (SELECT count(*) FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+    SELECT (SELECT count(*) FROM runs_run WHERE status = '{RunStatus.RUNNING}' AND queue = %(q)s)
+         + (SELECT count(*) FROM runs_run WHERE status = '{RunStatus.QUEUED}' AND queue = %(q)s
               AND dispatched_at >= %(fresh)s) AS n
 ), owners AS (
-    (SELECT owner_id FROM runs_run WHERE status = 'queued' AND queue = %(q)s
+    (SELECT owner_id FROM runs_run WHERE status = '{RunStatus.QUEUED}' AND queue = %(q)s
        AND (SELECT n FROM busy) < %(window)s
      ORDER BY owner_id LIMIT 1)
   UNION ALL
-    SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = 'queued' AND r.queue = %(q)s
+    SELECT (SELECT r.owner_id FROM runs_run r WHERE r.status = '{RunStatus.QUEUED}' AND r.queue = %(q)s
               AND r.owner_id > owners.owner_id ORDER BY r.owner_id LIMIT 1)
     FROM owners WHERE owners.owner_id IS NOT NULL
 )
 SELECT head.id, owners.owner_id, head.priority, head.created_at,
-       (SELECT count(*) FROM runs_run x WHERE x.status = 'running' AND x.owner_id = owners.owner_id
-          AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS owner_running,
+       (SELECT count(*) FROM runs_run x WHERE x.status = '{RunStatus.RUNNING}'
+          AND x.owner_id = owners.owner_id) AS owner_running,
        team.id AS team_id, COALESCE(team.weight, 1) AS team_weight,
        (SELECT count(*) FROM runs_run x JOIN accounts_team_members m ON m.user_id = x.owner_id
-         WHERE x.status = 'running' AND m.team_id = team.id
-           AND x.id IS DISTINCT FROM %(leaving)s::uuid) AS team_running,
+         WHERE x.status = '{RunStatus.RUNNING}' AND m.team_id = team.id) AS team_running,
        (SELECT n FROM busy) AS busy
 FROM owners
 LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share alone)
@@ -241,7 +153,7 @@ LEFT JOIN LATERAL (  -- the owner's share: their first team (none: they share al
 ) team ON true
 CROSS JOIN LATERAL (
     SELECT q.id, q.priority, q.created_at FROM runs_run q
-    WHERE q.status = 'queued' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
+    WHERE q.status = '{RunStatus.QUEUED}' AND q.queue = %(q)s AND q.owner_id = owners.owner_id
       AND (q.dispatched_at IS NULL OR q.dispatched_at < %(fresh)s)
     ORDER BY q.priority DESC, q.created_at LIMIT %(window)s
 ) head
@@ -253,8 +165,8 @@ def _heads(queue: str, fresh: Any, window: int) -> list[tuple[Any, ...]]:
     """Each waiting owner's next eligible runs, with their and their team's running counts (and,
     last, the queue's busy count), in one round trip; none when nothing is eligible or the
     queue's `window` is full."""
-    with prepared_cursor() as cursor:
-        cursor.execute(_HEADS, heads_params(queue, fresh, window))
+    with connection.cursor() as cursor:
+        cursor.execute(_HEADS, {"q": queue, "fresh": fresh, "window": window})
         return list(cursor.fetchall())
 
 
@@ -262,35 +174,6 @@ def _fresh() -> Any:
     """Published before this and not claimed: the message counts as lost (a run is eligible
     again, and no longer busy)."""
     return timezone.now() - timedelta(seconds=settings.INLINE_REDISPATCH_SECONDS)
-
-
-def heads_params(queue: str, fresh: Any, window: int, leaving: str | None = None) -> dict[str, Any]:
-    """`_HEADS`'s parameters; `leaving`: a running run to count as finished already (its
-    finish's own statement reads the heads, and cannot see its own update)."""
-    return {"q": queue, "fresh": fresh, "window": window, "leaving": leaving}
-
-
-# `_HEADS` as one JSON text, for a finish's statement (apps/runs/services.py
-# `_FINISH_FIRST_TAKES`): the slot that finishes reads its queue's heads in the statement that
-# finishes its run, where it read them in a statement of its own (one round trip per chained
-# run). `created_at` as epoch seconds: `_pick` only compares them.
-HEADS_JSON = f"""(SELECT coalesce(json_agg(json_build_array(h.id, h.owner_id, h.priority,
-        extract(epoch FROM h.created_at), h.owner_running, h.team_id, h.team_weight,
-        h.team_running, h.busy)), '[]')::text
-    FROM ({_HEADS}) h)"""
-
-
-def heads_for_finish(queue: str, leaving: str, *, wanted: bool) -> dict[str, Any]:
-    """The parameters of a finish's `HEADS_JSON` for its run `leaving` of `queue`, with
-    `heads`: whether to read them at all — `wanted` (the slot may take the next run) and some
-    live worker serves the queue (else there is no next run to take)."""
-    window = _queue_capacity(queue) if wanted else 0
-    return {"heads": window > 0, **heads_params(queue, _fresh(), window, leaving)}
-
-
-def heads_from_json(text: str) -> list[tuple[Any, ...]]:
-    """`HEADS_JSON`'s rows, as `_heads` returns them (`created_at` as epoch seconds)."""
-    return [tuple(row) for row in json.loads(text)]
 
 
 def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
@@ -327,20 +210,6 @@ def _pick(heads: list[tuple[Any, ...]], room: int) -> list[str]:
     return chosen
 
 
-def _queues_waiting() -> list[str]:
-    """Queues with queued runs (a loose index scan: one probe per queue, not per run)."""
-    with connection.cursor() as cursor:
-        cursor.execute("""
-            WITH RECURSIVE qs AS (
-                (SELECT queue FROM runs_run WHERE status = 'queued' ORDER BY queue LIMIT 1)
-              UNION ALL
-                SELECT (SELECT r.queue FROM runs_run r WHERE r.status = 'queued'
-                          AND r.queue > qs.queue ORDER BY r.queue LIMIT 1)
-                FROM qs WHERE qs.queue IS NOT NULL
-            ) SELECT queue FROM qs WHERE queue IS NOT NULL""")
-        return [row[0] for row in cursor.fetchall()]
-
-
 def queue_lock_key(queue: str) -> int:
     """A stable int4 for a queue name: the second key of its dispatch lock (the first is
     LOCK_QUEUE_DISPATCH)."""
@@ -369,109 +238,5 @@ def _queue_capacity(queue: str) -> int:
 
 
 def capacity_forget() -> None:
-    """Make the next dispatch and the next reroute pass read the fleet again (tests)."""
+    """Make the next dispatch read the fleet again (tests)."""
     _capacity["at"] = float("-inf")
-    _reroute.update(fleet=None, changed=float("-inf"), looked=float("-inf"))
-
-
-REROUTE_SETTLE_S = 10.0  # after the fleet changes, every pass looks for orphans this long
-REROUTE_FULL_EVERY_S = 60.0  # and one pass looks at least this often, whatever the fleet does
-_reroute: dict[str, Any] = {"fleet": None, "changed": float("-inf"), "looked": float("-inf")}
-
-
-def _reroute_orphans() -> None:
-    """Move queued runs off queues that no live worker serves, when another queue now fits.
-
-    The queue is chosen at submit; workers come and go (drained, replaced, new GPU types), so a
-    run must not wait forever on a queue nobody listens to. One `queue_for` per distinct
-    requirement, one UPDATE per group.
-
-    Finding those requirements reads every queued run of an unserved queue (6 ms per pass at
-    10,000 queued, bench/dispatch.py's backlog), so a pass looks only when the answer can have
-    changed: the live fleet (what `queue_for` reads) differs from the last look, or changed less
-    than REROUTE_SETTLE_S ago (a submit routed by the old fleet may commit after the first
-    look), or REROUTE_FULL_EVERY_S has passed. With the same fleet, a run submitted since was
-    routed by that fleet already.
-    """
-    fleet = list(workers_live().order_by("name").values_list(
-        "name", "incarnation", "state", "queues", "device", "model_files"))
-    if not fleet:
-        return  # no live worker at all: nothing better to choose, keep the submit-time choice
-    now, seen = time.monotonic(), hash(repr(fleet))
-    if seen != _reroute["fleet"]:
-        _reroute.update(fleet=seen, changed=now)
-    elif (now - _reroute["changed"] > REROUTE_SETTLE_S
-          and now - _reroute["looked"] < REROUTE_FULL_EVERY_S):
-        return
-    _reroute["looked"] = now
-    # A queue whose workers are all draining counts as unserved: its runs move to another pool
-    # when one fits them (else they stay, and their wait reason says the pool is draining).
-    served = {q for _, _, state, queues, _, _ in fleet if state != WorkerState.DRAINING
-              for q in queues}
-    orphans = (
-        Run.objects.filter(status=RunStatus.QUEUED).exclude(queue__in=served)
-        .values_list("queue", "requirement").distinct()
-    )
-    for queue, requirement in orphans.order_by()[:50]:
-        try:
-            better = queue_for(requirement)
-        except RunCannotFit:
-            continue  # its files' holders are too small now: it waits for a bigger worker
-        if better != queue and better in served:
-            Run.objects.filter(status=RunStatus.QUEUED, queue=queue,
-                               requirement=requirement).update(queue=better, dispatched_at=None)
-
-
-# --- the reaper -------------------------------------------------------------------------------
-
-_LOST = """
-SELECT r.id, r.lease_worker FROM runs_run r
-WHERE r.status = 'running' AND NOT EXISTS (
-    SELECT 1 FROM fleet_worker w
-    WHERE w.name || '#' || w.incarnation = r.lease_worker AND w.state <> 'offline'
-      AND w.last_heartbeat >= now() - make_interval(secs => %s))
-LIMIT 200
-"""
-
-
-def runs_reap() -> int:
-    """Requeue the runs of lost workers (no heartbeat for INLINE_WORKER_LOST_SECONDS) and runs
-    whose lease expired; past INLINE_MAX_ATTEMPTS, fail them with the reason."""
-    with connection.cursor() as cursor:
-        cursor.execute(_LOST, [settings.INLINE_WORKER_LOST_SECONDS])
-        lost = {str(run_id): worker for run_id, worker in cursor.fetchall()}
-    expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
-    for run_id, worker in expired.values_list("pk", "lease_worker")[:200]:
-        lost.setdefault(str(run_id), worker)
-    return sum(_reap_one(run_id, worker) for run_id, worker in lost.items())
-
-
-@transaction.atomic
-def _reap_one(run_id: str, worker: str) -> int:
-    run = (
-        Run.objects.select_for_update(skip_locked=True)
-        .filter(pk=run_id, status=RunStatus.RUNNING, lease_worker=worker).first()
-    )
-    if run is None:
-        return 0
-    name = worker.split("#", 1)[0] or "?"
-    lost = (f"worker {name} stopped heartbeating and renewing its lease "
-            f"(attempt {run.attempts})")
-    fence = Run.objects.filter(pk=run.pk, attempts=run.attempts)
-    run_stop_notify(run_id=run.pk)  # a worker that is only slow stops its stale attempt now
-    if run.attempts >= settings.INLINE_MAX_ATTEMPTS:
-        run_move(
-            fence, source=[RunStatus.RUNNING], to=RunStatus.FAILED,
-            finished_at=timezone.now(), lease_expires_at=None, error_code="worker_lost",
-            error_message=f"{lost}; gave up after {run.attempts} attempts: each attempt lost "
-                          "its worker (a run that kills its worker every time fails here)",
-        )
-        run_event_append(run_id=run.pk, type="run_done", payload=run_done_payload(run.pk))
-    else:
-        run_move(fence, source=[RunStatus.RUNNING], to=RunStatus.QUEUED,
-                 lease_expires_at=None, dispatched_at=None)
-        run_event_append(run_id=run.pk, type="status",
-                         payload={"status": RunStatus.QUEUED, "reason": lost})
-        dispatch_after_commit(run.queue)
-    log.warning("reaped run %s: %s", run.pk, lost)
-    return 1

@@ -11,7 +11,6 @@ from django.db.models import F
 
 from apps.runs.models import Run, RunEvent, RunStatus
 from inline_farm.effects import group_send_after_commit
-from inline_farm.prepared import prepared_cursor
 
 
 def run_group(run_id: Any) -> str:
@@ -42,9 +41,9 @@ def run_event_append(
     return events_insert(run_id=run_id, first_seq=seq, events=[(type, payload)])[0]
 
 
-_FENCED_BUMP = """
+_FENCED_BUMP = f"""
 UPDATE runs_run SET last_seq = last_seq + %s
-WHERE id = %s AND status = 'running' AND attempts = %s
+WHERE id = %s AND status = '{RunStatus.RUNNING}' AND attempts = %s
 RETURNING last_seq
 """
 
@@ -53,16 +52,16 @@ def run_seqs_reserve(*, run_id: Any, attempt: int, count: int) -> int | None:
     """Reserve `count` seqs for attempt `attempt`'s next events (locking the run row until
     commit); the first of them, or None once the attempt no longer owns the running run. Call
     inside a transaction, then `events_insert` them."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_FENCED_BUMP, [count, run_id, attempt])
         row = cursor.fetchone()
     return None if row is None else int(row[0]) - count + 1
 
 
-_APPEND_FENCED = """
+_APPEND_FENCED = f"""
 WITH bumped AS (
     UPDATE runs_run SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb)
-    WHERE id = %(run)s::uuid AND status = 'running' AND attempts = %(attempt)s
+    WHERE id = %(run)s::uuid AND status = '{RunStatus.RUNNING}' AND attempts = %(attempt)s
     RETURNING last_seq)
 INSERT INTO runs_runevent (run_id, seq, type, payload, created_at)
 SELECT %(run)s::uuid, b.last_seq - jsonb_array_length(%(events)s::jsonb) + e.n, e.doc->>0,
@@ -92,7 +91,7 @@ def run_events_append_fenced(
     round trips and GIL time were the tail of publish → receive)."""
     if not events:
         return []
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_APPEND_FENCED, {"run": str(run_id), "attempt": attempt,
                                         "events": events_doc(events)})
         seqs = sorted(row[0] for row in cursor.fetchall())
@@ -119,12 +118,12 @@ def events_insert(
     channel message however many there are (a channel-layer send costs several Redis round
     trips; a worker's flush carries many events).
 
-    One prepared statement: the ORM's bulk_create quoted every payload into the SQL text in
+    One statement: the ORM's bulk_create quoted every payload into the SQL text in
     Python, ~1/8 of a worker's CPU on quick runs (py-spy, bench/hotpath.py)."""
     if not events:
         return []
     seqs = [first_seq + i for i in range(len(events))]
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_EVENTS_INSERT, {"run": run_id, "first": first_seq,
                                         "events": events_doc(events)})
         made = {seq: (pk, created) for seq, pk, created in cursor.fetchall()}

@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import visible_owner_ids
+from apps.accounts.selectors import owner_visible_params, owner_visible_sql, visible_owner_ids
 from apps.fleet.selectors import queue_wait_reason, queue_wait_reasons, serving_of, serving_params
 from apps.graphs.models import Graph
 from apps.runs.events import event_to_wire
-from apps.runs.models import Run, RunEvent
+from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.wire import run_to_wire
 from apps.takes.models import Take
 from inline_farm.ids import is_uuid
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+from inline_farm.rows import model_columns, model_from_row
 
 WAITING = "wait_reason"  # a run read by RUN_VISIBLE while queued: why it waits
 
@@ -28,19 +29,17 @@ def _runs_for(user: User) -> QuerySet[Run]:
 
 
 # Clients poll a run's state; this read is the hottest of the farm (inline_farm/run_door.py
-# answers most polls with it). Written out (one prepared
+# answers most polls with it). Written out (one
 # statement: the run, with one row per take when it has any; no ORM query building: that was
 # most of its cost) with the same scoping as `_runs_for`. A queued run's row also says who
 # serves its queue (why it waits), where that was a second statement for every such poll.
 RUN_VISIBLE = f"""
 SELECT {model_columns(Run, "r")}, g.sha256,
-       CASE WHEN r.status = 'queued' THEN {serving_of("r.queue")} END AS serving,
+       CASE WHEN r.status = '{RunStatus.QUEUED}' THEN {serving_of("r.queue")} END AS serving,
        {model_columns(Take, "t")}
 FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
 LEFT JOIN takes_take t ON t.run_id = r.id
-WHERE r.id = %(run)s AND (%(all)s OR r.owner_id = %(me)s OR r.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE r.id = %(run)s AND {owner_visible_sql("r.owner_id")}
 ORDER BY t.created_at, t.node_id, t.index
 """
 _RUN_COLUMNS = len(Run._meta.concrete_fields)
@@ -52,13 +51,13 @@ def run_get_for_user(*, user: User, run_id: Any) -> Run | None:
     graph's sha256 and its takes loaded; an id not in canonical form names nothing."""
     if not is_uuid(run_id):
         return None
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(RUN_VISIBLE, run_visible_params(user, run_id))
         return run_from_rows(cursor.fetchall())
 
 
 def run_visible_params(user: User, run_id: Any) -> dict[str, Any]:
-    return {"run": run_id, "all": user.is_staff, "me": user.pk, **serving_params()}
+    return {"run": run_id, **owner_visible_params(user), **serving_params()}
 
 
 def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:
@@ -130,7 +129,7 @@ def run_snapshot(*, run_id: Any) -> dict[str, Any]:
     `run_done` event (None while it runs). One statement reads all three, so the takes are
     those the log up to `lastSeq` lists (clients dedupe takes by id all the same). Raises
     Run.DoesNotExist for a run that is gone."""
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_SNAPSHOT, {"run": run_id})
         rows = cursor.fetchall()
     run = run_from_rows([row[:-1] for row in rows])

@@ -7,7 +7,7 @@ from celery import shared_task
 
 @shared_task(name="apps.runs.tasks.reap_and_dispatch", ignore_result=True)
 def reap_and_dispatch() -> dict[str, int]:
-    from apps.runs.dispatch import runs_dispatch, runs_reap
+    from apps.runs.recovery import runs_dispatch, runs_reap
 
     reaped = runs_reap()
     return {"reaped": reaped, "dispatched": runs_dispatch()}

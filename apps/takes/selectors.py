@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import visible_owner_ids
+from apps.accounts.selectors import owner_visible_params, owner_visible_sql, visible_owner_ids
 from apps.takes.models import Asset, Take
 from inline_farm.ids import is_uuid
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+from inline_farm.rows import model_columns, model_from_row
 
 
 def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
@@ -18,14 +19,12 @@ def _scoped(qs: QuerySet[Any], user: User) -> QuerySet[Any]:
     return qs if owners is None else qs.filter(owner_id__in=owners)
 
 
-# A client fetches each take it is told about (its metadata, its bytes): one prepared statement
+# A client fetches each take it is told about (its metadata, its bytes): one statement
 # with the same scoping as `_scoped`, as the run read (apps/runs/selectors.py) does. The ORM's
 # two queries (the visible owners, then the take) took ~6.5 ms of a GET, the run's read ~3.7 ms.
 _TAKE_VISIBLE = f"""
 SELECT {model_columns(Take, "t")} FROM takes_take t
-WHERE t.id = %(take)s AND (%(all)s OR t.owner_id = %(me)s OR t.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE t.id = %(take)s AND {owner_visible_sql("t.owner_id")}
 """
 
 
@@ -34,7 +33,7 @@ def take_get_for_user(*, user: User, take_id: Any) -> Take | None:
     not in canonical form names nothing."""
     if not is_uuid(take_id):
         return None
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_TAKE_VISIBLE, {"take": take_id, "all": user.is_staff, "me": user.pk})
         row = cursor.fetchone()
     return None if row is None else model_from_row(Take, row)
@@ -47,12 +46,10 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
 
 
 # The assets (`%(ids)s`) that user `%(me)s` may use: own, a teammate's, any when `%(all)s`
-# (staff). Also part of a plain submit's statement (apps/runs/services.py `_SUBMIT_PLAIN`).
-ASSETS_VISIBLE = """
+# (staff).
+ASSETS_VISIBLE = f"""
 SELECT a.id FROM takes_asset a
-WHERE a.id = ANY(%(ids)s::uuid[]) AND (%(all)s OR a.owner_id = %(me)s OR a.owner_id IN (
-    SELECT mate.user_id FROM accounts_team_members mine
-    JOIN accounts_team_members mate ON mate.team_id = mine.team_id WHERE mine.user_id = %(me)s))
+WHERE a.id = ANY(%(ids)s::uuid[]) AND {owner_visible_sql("a.owner_id")}
 """
 
 
@@ -65,6 +62,6 @@ def assets_visible_to_owner(
     it, saving a lookup)."""
     if owner is None:
         owner = User.objects.get(pk=owner_id)
-    with prepared_cursor() as cursor:
-        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, "all": owner.is_staff, "me": owner.pk})
+    with connection.cursor() as cursor:
+        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, **owner_visible_params(owner)})
         return {str(row[0]) for row in cursor.fetchall()}

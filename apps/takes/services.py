@@ -19,7 +19,6 @@ from PIL import Image, UnidentifiedImageError
 
 from apps.takes.models import Asset, Take, TakeRemoval
 from apps.takes.storage import blob_delete, blob_lock, blob_put
-from inline_farm.prepared import prepared_cursor
 
 ACCEPTED_UPLOADS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 
@@ -167,7 +166,7 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
     A slot an earlier attempt already filled keeps its take, and the draft's bytes are not
     written at all (a retry may render other bytes: they would be kept by nothing). `fresh`:
     the caller knows the run has no take yet (read under its row lock), so none is looked up.
-    The rows go in one prepared statement (inline_farm/prepared.py)."""
+    The rows go in one statement."""
     filled: set[tuple[str, int]] = set() if fresh else set(
         Take.objects.filter(run_id=run_id, node_id__in={d.node_id for d in drafts})
         .values_list("node_id", "index"))
@@ -184,7 +183,7 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
                          size=len(d.data), width=d.width, height=d.height, seed=d.seed,
                          lineage=d.lineage, created_at=now))
     if rows:
-        with prepared_cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_TAKES_INSERT, {
                 "run": run_id, "owner": owner_id, "ids": [t.id for t in rows],
                 "nodes": [t.node_id for t in rows], "indexes": [t.index for t in rows],

@@ -5,9 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import threading
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from django.conf import settings
@@ -38,7 +35,7 @@ def blob_put(data: bytes, digest: str | None = None) -> str:
 def blob_stage(data: bytes, digest: str) -> Path | None:
     """Write `data`, blob `digest`'s bytes, to a temporary file beside its place and flush it to
     disk, but do not name it yet (nothing reads or deletes it there); None when the blob is
-    stored already. Then `blob_place` (under the blob's lock) or `blob_unstage`."""
+    stored already; the caller names it (`os.replace`)."""
     path = blob_path(digest)
     if path.exists():
         return None
@@ -54,56 +51,6 @@ def blob_stage(data: bytes, digest: str) -> Path | None:
         os.unlink(tmp)
         raise
     return Path(tmp)
-
-
-def blob_stage_soon(blobs: Sequence[tuple[bytes, str]]) -> Future[list[Path | None]]:
-    """`blob_stage` each (data, digest) of `blobs`, on a thread of this process's own, from now:
-    the caller goes on (a finish sends its statement) while the bytes reach the disk. On a
-    failure what it staged is dropped and the future raises."""
-
-    def stage() -> list[Path | None]:
-        staged: list[Path | None] = []
-        try:
-            for data, digest in blobs:
-                staged.append(blob_stage(data, digest))
-        except BaseException:
-            blob_unstage(staged)
-            raise
-        return staged
-
-    with _stager_lock:
-        if not _stager:
-            # one per slot of a default worker (./farm up --slots 4), so a slot's finish does
-            # not wait behind another's fsync; threads start only as needed
-            _stager.append(ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="blob-stage"))
-        return _stager[0].submit(stage)
-
-
-STAGE_THREADS = 4
-_stager: list[ThreadPoolExecutor] = []
-_stager_lock = threading.Lock()
-
-
-def blob_place(staged: Path | None, data: bytes, digest: str) -> None:
-    """Name the bytes `blob_stage` wrote for blob `digest`; call holding the blob's lock (shared,
-    as `blob_put`). Staged as already stored (None), the blob may have gone since (retention
-    deletes bytes under the exclusive lock): then it is written now."""
-    if staged is not None:
-        os.replace(staged, blob_path(digest))
-    else:
-        blob_put(data, digest)
-
-
-def blob_unstage(staged: Sequence[Path | None] | Future[list[Path | None]]) -> None:
-    """Drop staged bytes that were not placed (their writer lost its run, or failed); of a
-    `blob_stage_soon`, once it is done (a staging that failed dropped its own)."""
-    if isinstance(staged, Future):
-        if staged.exception() is not None:  # waits for it
-            return
-        staged = staged.result()
-    for tmp in staged:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
 
 
 def blob_read(sha256: str) -> bytes:

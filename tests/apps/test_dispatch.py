@@ -17,18 +17,14 @@ from django.utils import timezone
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
 from apps.runs.dispatch import (
-    _fresh,
-    _heads,
-    _queue_capacity,
+    LOCK_QUEUE_DISPATCH,
     capacity_forget,
     queue_dispatch,
-    queue_dispatch_submitted,
     queue_lock_key,
-    queue_take_next,
-    runs_dispatch,
 )
 from apps.runs.models import Run
-from apps.runs.services import LOCK_QUEUE_DISPATCH, run_claim, run_finish
+from apps.runs.recovery import runs_dispatch
+from apps.runs.services import queue_take_next, run_claim, run_finish
 from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db
@@ -226,88 +222,21 @@ def test_a_pass_does_not_publish_a_run_a_finishing_slot_took_meanwhile(make_run,
     assert (older.status, older.dispatched_at) == ("running", None)
 
 
-@pytest.mark.parametrize("dispatch", [
-    pytest.param(lambda run: queue_dispatch("gpu.24g"), id="a pass"),
-    pytest.param(lambda run: queue_dispatch_submitted("gpu.24g", str(run.pk)), id="a submit's"),
-])
 @override_settings(INLINE_DISPATCH_WINDOW=0)
 def test_with_every_slot_taken_a_dispatch_takes_no_lock(
-    make_run, slots, django_capture_on_commit_callbacks, dispatch
+    make_run, slots, django_capture_on_commit_callbacks
 ):
-    """A pass after a commit, and a submit's lone mark, answer a full queue from their unlocked
-    count: with the queue's lock held elsewhere (lock_timeout 2 s) they answer 0 at once."""
+    """A pass after a commit answers a full queue from its unlocked count: with the queue's lock
+    held elsewhere (lock_timeout 2 s) it answers 0 at once."""
     slots(1)
     make_run("busy", status="running")
-    waiting = make_run("someone")
+    make_run("someone")
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '2s'")
     with _dispatch_lock_held_elsewhere("gpu.24g"), django_capture_on_commit_callbacks(
         execute=False
     ):
-        assert dispatch(waiting) == 0
-    assert _marked() == set()
-
-
-@override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_a_submitted_run_alone_in_its_queue_is_marked_in_one_statement(
-    make_run, slots, django_capture_on_commit_callbacks
-):
-    """A submit's dispatch (`queue_dispatch_submitted`) when nothing else of the queue could be
-    picked: the lone mark (migrations/runs/0005) marks it in one statement — no heads read —
-    and its message goes out."""
-    from django.test.utils import CaptureQueriesContext
-
-    slots(2)
-    make_run("busy", status="running")
-    new = make_run("me")
-    queue_dispatch_submitted("gpu.24g", str(new.pk))  # reads the fleet once (cached after)
-    Run.objects.filter(pk=new.pk).update(dispatched_at=None)
-    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(
-        execute=False
-    ) as published:
-        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 1
-    assert len(queries) == 1  # the lone mark: no heads read, no separate mark
-    new.refresh_from_db()
-    assert new.dispatched_at is not None and len(published) == 1
-    with django_capture_on_commit_callbacks(execute=False) as again:
-        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0  # marked already
-    assert not again
-
-
-@override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_with_others_waiting_a_submitted_run_goes_through_the_policy(
-    make_run, slots, django_capture_on_commit_callbacks
-):
-    """When other runs of the queue are eligible the lone mark leaves the choice to the full
-    pass: the one free slot goes to the policy's pick (priority), not to the newest run."""
-    slots(2)
-    make_run("busy", status="running")
-    urgent = make_run("someone", priority=5, age=5)
-    new = make_run("me")
-    with django_capture_on_commit_callbacks(execute=False):
-        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 1
-    assert _marked() == {urgent.pk}
-
-
-@pytest.mark.django_db(transaction=True)
-@override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_a_lone_mark_that_waited_for_the_lock_counts_the_slots_again(make_run, slots):
-    """The lone mark's first count is unlocked; it counts again once it holds the queue's
-    dispatch lock, so what the lock's holder commits meanwhile (here a run that takes the last
-    free slot) is seen and the window is never overfilled."""
-    slots(2)  # one taken by a running run, one free
-    make_run("c", status="running")
-    other = make_run("a")
-    Run.objects.filter(pk=other.pk).update(queue="elsewhere")
-    new = make_run("me")
-    with _open_elsewhere(
-        ("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_QUEUE_DISPATCH,
-                                                   queue_lock_key("gpu.24g")]),
-        ("UPDATE runs_run SET status = 'running', queue = 'gpu.24g', attempts = 1, "
-         "lease_expires_at = now() + interval '1 minute' WHERE id = %s", [other.pk]),
-        for_seconds=0.5,
-    ):
-        assert queue_dispatch_submitted("gpu.24g", str(new.pk)) == 0
+        assert queue_dispatch("gpu.24g") == 0
     assert _marked() == set()
 
 
@@ -332,53 +261,19 @@ def test_a_queue_name_needing_quotes_is_dispatched(make_run, django_capture_on_c
 
 
 
-def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "gpu0@host",
-                        seen: list | None = None):
+def _finish_taking_next(run: Run, *, worker: str = "gpu0@host#1", name: str = "gpu0@host"):
     """Claim `run` for `worker`, then finish it as a worker's slot does (workers/attempt.py):
-    the finish's transaction may claim the queue's next run for the slot, from the heads its
-    statement read (appended to `seen`, with the heads a read of their own gets there: the
-    read the statement's replaced). Returns that claim."""
+    the finish's transaction may claim the queue's next run for the slot. Returns that claim."""
     claim = run_claim(run_id=str(run.pk), worker=worker)
     assert claim is not None
     taken: list = []
 
-    def next_run(queue: str, heads: list | None = None) -> bool:
-        if seen is not None:
-            seen.append((heads, _heads(queue, _fresh(), _queue_capacity(queue))))
-        taken.append(queue_take_next(queue, worker=worker, name=name, heads=heads))
+    def next_run(queue: str) -> bool:
+        taken.append(queue_take_next(queue, worker=worker, name=name))
         return taken[-1] is not None
 
     assert run_finish(claim=claim, status="succeeded", next_run=next_run)
     return taken[-1] if taken else None
-
-
-@override_settings(INLINE_DISPATCH_WINDOW=0)
-def test_a_finish_reads_its_queues_heads_in_its_own_statement(
-    make_run, slots, django_capture_on_commit_callbacks
-):
-    """The finish's statement reads the queue's heads (`HEADS_JSON`) counting its own run as
-    finished: the same runs, counts and busy slots as a read of their own after it, where that
-    read was one more round trip per chained run."""
-    from apps.accounts.models import Team
-
-    slots(3)
-    mine = make_run("a", age=30)
-    make_run("a", status="running")
-    make_run("b", status="running")
-    team = Team.objects.create(name="ab", weight=2)
-    team.members.add(*get_user_model().objects.filter(username__in=["a", "b"]))
-    waiting = [make_run(owner, age=age, priority=p)
-               for owner, age, p in (("a", 20, 0), ("b", 10, 1), ("c", 5, 0))]
-    seen: list = []
-    with django_capture_on_commit_callbacks(execute=True):
-        kept = _finish_taking_next(mine, seen=seen)
-    [(folded, read)] = seen
-    assert folded is not None and read
-
-    def comparable(rows: list) -> list:  # created_at: epoch seconds in the JSON
-        return sorted((str(r[0]), *r[1:3], *r[4:]) for r in rows)
-    assert comparable(folded) == comparable(read)
-    assert kept is not None and kept.run_id == str(waiting[1].pk)  # priority first
 
 
 @override_settings(INLINE_DISPATCH_WINDOW=0)

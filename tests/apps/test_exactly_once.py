@@ -26,8 +26,8 @@ from PIL import Image
 
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs.dispatch import runs_reap
 from apps.runs.models import Run, RunEvent
+from apps.runs.recovery import runs_reap
 from apps.runs.services import Claim, run_claim, run_events_flush, run_finish, run_hand_back
 from apps.takes.models import Take
 from apps.takes.services import TakeDraft, takes_insert
@@ -245,11 +245,11 @@ def test_takes_insert_returns_only_the_takes_it_inserted_never_a_filled_slot() -
 
 @pytest.mark.django_db(transaction=True)
 def test_a_finish_stores_its_bytes_again_when_retention_removed_them_while_it_waited():
-    """A finish writes its takes' bytes while its statement runs (apps/runs/services.py
-    `_finish_first_takes`); bytes already on disk are not written again. Here they are on disk
-    when the finish looks, but retention holds their blob's lock (its reference check done) and
-    deletes them before the finish's statement gets the lock: the finish, holding it now,
-    stores them again, so its take never names missing bytes."""
+    """A finish writes its takes' bytes under their blob locks (apps/runs/services/attempts.py
+    `run_finish`, `takes_insert`); bytes already on disk are not written again. Here they are
+    on disk, but retention holds their blob's lock (its reference check done) and deletes them
+    before the finish gets the lock: the finish, holding it now, stores them again, so its take
+    never names missing bytes."""
     old = _draft((3, 1, 4))
     first = _run()
     assert run_finish(claim=_claim(first, WORKER_B), status="succeeded", events=[_node_done()],

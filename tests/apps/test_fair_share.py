@@ -14,8 +14,9 @@ from django.utils import timezone
 from apps.accounts.models import Team
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs.dispatch import capacity_forget, runs_dispatch
+from apps.runs.dispatch import capacity_forget
 from apps.runs.models import Run
+from apps.runs.recovery import runs_dispatch
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs.dispatch import runs_reap
 from apps.runs.models import Run, RunEvent
+from apps.runs.recovery import runs_reap
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """Beat's reroute pass moves queued runs off queues nobody serves; it reads the queued runs
-only when the live fleet can have given them a better queue (apps/runs/dispatch.py)."""
+only when the live fleet can have given them a better queue (apps/runs/recovery.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from django.utils import timezone
 
 from apps.fleet.models import Worker
 from apps.graphs.models import Graph
-from apps.runs import dispatch
-from apps.runs.dispatch import capacity_forget, runs_dispatch
+from apps.runs import recovery
+from apps.runs.dispatch import capacity_forget
 from apps.runs.models import Run
+from apps.runs.recovery import reroute_forget, runs_dispatch
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +41,7 @@ def _runs_read(queries: Any) -> int:
 def test_an_orphan_moves_when_the_fleet_changes_and_an_unchanged_fleet_is_not_rescanned(
         monkeypatch: pytest.MonkeyPatch) -> None:
     capacity_forget()
+    reroute_forget()
     worker = Worker.objects.create(name="cpu@host", incarnation="1", queues=["cpu", "control"],
                                    slots=1, last_heartbeat=timezone.now())
     run = _orphan()
@@ -49,7 +51,7 @@ def test_an_orphan_moves_when_the_fleet_changes_and_an_unchanged_fleet_is_not_re
     run.refresh_from_db()
     assert run.queue == "gpu.48g" and _runs_read(first) == 1
 
-    monkeypatch.setattr(dispatch, "REROUTE_SETTLE_S", 0.0)
+    monkeypatch.setattr(recovery, "REROUTE_SETTLE_S", 0.0)
     with CaptureQueriesContext(connection) as same:
         runs_dispatch()  # the same fleet as at the last look: no better queue can exist
     assert _runs_read(same) == 0
@@ -61,7 +63,7 @@ def test_an_orphan_moves_when_the_fleet_changes_and_an_unchanged_fleet_is_not_re
     run.refresh_from_db()
     assert run.queue == "cpu" and _runs_read(changed) == 1
 
-    monkeypatch.setattr(dispatch, "REROUTE_FULL_EVERY_S", 0.0)
+    monkeypatch.setattr(recovery, "REROUTE_FULL_EVERY_S", 0.0)
     with CaptureQueriesContext(connection) as periodic:
         runs_dispatch()  # past REROUTE_FULL_EVERY_S a pass looks whatever the fleet does
     assert _runs_read(periodic) == 1

@@ -46,7 +46,7 @@ RECOVERY_ENV = {
 }
 RUN_WORKERS = ("worker-a", "worker-b")
 TERMINAL = ("succeeded", "failed", "cancelled")
-# The lease renewal of a worker's presence thread (apps/runs/services.py run_leases_renew); no
+# The lease renewal of a worker's presence thread (apps/runs/services/attempts.py run_leases_renew); no
 # other statement has this text, so it singles out that thread's session.
 RENEWAL_SQL = "lease_worker = % AND (id, attempts) IN (SELECT * FROM unnest("
 

@@ -347,9 +347,9 @@ def test_farm_up_restarts_a_killed_worker_keeps_answering_and_the_run_finishes(
 def test_a_submit_after_every_database_session_was_terminated_is_accepted(
     farm: RecoveryFarm, alice: Client, asset_id: str
 ) -> None:
-    """The web's pooled connections are checked as they leave the pool (inline_farm/db, no
-    round trip): one whose session was terminated while it sat there is replaced, never handed
-    to a request (which would answer 500)."""
+    """The web's pooled connections are checked as they leave the pool (Django's
+    CONN_HEALTH_CHECKS): one whose session was terminated while it sat there is replaced, never
+    handed to a request (which would answer 500)."""
     alice.wait_run(submit(alice, delay(asset_id, 0)), timeout=60)  # the web's pool holds some
     terminated = farm.sql("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
                           "FROM pg_stat_activity WHERE datname = current_database() "

@@ -1,7 +1,6 @@
-"""A plain submit (no clientRunId, no team limit) is one statement after the owner's lock
-(apps/runs/services.py `_SUBMIT_PLAIN`, pipelined behind the lock); these check its one race by
-hand (another submit commits the same new graph document while this one's statement runs) and
-the asset check it took over from a statement of its own."""
+"""A submit (apps/runs/services/submit.py `run_submit`) under its owner's lock: its one race checked
+by hand (another submit commits the same new graph document while this one's insert waits), its
+coalescing, its asset check, and a dispatch that fails after its commit."""
 
 from __future__ import annotations
 
@@ -18,7 +17,8 @@ from django.db import connection
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.runs.models import Run
-from apps.runs.services import _run_create_plain
+from apps.runs.services import run_submit
+from apps.runs.services.submit import _run_create_or_find
 from tests.livefarm import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,7 +52,8 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 result["pid"] = cursor.fetchone()[0]
-            result["run"] = _run_create_plain(owner, graph, sha, "src", 0, REQUIREMENT, "cpu", [])
+            result["run"] = _run_create_or_find(owner, graph, sha, "src", None, 0, REQUIREMENT,
+                                                "cpu")
         except Exception as exc:  # noqa: BLE001 — reported by the asserts below
             result["error"] = exc
         finally:
@@ -75,11 +76,13 @@ def test_a_graph_another_submit_commits_meanwhile_is_used_not_stored_twice() -> 
     assert Graph.objects.filter(sha256=sha).count() == 1
 
 
-def test_a_plain_submit_coalesces_and_counts_what_is_in_flight() -> None:
+def test_a_submit_coalesces_onto_the_same_graph_in_flight() -> None:
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
     graph = _graph()
-    first, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
-    again, created_again = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
+    first, created = _run_create_or_find(owner, graph, graph.sha256(), "src", None, 0,
+                                         REQUIREMENT, "cpu")
+    again, created_again = _run_create_or_find(owner, graph, graph.sha256(), "src", None, 0,
+                                               REQUIREMENT, "cpu")
     assert created and not created_again and again.pk == first.pk
     stored = Run.objects.get(pk=first.pk)
     assert (stored.status, stored.queue, stored.requirement, stored.owner_id) == (
@@ -99,9 +102,8 @@ def _loads(asset: str) -> dict[str, Any]:
             "target": "src0"}
 
 
-def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a_miss() -> None:
+def test_a_submit_checks_its_assets_and_stores_nothing_on_a_miss() -> None:
     from apps.graphs.validation import GraphInvalid
-    from apps.runs.services import run_submit
 
     users = get_user_model().objects
     owner = users.create(username=f"plain-{uuid.uuid4().hex[:8]}")
@@ -132,10 +134,9 @@ def test_the_plain_submit_checks_assets_in_its_statement_and_stores_nothing_on_a
     assert created
 
 
-def test_a_plain_submit_whose_statement_fails_raises_djangos_error_and_writes_nothing() -> None:
-    """The lock and the statement are one implicit transaction (autocommit + pipeline): a
-    statement that fails rolls the transaction back at the Sync, and the error is Django's (as
-    any statement's), not psycopg's; the connection serves the next submit."""
+def test_a_submit_whose_statement_fails_raises_djangos_error_and_writes_nothing() -> None:
+    """A failing statement rolls the submit's transaction back; the error is Django's, and the
+    connection serves the next submit."""
     from django.db import ProgrammingError
 
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
@@ -144,83 +145,43 @@ def test_a_plain_submit_whose_statement_fails_raises_djangos_error_and_writes_no
         cursor.execute("ALTER TABLE graphs_graph RENAME TO graphs_graph_away")
     try:
         with pytest.raises(ProgrammingError):
-            _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
+            _run_create_or_find(owner, graph, graph.sha256(), "src", None, 0, REQUIREMENT, "cpu")
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE graphs_graph_away RENAME TO graphs_graph")
     assert not Run.objects.filter(owner=owner).exists()
-    run, created = _run_create_plain(owner, graph, graph.sha256(), "src", 0, REQUIREMENT, "cpu", [])
+    run, created = _run_create_or_find(owner, graph, graph.sha256(), "src", None, 0, REQUIREMENT,
+                                       "cpu")
     assert created and Run.objects.get(owner=owner).pk == run.pk
 
 
 _MARK_ARGS = "(integer, integer, text, timestamptz, integer, uuid[], boolean)"
-_LONE_ARGS = "(integer, integer, text, timestamptz, integer, uuid)"
 
 
-@pytest.mark.parametrize("gone", ["lone", "pass"])
-def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog, gone) -> None:
-    """The dispatch runs after the submit's commit (`_dispatch_submitted`: the lone mark, or the
-    full pass when another run waits). One that fails there — here its function is gone for a
-    moment — is logged, not raised: the submit returns its committed run (the API's 201), which
-    waits unpublished for beat's pass."""
+def test_a_submit_whose_dispatch_fails_after_commit_still_returns_its_run(caplog) -> None:
+    """The dispatch runs after the submit's commit. One that fails there — here its function is
+    gone for a moment — is logged, not raised: the submit returns its committed run (the API's
+    201), which waits unpublished for beat's pass."""
     from django.utils import timezone
 
     from apps.fleet.models import Worker
     from apps.runs.dispatch import capacity_forget
-    from apps.runs.services import run_submit
 
     Worker.objects.update_or_create(name="cpu0@host", defaults={
         "queues": ["cpu"], "slots": 1, "last_heartbeat": timezone.now()})
     capacity_forget()
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
-    if gone == "pass":  # another run waits: the lone mark leaves the choice to the full pass
-        Run.objects.create(owner=owner, graph=Graph.objects.create(
-            sha256=uuid.uuid4().hex * 2, document={"nodes": {}}), target="x", queue="cpu")
-    name, args = (("inline_dispatch_lone", _LONE_ARGS) if gone == "lone"
-                  else ("inline_dispatch_mark", _MARK_ARGS))
     body = _loads(_asset(owner))
     with connection.cursor() as cursor:
-        cursor.execute(f"ALTER FUNCTION {name}{args} RENAME TO {name}_away")
+        cursor.execute(f"ALTER FUNCTION inline_dispatch_mark{_MARK_ARGS} RENAME TO mark_away")
     try:
         run, created = run_submit(owner=owner, graph=GraphDoc.model_validate(
             {"nodes": body["nodes"]}), target=body["target"])
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER FUNCTION {name}_away{args} RENAME TO {name}")
+            cursor.execute(f"ALTER FUNCTION mark_away{_MARK_ARGS} RENAME TO inline_dispatch_mark")
         capacity_forget()
     stored = Run.objects.get(pk=run.pk)
     assert created and run.queue == "cpu"
     assert (stored.status, stored.dispatched_at) == ("queued", None)
-    assert name in caplog.text  # the failed pass, in the log
-
-
-def test_a_plain_submit_alone_in_its_queue_is_marked_in_its_own_transaction() -> None:
-    """The owner's lock, the submit's statement and the run's lone mark (migrations/runs/0006)
-    go out together and commit together, no statement after the commit: the mark's now() is
-    the transaction's that stored the run's new graph document, and the run comes back marked
-    (its message published)."""
-    from django.test.utils import CaptureQueriesContext
-    from django.utils import timezone
-
-    from apps.fleet.models import Worker
-    from apps.runs.dispatch import capacity_forget
-    from apps.runs.services import run_submit
-
-    Worker.objects.update_or_create(name="cpu0@host", defaults={
-        "queues": ["cpu"], "slots": 2, "last_heartbeat": timezone.now()})
-    capacity_forget()
-    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
-    first = _loads(_asset(owner))
-    second: dict[str, Any] = {"nodes": {"src1": first["nodes"]["src0"]}, "target": "src1"}
-    # another graph (its node's id); the first reads the fleet's slots (kept a second), the
-    # second is captured
-    try:
-        for body in (first, second):
-            with CaptureQueriesContext(connection) as queries:
-                run, created = run_submit(owner=owner, graph=GraphDoc.model_validate(
-                    {"nodes": body["nodes"]}), target=body["target"])
-            stored = Run.objects.select_related("graph").get(pk=run.pk)
-            assert created and stored.dispatched_at == stored.graph.created_at
-    finally:
-        capacity_forget()
-    assert len(queries.captured_queries) == 3  # the lock, the statement, the dispatch
+    assert "inline_dispatch_mark" in caplog.text  # the failed pass, in the log

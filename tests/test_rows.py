@@ -1,35 +1,17 @@
-"""The hot hand-written statements are planned once per connection, and read back as the ORM
-reads (inline_farm/prepared.py)."""
+"""Hand-written reads build their model instances as the ORM does (inline_farm/rows.py)."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 
 from apps.graphs.models import Graph
 from apps.runs.models import Run
 from apps.runs.selectors import run_get_for_user
-from inline_farm.prepared import model_columns, model_from_row, prepared_cursor
+from inline_farm.rows import model_columns, model_from_row
 
 pytestmark = pytest.mark.django_db
-
-
-def _prepared_here() -> list[str]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement FROM pg_prepared_statements")
-        return [row[0] for row in cursor.fetchall()]
-
-
-def test_a_hot_statement_is_prepared_once_and_reused_on_its_connection() -> None:
-    marker = "SELECT 41 + %(n)s AS prepared_probe"
-    with prepared_cursor() as cursor:
-        cursor.execute(marker, {"n": 1})
-        assert cursor.fetchone() == (42,)
-        cursor.execute(marker, {"n": 2})
-        assert cursor.fetchone() == (43,)
-    kept = [s for s in _prepared_here() if "prepared_probe" in s]
-    assert kept == ["SELECT 41 + $1 AS prepared_probe"]
 
 
 def test_a_run_read_through_it_equals_the_orm_read() -> None:
@@ -44,24 +26,10 @@ def test_a_run_read_through_it_equals_the_orm_read() -> None:
         assert getattr(read, field.attname) == getattr(orm, field.attname), field.name
     assert read.requirement == {"nodeTypes": ["image/save"], "models": []}  # decoded JSON
     assert read.graph.sha256 == "ab" * 32 and list(read.takes.all()) == []
-    with prepared_cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(f"SELECT {model_columns(Graph, 'g')} FROM graphs_graph g "
                        "WHERE g.id = %(id)s", {"id": graph.pk})
         assert model_from_row(Graph, cursor.fetchone()).document == {"nodes": {}}
-
-
-def test_its_errors_are_djangos_and_it_joins_the_open_transaction() -> None:
-    graph = Graph.objects.create(sha256="cd" * 32, document={})
-    with pytest.raises(IntegrityError), transaction.atomic(), prepared_cursor() as cursor:
-        cursor.execute("INSERT INTO graphs_graph (sha256, document, created_at) "
-                       "VALUES (%(sha)s, '{}'::jsonb, now())", {"sha": "cd" * 32})
-    with transaction.atomic():
-        with prepared_cursor() as cursor:
-            cursor.execute("UPDATE graphs_graph SET document = '{\"x\": 1}'::jsonb "
-                           "WHERE id = %(id)s", {"id": graph.pk})
-        transaction.set_rollback(True)
-    graph.refresh_from_db()
-    assert graph.document == {}  # the update was rolled back with the transaction
 
 
 def test_a_take_read_through_it_equals_the_orm_read_and_keeps_the_scoping() -> None:
@@ -87,3 +55,18 @@ def test_a_take_read_through_it_equals_the_orm_read_and_keeps_the_scoping() -> N
             assert getattr(read, field.attname) == getattr(orm, field.attname), field.name
     assert take_get_for_user(user=stranger, take_id=str(take.pk)) is None
     assert take_get_for_user(user=owner, take_id="00000000-0000-0000-0000-000000000000") is None
+
+
+def test_a_statement_a_connection_runs_often_is_prepared_there() -> None:
+    """settings' `server_side_binding` + `prepare_threshold` (Django's documented options):
+    psycopg prepares what a connection keeps running, so PostgreSQL plans it once there."""
+    from django.conf import settings
+
+    threshold = settings.INLINE_DB_PREPARE_THRESHOLD
+    with connection.cursor() as cursor:
+        for n in range(threshold + 1):
+            cursor.execute("SELECT 41 + %(n)s AS prepared_probe", {"n": n})
+            assert cursor.fetchone() == (41 + n,)
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        kept = [row[0] for row in cursor.fetchall() if "prepared_probe" in row[0]]
+    assert kept == (["SELECT 41 + $1 AS prepared_probe"] if threshold else [])
