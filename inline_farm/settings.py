@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from inline_farm.env import (
     ImproperlyConfiguredEnv,
@@ -121,7 +122,7 @@ DATABASES = {
 # the pool ping a connection as it leaves it, so one whose server session was terminated (or a
 # restarted server) is replaced, not handed out.
 INLINE_DB_POOL_SIZE = env_int("INLINE_DB_POOL_SIZE", 24, minimum=2)
-DATABASES["default"]["OPTIONS"] = {
+DB_OPTIONS: dict[str, Any] = {
     "pool": {"min_size": 1, "max_size": INLINE_DB_POOL_SIZE, "timeout": 20},
 }
 # Server-side parameter binding (Django's documented `server_side_binding` and
@@ -132,8 +133,8 @@ DATABASES["default"]["OPTIONS"] = {
 # transaction-pooling proxy that keeps no prepared statements.
 INLINE_DB_PREPARE_THRESHOLD = env_int("INLINE_DB_PREPARE_THRESHOLD", 5, minimum=0)
 if INLINE_DB_PREPARE_THRESHOLD:
-    DATABASES["default"]["OPTIONS"].update(
-        server_side_binding=True, prepare_threshold=INLINE_DB_PREPARE_THRESHOLD)
+    DB_OPTIONS.update(server_side_binding=True, prepare_threshold=INLINE_DB_PREPARE_THRESHOLD)
+DATABASES["default"]["OPTIONS"] = DB_OPTIONS
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
