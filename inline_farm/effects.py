@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import base64
 import json
@@ -120,10 +119,10 @@ class _Publisher:
     """One thread per process that sends channel-layer messages, in the order they were queued.
 
     Each time it wakes it takes everything queued (up to MAX_BATCH), folds each run's
-    consecutive events into one message (`merge_run_events`) and sends the batch through the
-    layer's own `group_send` on the thread's event loop, the groups concurrently and each
-    group's messages in order, so a busy process pays Redis's round trips once per batch and
-    group, not once per message. At exit, it waits briefly for what is queued (see `flush`).
+    consecutive events into one message (`merge_run_events`) and sends the batch at once
+    (`FarmChannelLayer.group_send_blocking`: one or two pipelined round trips for all its
+    groups), so a busy process pays for Redis per batch, not per message, and messages of one
+    group keep their order. At exit, it waits briefly for what is queued (see `flush`).
     """
 
     MAX_BATCH = 500
@@ -150,7 +149,6 @@ class _Publisher:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
-        loop = asyncio.new_event_loop()  # the layer's connection pools belong to this loop
         while True:
             batch = [self._queue.get()]
             while len(batch) < self.MAX_BATCH:
@@ -160,7 +158,7 @@ class _Publisher:
                     break
             try:
                 if layer is not None:
-                    loop.run_until_complete(_send_batch(layer, batch))
+                    _send_batch(layer, batch)
             except Exception:  # clients catch up from the durable log
                 log.warning("channel-layer send of %d messages failed", len(batch), exc_info=True)
             finally:
@@ -169,25 +167,15 @@ class _Publisher:
                     self._idle.notify_all()
 
 
-async def _send_batch(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
-    """Send `batch` (group, message) pairs with the layer's `group_send`: the groups at once,
-    each group's messages in their order, each run's consecutive events folded into one. A
-    group whose send fails loses the rest of its batch, logged; the others still go."""
+def _send_batch(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
+    """Send `batch` (group, message) pairs: per group in their order, each run's consecutive
+    events folded into one message."""
     by_group: dict[str, list[dict[str, Any]]] = {}
     for group, message in batch:
         by_group.setdefault(group, []).append(message)
-    results = await asyncio.gather(
-        *(_send_group(layer, group, merge_run_events(messages))
-          for group, messages in by_group.items()),
-        return_exceptions=True)
-    for group, result in zip(by_group, results, strict=True):
-        if isinstance(result, Exception):
-            log.warning("channel-layer send to %s failed: %r", group, result)
-
-
-async def _send_group(layer: Any, group: str, messages: list[dict[str, Any]]) -> None:
-    for message in messages:
-        await layer.group_send(group, message)
+    sends = [(group, message) for group, messages in by_group.items()
+             for message in merge_run_events(messages)]
+    layer.group_send_blocking(sends)  # settings.CHANNEL_LAYERS: FarmChannelLayer
 
 
 def merge_run_events(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

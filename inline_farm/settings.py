@@ -144,7 +144,7 @@ BROKER_URL = env_str("BROKER_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_REDIS_URL = env_str("CHANNEL_REDIS_URL", "redis://127.0.0.1:6379/1")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "inline_farm.channel_layer.FarmChannelLayer",  # group_send in fewer round trips
         "CONFIG": {
             # redis-py 8 defaults socket_timeout to 5 s, which is also channels-redis' BZPOPMIN
             # timeout: an idle websocket's receive then dies with "Timeout reading". Read longer.

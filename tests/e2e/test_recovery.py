@@ -221,10 +221,13 @@ def test_a_failed_lease_renewal_does_not_restart_a_healthy_run(
     worker = lease.split("#", 1)[0]
 
     def renewal_session() -> list[tuple[Any, ...]]:
-        # The session whose last statement renewed this lease (parameters are bound client-side,
-        # so the lease key is in the text): the presence thread of the worker holding the run.
-        return farm.sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND query LIKE %s AND query LIKE %s", f"%{RENEWAL_SQL}%", f"%{lease}%")
+        # The one session whose last statement renewed a lease: the presence thread of the
+        # worker holding the run, the only run in flight (an idle worker renews nothing, and its
+        # beat's last statement is its heartbeat). The lease key is a bound parameter, not in
+        # the text (server-side binding): two such sessions would be an ambiguity, not a pick.
+        sessions = farm.sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND query LIKE %s", f"%{RENEWAL_SQL}%")
+        return sessions if len(sessions) == 1 else []
 
     log = farm.logs / f"{farm.names[worker]}.log"
     failed_beat = f"heartbeat of {worker} failed"
