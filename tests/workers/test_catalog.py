@@ -97,7 +97,7 @@ def test_a_folder_hash_changes_when_any_file_inside_changes(models_dir):
 def test_the_catalog_and_the_runner_modules_import_no_torch():
     code = (
         "import sys, workers.models.catalog, workers.device.policy, workers.device.detect, "
-        "workers.runners.diffusion, workers.sampling; "
+        "workers.runners.diffusion, workers.sampling, workers.models.families; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     root = Path(__file__).resolve().parents[2]

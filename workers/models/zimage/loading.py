@@ -26,9 +26,10 @@ from workers.counters import batcher_observer, forwards_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
-from workers.models.zimage import engine
+from workers.models.family import ModelLoadError
+from workers.models.values import DiffusionModel, TextEncoder, Vae
+from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
-from workers.models.zimage.values import DiffusionModel, TextEncoder, Vae
 from workers.sampling import Coalescer, StepBatcher
 
 
@@ -50,8 +51,8 @@ def _model_libraries() -> None:
     freeze_long_lived("model libraries")
 
 
-class ModelLoadError(Exception):
-    """A model file exists but cannot be loaded (corrupt, incomplete, or not this family)."""
+__all__ = ["ModelLoadError", "load_diffusion_model", "load_text_encoder", "load_vae"]
+FAMILY = "zimage"
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
@@ -68,7 +69,7 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
         bounds = policy.batch_bounds()
         batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs), bounds.items,
                               bounds.tokens, observe=forwards_observer())
-        return DiffusionModel(name, sha, transformer, batcher, placement)
+        return DiffusionModel(name, sha, transformer, batcher, placement, FAMILY)
 
     return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
 
@@ -85,13 +86,13 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
             module.enable_tiling()
         if policy.vae_slicing:
             module.enable_slicing()
-        vae = Vae(name, sha, module, placement)
+        vae = Vae(name, sha, module, placement, family=FAMILY)
         bounds = policy.batch_bounds()
         decoder = Coalescer(lambda latents: engine.decode_latents_batch(vae, latents),
                             max_items=bounds.items, max_cost=bounds.tokens,
                             cost=_latent_tokens, key=lambda latents: tuple(latents.shape),
                             observe=batcher_observer("vae_decodes"))
-        return Vae(name, sha, module, placement, decoder)
+        return Vae(name, sha, module, placement, decoder, FAMILY)
 
     key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
     return MODEL_CACHE.get_or_load(key, load)
@@ -106,17 +107,17 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
     def load() -> TextEncoder:
         _model_libraries()
         model, tokenizer = _load_text_encoder(path, placement)
-        te = TextEncoder(name, sha, model, tokenizer, placement)
+        te = TextEncoder(name, sha, model, tokenizer, placement, family=FAMILY)
         batched: Coalescer[str, Any] = Coalescer(
             lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
             observe=batcher_observer("text_encodes"))
-        return TextEncoder(name, sha, model, tokenizer, placement, batched)
+        return TextEncoder(name, sha, model, tokenizer, placement, batched, FAMILY)
 
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
 
 
 def _latent_tokens(latents: Any) -> int:
-    return int(latents.shape[-2] // 2 * (latents.shape[-1] // 2))
+    return LATENT.tokens(int(latents.shape[-2]), int(latents.shape[-1]))
 
 
 def sidecar(path: Path, suffix: str) -> Path:
