@@ -108,7 +108,10 @@ MODELS = (
     NodeDescriptor(
         "load/text-encoder", "Load text encoder", "loaders",
         outputs=(Port("encoder", "text-encoder"),),
-        params=(Param("file", "model", required=True, options_from="text_encoders"),),
+        params=(Param("file", "model", required=True, options_from="text_encoders"),
+                Param("file_2", "model", options_from="text_encoders",
+                      description="A family's second text encoder (FLUX.1: CLIP-L and T5, "
+                      "in either order).")),
     ),
     NodeDescriptor(
         "encode/text", "Encode text", "conditioning",

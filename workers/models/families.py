@@ -16,7 +16,7 @@ from typing import cast
 from workers.models.family import FOLDER_ROLES, FamilyInfo, FamilyPlugin, ModelLoadError
 from workers.models.header import HeaderUnreadable, ModelHeader, read_header
 
-REGISTERED: tuple[str, ...] = ("zimage",)
+REGISTERED: tuple[str, ...] = ("flux1", "zimage")
 
 
 def info(family_id: str) -> FamilyInfo:
@@ -77,22 +77,28 @@ def identify(path: Path, folder: str | None = None) -> Identity:
     return Identity(pickled=True) if header is None else recognise(header, folder)
 
 
-def loader_family(path: Path, folder: str) -> str:
-    """The family whose plug-in loads `path` from `folder`: the first that recognises it (a
-    pickled file: the first registered, whose loader says whether it is its own). Raises
-    ModelLoadError naming the file and its folder when no family recognises it."""
-    try:
-        identity = identify(path, folder)
-    except ModelLoadError as exc:
-        raise ModelLoadError(f"cannot load {path.name} from {folder}/: {exc}") from None
-    if identity.pickled:
-        return REGISTERED[0]
-    if not identity.families:
+def loader_family(paths: Path | list[Path], folder: str) -> str:
+    """The family whose plug-in loads `paths` (one model; a family's text encoders may be two
+    files) from `folder`: the first registered family that recognises every file (pickled files
+    constrain nothing: its loader says whether they are its own). Raises ModelLoadError naming
+    the files and their folder when no family recognises them all."""
+    paths = [paths] if isinstance(paths, Path) else paths
+    common = list(REGISTERED)
+    for path in paths:
+        try:
+            identity = identify(path, folder)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"cannot load {path.name} from {folder}/: {exc}") from None
+        if not identity.pickled:
+            common = [f for f in common if f in identity.families]
+    if not common:
+        names = " + ".join(p.name for p in paths)
         raise ModelLoadError(
-            f"cannot load {path.name} from {folder}/: no registered model family "
-            f"({', '.join(REGISTERED)}) recognises its weights; is it in the right folder?"
+            f"cannot load {names} from {folder}/: no registered model family "
+            f"({', '.join(REGISTERED)}) recognises {'its' if len(paths) == 1 else 'all their'} "
+            "weights; is it in the right folder?"
         )
-    return identity.family
+    return common[0]
 
 
 def _check(family_id: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from workers.models.header import ModelHeader
@@ -76,6 +76,9 @@ class FamilyInfo:
     - `activation_gb` + `activation_gb_per_mpx` × megapixels: the memory a run needs beyond its
       weights (apps/fleet/routing.py adds the model files' sizes).
     - `splits`: whether one image's denoise can be split across a GPU group (xfuser.<n>).
+    - `guidance`: what a sampler's `guidance` param means: classifier-free guidance (`cfg`: on
+      when > 0, with a negative prompt) or a guidance-distilled model's embedded scale
+      (`distilled`: FLUX.1 dev, one forward per step).
     - `nodes`: the package's modules that register the family's own node runners
       (`zimage/turbo`); their descriptors are in apps/graphs/nodes.py like every node's.
     """
@@ -88,6 +91,7 @@ class FamilyInfo:
     activation_gb: float = 1.0
     activation_gb_per_mpx: float = 3.0
     nodes: tuple[str, ...] = ()  # modules of the package whose import registers node runners
+    guidance: Literal["cfg", "distilled"] = "cfg"
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch

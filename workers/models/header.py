@@ -45,6 +45,13 @@ class ModelHeader:
         """The shape of the first key that ends with `suffix` (prefixes vary by layout)."""
         return next((s for k, s in self.shapes.items() if k.endswith(suffix)), None)
 
+    def latent_channels(self) -> int | None:
+        """An AutoencoderKL's latent channels (its config's, or its decoder's input width)."""
+        if "latent_channels" in self.config:
+            return int(self.config["latent_channels"])
+        conv_in = self.shapes.get("decoder.conv_in.weight")  # no prefix: a VAE, no checkpoint
+        return conv_in[1] if conv_in is not None and len(conv_in) == 4 else None
+
     @property
     def class_name(self) -> str:
         """A folder's diffusers `_class_name` or transformers `architectures[0]` ("" if none)."""

@@ -44,7 +44,8 @@ def load_vae(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 
 @runner("load/text-encoder")
 def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    return {"encoder": load_file(ctx, "text_encoders", params["file"])}
+    names = [params["file"], *([params["file_2"]] if params.get("file_2") else [])]
+    return {"encoder": load_file(ctx, "text_encoders", *names)}
 
 
 @runner("encode/text")
@@ -80,6 +81,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     guidance, denoise = float(params["guidance"]), float(params["denoise"])
     family, fmt = plugin(model.family), info(model.family).latent
     _same_family(model, positive.encoder, "positive")
+    extra: dict[str, Any] = {}
+    if info(model.family).guidance == "distilled":  # an embedded scale: no CFG, one forward
+        extra, guidance = {"guidance": guidance}, 0.0
     width, height = latent.pixel_size
     shape = checked(lambda: fmt.shape(width, height))
     if not latent.empty and tuple(latent.samples.shape) != shape:
@@ -101,7 +105,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     start = on_device_thread(start_latents)
     neg = _negative_embeds(positive, negative, guidance)
     ctx.note_lineage(seed=seed)
-    out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance)
+    out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance,
+                      extra=extra)
     return {"latent": Latent(out, downscale=fmt.downscale)}
 
 
@@ -148,8 +153,9 @@ def denoise_job(
     negative: Any,
     guidance: float,
     preview: Vae | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Any:
-    """Submit one SampleJob to the model's step batcher; returns latents [1, 16, h, w].
+    """Submit one SampleJob to the model's step batcher; returns latents [1, C, h, w].
 
     With `preview` (the VAE that will decode the result), progress carries a small preview of
     the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step).
@@ -167,6 +173,7 @@ def denoise_job(
         guidance=guidance,
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
+        extra=extra or {},
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
     from workers.parallel.worker import denoiser
@@ -248,25 +255,26 @@ _LOADERS = {"diffusion_models": "load_diffusion_model", "vae": "load_vae",
             "text_encoders": "load_text_encoder"}
 
 
-def load_file(ctx: NodeContext, folder: str, name: str, family: str | None = None) -> Any:
-    """Load model `folder/name` with the plug-in of `family` (None: the family that recognises
-    the file) through the per-process cache; note its sha256 in the lineage.
+def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = None) -> Any:
+    """Load model `folder/name` (text encoders: a family's one or two files) with the plug-in of
+    `family` (None: the first family that recognises every file) through the per-process cache;
+    note its sha256 in the lineage.
 
     On a CPU worker the load runs on the device thread (copying weights runs torch's parallel
     kernels); on a GPU it stays on the slot, so a load never stalls the other slots' sampling."""
 
     def load() -> Any:
-        path = resolve(ctx.models_dir, folder, name)
-        loader = getattr(plugin(family or loader_family(path, folder)), _LOADERS[folder])
+        paths = [resolve(ctx.models_dir, folder, name) for name in names]
+        loader = getattr(plugin(family or loader_family(paths, folder)), _LOADERS[folder])
         # A family's text encoder may be several files (FLUX.1: CLIP-L + T5).
-        arg = [name] if folder == "text_encoders" else name
+        arg = list(names) if folder == "text_encoders" else names[0]
         return loader(ctx.models_dir, arg, ctx.policy)
 
     try:
         value = on_device_thread(load) if ctx.policy.device == "cpu" else load()
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
-    models = {**ctx.lineage.get("models", {}), f"{folder}/{name}": value.sha256}
+    models = {**ctx.lineage.get("models", {}), f"{folder}/{' + '.join(names)}": value.sha256}
     ctx.note_lineage(models=models)
     return value
 

@@ -38,10 +38,8 @@ def recognise(header: ModelHeader) -> str | None:
 
 def is_flux_vae(header: ModelHeader) -> bool:
     """A 16-latent-channel AutoencoderKL (FLUX.1's `ae`, diffusers or original keys)."""
-    if header.class_name == "AutoencoderKL":
-        return header.config.get("latent_channels") == 16
-    conv_in = header.shapes.get("decoder.conv_in.weight")  # no prefix: a VAE file, no checkpoint
-    return conv_in is not None and len(conv_in) == 4 and conv_in[1] == 16
+    vae = header.class_name == "AutoencoderKL" or "decoder.conv_in.weight" in header.shapes
+    return vae and header.latent_channels() == 16
 
 
 FAMILY = FamilyInfo(

@@ -21,9 +21,9 @@ def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
 
     from workers.models.zimage import engine
 
-    model = load_file(ctx, "diffusion_models", params["model"], FAMILY)
-    vae = load_file(ctx, "vae", params["vae"], FAMILY)
-    encoder = load_file(ctx, "text_encoders", params["text_encoder"], FAMILY)
+    model = load_file(ctx, "diffusion_models", params["model"], family=FAMILY)
+    vae = load_file(ctx, "vae", params["vae"], family=FAMILY)
+    encoder = load_file(ctx, "text_encoders", params["text_encoder"], family=FAMILY)
     prompt = str(inputs.get("prompt", params["prompt"]))
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
     width, height, guidance = int(params["width"]), int(params["height"]), float(params["guidance"])
