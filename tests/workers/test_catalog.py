@@ -114,4 +114,4 @@ def test_scan_says_each_file_s_family_and_role_from_its_contents(smoke_stack):
     encoder = entries[("text_encoders", smoke_stack.names["text_encoder"])]
     assert (model["family"], model["role"]) == ("zimage", "transformer")
     assert (vae["role"], encoder["role"]) == ("vae", "text_encoder")
-    assert "zimage" in vae["families"] and "zimage" in encoder["families"]
+    assert (vae["families"], encoder["families"]) == (["flux1", "zimage"], ["zimage"])
