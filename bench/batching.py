@@ -134,8 +134,8 @@ def sampler_alone(pipe: Any, side: int, steps: int, n: int) -> tuple[float, floa
     """images/s of the denoise only: the pipeline's transformer loop over n caption embeds vs the
     farm's step batcher with n threads (the same embeds, sigmas and noise)."""
     from workers.device.policy import DevicePolicy
+    from workers.models.values import TextEncoder
     from workers.models.zimage import engine
-    from workers.models.zimage.values import TextEncoder
     from workers.sampling import SampleJob, StepBatcher
 
     encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,

@@ -705,19 +705,13 @@ def cmd_models(args: argparse.Namespace) -> int:
         return cmd_remote(args)
     models_dir = _models_dir(args)
     os.environ.update(_base_env(_data_dir(args), models_dir))
-    from workers.models.zimage.tiny import write_smoke_stack  # torch: only this command needs it
+    from workers.models.families import REGISTERED, plugin  # torch: only this command needs it
 
     models_dir.mkdir(parents=True, exist_ok=True)
-    written = write_smoke_stack(models_dir)
-    if isinstance(written, dict):
-        lines = [f"{key}: {value}" for key, value in written.items()]
-    elif isinstance(written, list | tuple | set):
-        lines = [str(item) for item in written]
-    else:
-        lines = [str(written)]
     print(f"farm: wrote the tiny smoke stack into {models_dir}:")
-    for line in lines:
-        print(f"  {line}")
+    for family in REGISTERED:  # every registered model family writes its own
+        for role, name in plugin(family).write_tiny_stack(models_dir).items():
+            print(f"  {family} {role}: {name}")
     return 0
 
 

@@ -17,6 +17,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from apps.fleet.families import worker_families
 from apps.fleet.models import Worker, WorkerPool
 from apps.fleet.services import worker_drain, worker_resume
 from inline_farm.admin_display import ViewOnlyAdmin, age, badge, pretty_json, short_id
@@ -87,7 +88,7 @@ class WorkerPoolAdmin(admin.ModelAdmin):
 @admin.register(Worker)
 class WorkerAdmin(WorkerColumns, ViewOnlyAdmin):
     list_display = ("name", "pool", "state_badge", "slots_used", "queue_list", "model_count",
-                    "heartbeat_age")
+                    "family_list", "heartbeat_age")
     list_filter = ("state", "pool")
     search_fields = ("name", "hostname")
     actions = ("drain", "resume")
@@ -117,6 +118,10 @@ class WorkerAdmin(WorkerColumns, ViewOnlyAdmin):
     def model_count(self, worker: Worker) -> int:
         return len(worker.model_files)
 
+    @admin.display(description="families")
+    def family_list(self, worker: Worker) -> str:
+        return ", ".join(worker_families(worker.model_files)) or "none"
+
 
     @admin.display(description="current runs")
     def running_runs(self, worker: Worker) -> SafeString | str:
@@ -134,10 +139,12 @@ class WorkerAdmin(WorkerColumns, ViewOnlyAdmin):
         if not files:
             return "none"
         rows = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((f.get("folder", ""), f.get("name", ""), _size(f.get("size"))) for f in files),
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((f.get("folder", ""), f.get("name", ""), f.get("family") or "—",
+              f.get("role") or "—", _size(f.get("size"))) for f in files),
         )
-        return format_html("<table><tr><th>folder</th><th>file</th><th>size</th></tr>{}</table>",
+        return format_html("<table><tr><th>folder</th><th>file</th><th>family</th><th>role</th>"
+                           "<th>size</th></tr>{}</table>",
                            rows)
 
     @admin.display(description="device")

@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from apps.fleet.access import NotStaff, staff_caller
+from apps.fleet.families import worker_families
 from apps.fleet.health import health_report
 from apps.fleet.metrics import queue_overview
 from apps.fleet.schemas import HealthOut, WorkersOut
@@ -42,7 +43,8 @@ def list_workers(request: HttpRequest) -> dict[str, Any]:
     return {"items": [
         {"name": w.name, "state": w.state, "pool": w.pool.name if w.pool else None,
          "queues": w.queues, "device": w.device,
-         "models": w.model_files, "lastHeartbeat": w.last_heartbeat.isoformat()
+         "models": w.model_files, "families": worker_families(w.model_files),
+         "lastHeartbeat": w.last_heartbeat.isoformat()
          if w.last_heartbeat else None}
         for w in workers_live().select_related("pool")
     ]}

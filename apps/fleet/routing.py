@@ -53,11 +53,15 @@ class Need:
                 "activationsGb": round(self.activations_gb, 2), "vramGb": round(self.total_gb, 2)}
 
 
-def need_estimate(*, model_sizes: list[int], pixels: int) -> Need:
-    """The memory a run with these model files (bytes) at `pixels` output pixels needs."""
+def need_estimate(*, model_sizes: list[int], pixels: int,
+                  activation: tuple[float, float] = (ACTIVATION_BASE_GB, ACTIVATION_GB_PER_MPX),
+                  ) -> Need:
+    """The memory a run with these model files (bytes) at `pixels` output pixels needs;
+    `activation` is its families' (base GB, GB per megapixel), apps/graphs/families.py."""
     weights = sum(model_sizes) / 1e9
     largest = max(model_sizes, default=0) / 1e9
-    activations = ACTIVATION_BASE_GB + ACTIVATION_GB_PER_MPX * pixels / 1e6 if model_sizes else 0
+    base, per_mpx = activation
+    activations = base + per_mpx * pixels / 1e6 if model_sizes else 0
     return Need(weights, largest, activations)
 
 

@@ -35,6 +35,7 @@ class WorkerOut(WireOut):
     queues: list[str]
     device: dict[str, Any]
     models: list[Any]
+    families: list[str] = []  # the model families of the files it holds
     lastHeartbeat: str | None
 
 

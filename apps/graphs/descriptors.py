@@ -43,6 +43,8 @@ class Param:
     choices of a `model` param; `multiple_of` constrains ints (image sides for latent models).
     `input` names an optional input port that, when wired, supplies this value instead.
     `max_length` bounds a string-typed value in characters (DEFAULT_MAX_LENGTH when unset).
+    `family` binds a `model` param to one model family (apps/graphs/families.py): its choices
+    are that family's files, and a file of another family is a 422 at submit.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Param:
     input: str | None = None
     description: str = ""
     max_length: int | None = None
+    family: str | None = None
 
     @property
     def length_limit(self) -> int | None:
@@ -121,4 +124,5 @@ def _param_to_wire(p: Param) -> dict[str, Any]:
         "maxLength": p.length_limit,
         "input": p.input,
         "description": p.description,
+        "family": p.family,
     }

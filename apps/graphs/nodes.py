@@ -108,7 +108,10 @@ MODELS = (
     NodeDescriptor(
         "load/text-encoder", "Load text encoder", "loaders",
         outputs=(Port("encoder", "text-encoder"),),
-        params=(Param("file", "model", required=True, options_from="text_encoders"),),
+        params=(Param("file", "model", required=True, options_from="text_encoders"),
+                Param("file_2", "model", options_from="text_encoders",
+                      description="A family's second text encoder (FLUX.1: CLIP-L and T5, "
+                      "in either order).")),
     ),
     NodeDescriptor(
         "encode/text", "Encode text", "conditioning",
@@ -164,9 +167,11 @@ MODELS = (
             _guidance, _seed,
             Param("strength", "float", 0.6, min=0.0, max=1.0,
                   description="img2img only: how much of the init image is re-noised."),
-            Param("model", "model", required=True, options_from="diffusion_models"),
-            Param("vae", "model", required=True, options_from="vae"),
-            Param("text_encoder", "model", required=True, options_from="text_encoders"),
+            Param("model", "model", required=True, options_from="diffusion_models",
+                  family="zimage"),
+            Param("vae", "model", required=True, options_from="vae", family="zimage"),
+            Param("text_encoder", "model", required=True, options_from="text_encoders",
+                  family="zimage"),
             _parallel,
         ),
         description="Text-to-image (or img2img with an input image) with Z-Image Turbo.",

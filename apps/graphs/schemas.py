@@ -33,6 +33,7 @@ class ParamOut(WireOut):
     input: str | None
     maxLength: int | None = None
     description: str
+    family: str | None = None  # a model param bound to one family: its choices are that family's
 
 
 class DescriptorOut(WireOut):
@@ -55,3 +56,21 @@ class RegistryOut(WireOut):
 
     registryVersion: str
     nodes: list[DescriptorOut]
+
+
+class ModelFileOut(WireOut):
+    """A model file live workers hold: what it is, from its own contents (its `family` is the
+    first registered family that recognises it, `families` every one; null when none does)."""
+
+    folder: str
+    name: str
+    family: str | None
+    role: str | None
+    families: list[str]
+    bytes: int
+
+
+class ModelFilesOut(WireOut):
+    """The model files of the live fleet."""
+
+    files: list[ModelFileOut]

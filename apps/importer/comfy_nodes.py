@@ -203,6 +203,14 @@ RULES: dict[str, Rule] = {
                                               "ComfyUI type 'lumina2')"),
                   _differs("device", "default", _POLICY)),
     ),
+    "DualCLIPLoader": Rule(  # FLUX.1's CLIP-L + T5: the family recognises each from its keys
+        "load/text-encoder", outputs=("encoder",),
+        params={"clip_name1": ParamMap("file", folder="text_encoders"),
+                "clip_name2": ParamMap("file_2", folder="text_encoders")},
+        warnings=(_differs("type", "flux", "the farm's two-encoder family is FLUX.1 (ComfyUI "
+                                           "type 'flux')"),
+                  _differs("device", "default", _POLICY)),
+    ),
     "VAELoader": Rule(
         "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
     ),
@@ -280,7 +288,6 @@ UNSUPPORTED: dict[str, str] = {
         "the farm loads the diffusion model, text encoder and VAE from separate files: use "
         "UNETLoader, CLIPLoader and VAELoader"
     ),
-    "DualCLIPLoader": "the farm's models take one text encoder: use CLIPLoader",
     "LoraLoaderModelOnly": "LoRAs are not runnable on this farm yet",
     "ImageScaleBy": (
         "scaling by a factor needs the input's size; the farm's image/resize takes width and "

@@ -49,6 +49,9 @@ def test_scan_lists_weight_files_and_config_folders_with_sizes(models_dir):
         "name": "ae.safetensors",
         "kind": "file",
         "size": 3,
+        "family": None,  # three bytes: no safetensors header, no family
+        "role": None,
+        "families": [],
     }
     assert entries[("text_encoders", "qwen3")]["kind"] == "dir"
     assert entries[("text_encoders", "qwen3")]["size"] == len(b"{}") + len(b"weights")
@@ -97,8 +100,18 @@ def test_a_folder_hash_changes_when_any_file_inside_changes(models_dir):
 def test_the_catalog_and_the_runner_modules_import_no_torch():
     code = (
         "import sys, workers.models.catalog, workers.device.policy, workers.device.detect, "
-        "workers.runners.diffusion, workers.sampling; "
+        "workers.runners.diffusion, workers.sampling, workers.models.families; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+def test_scan_says_each_file_s_family_and_role_from_its_contents(smoke_stack):
+    entries = {(e["folder"], e["name"]): e for e in scan(smoke_stack.models_dir)}
+    model = entries[("diffusion_models", smoke_stack.names["model"])]
+    vae = entries[("vae", smoke_stack.names["vae"])]
+    encoder = entries[("text_encoders", smoke_stack.names["text_encoder"])]
+    assert (model["family"], model["role"]) == ("zimage", "transformer")
+    assert (vae["role"], encoder["role"]) == ("vae", "text_encoder")
+    assert (vae["families"], encoder["families"]) == (["flux1", "zimage"], ["zimage"])

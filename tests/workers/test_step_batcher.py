@@ -146,3 +146,26 @@ def test_a_job_with_guidance_needs_negative_embeds(stack):
     job = make_job(encoder, **SPECS[1])
     with pytest.raises(ValueError, match="negative"):
         SampleJob(job.latents, job.sigmas, job.timesteps, job.positive, None, guidance=2.0)
+
+
+def test_a_job_with_its_own_scheduler_step_is_advanced_by_it_in_a_shared_forward():
+    """The batcher batches the forward only: each job's update is its own (`advance`), so a
+    family with a stateful scheduler gives each job one, beside flow-matching jobs."""
+    sizes: list[int] = []
+
+    def predict(jobs):
+        sizes.append(len(jobs))
+        time.sleep(0.02)  # long enough for the other thread's job to join
+        return [torch.ones_like(job.latents) for job in jobs]
+
+    sigmas = torch.tensor([1.0, 0.75, 0.5, 0.0])
+    timesteps = torch.tensor([1000.0, 750.0, 500.0])
+    start = torch.zeros(1, 4, 2, 2)
+    euler = SampleJob(start, sigmas, timesteps, torch.zeros(1, 1))
+    own = SampleJob(start, sigmas, timesteps, torch.zeros(1, 1),
+                    advance=lambda job, output: job.latents + 10 * output)
+    results, errors = run_in_threads(StepBatcher(predict, max_batch=4), [euler, own])
+    assert errors == [None, None]
+    assert torch.equal(results[0], start - 1.0)  # Σ(σ_next − σ)·1 = 0 − 1
+    assert torch.equal(results[1], start + 30.0)  # three steps of its own +10·1
+    assert max(sizes) == 2

@@ -18,6 +18,9 @@ import os
 import threading
 from pathlib import Path, PurePosixPath
 
+from workers.models.families import identify
+from workers.models.family import ModelLoadError
+
 FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints")
 ALIASES: dict[str, tuple[str, ...]] = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft", ".ckpt", ".pt", ".bin")
@@ -31,8 +34,12 @@ class ModelFileMissing(FileNotFoundError):
 
 
 def scan(models_dir: Path) -> list[dict[str, object]]:
-    """Every model in `models_dir`, as `{"folder", "name", "kind": "file"|"dir", "size"}`.
+    """Every model in `models_dir`, as `{"folder", "name", "kind": "file"|"dir", "size",
+    "family", "role", "families"}`.
 
+    `family` / `role` say what the file is, from its own keys (workers/models/families.py:
+    the first registered family that recognises it, and `families`, every one that does); both
+    None for a file no family recognises or whose format is unreadable without torch.
     Alias folders (`unet/`, `clip/`) are reported under their canonical folder; a name present
     in both keeps the canonical folder's entry. A missing models dir holds no models.
     """
@@ -140,5 +147,16 @@ def _files_under(path: Path) -> list[Path]:
 def _entry(folder: str, name: str, path: Path) -> dict[str, object]:
     if path.is_dir():
         size = sum(p.stat().st_size for p in _files_under(path))
-        return {"folder": folder, "name": name, "kind": "dir", "size": size}
-    return {"folder": folder, "name": name, "kind": "file", "size": path.stat().st_size}
+        entry: dict[str, object] = {"folder": folder, "name": name, "kind": "dir", "size": size}
+    else:
+        entry = {"folder": folder, "name": name, "kind": "file", "size": path.stat().st_size}
+    return {**entry, **_identity(path, folder)}
+
+
+def _identity(path: Path, folder: str) -> dict[str, object]:
+    try:
+        found = identify(path, folder)
+    except (ModelLoadError, OSError):  # corrupt: listed, and its load will say why
+        return {"family": None, "role": None, "families": []}
+    return {"family": found.family or None, "role": found.role or None,
+            "families": list(found.families)}

@@ -104,12 +104,15 @@ def _next_message(conn: Connection | None) -> tuple[Any, ...]:
 
 def _load(model: ModelRef, device: str) -> Any:
     from workers.device.policy import DevicePolicy
-    from workers.models.zimage.loading import load_diffusion_model
+    from workers.models.catalog import resolve
+    from workers.models.families import loader_family, plugin
 
     profile = "cpu" if device == "cpu" else "gpu-max"
     policy = DevicePolicy(profile=profile, device=device, dtype=model.dtype,  # type: ignore[arg-type]
                           attention=model.attention)
-    return load_diffusion_model(Path(model.models_dir), model.name, policy).transformer
+    models_dir = Path(model.models_dir)
+    family = loader_family(resolve(models_dir, "diffusion_models", model.name), "diffusion_models")
+    return plugin(family).load_diffusion_model(models_dir, model.name, policy).transformer
 
 
 def _on(items: list[Any], device: str) -> list[Any]:

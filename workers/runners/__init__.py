@@ -1,6 +1,10 @@
-"""Node runners, one module per family; importing this package registers them all."""
+"""Node runners; importing this package registers them all: the generic ones here, and each
+registered model family's own nodes (workers/models/families.py)."""
 
+from workers.models.families import import_node_runners
 from workers.runners import diffusion, image  # noqa: F401 — importing registers the runners
 from workers.runners.base import RUNNERS, NodeContext, NodeFailed, RunCancelled, runner
+
+import_node_runners()
 
 __all__ = ["RUNNERS", "NodeContext", "NodeFailed", "RunCancelled", "runner"]

@@ -1,16 +1,20 @@
-"""Runners of the diffusion nodes (Z-Image family): loaders, encode, latent, sample, VAE, and
-the one-node `zimage/turbo`.
+"""Runners of the generic diffusion nodes: loaders, encode, latent, sample, VAE — for every
+registered model family (workers/models/families.py).
 
-Values between nodes (see workers/models/zimage/values.py):
+Each loader asks the registry which family recognises its file (from the file's own keys, never
+its name) and loads it with that family's plug-in; every value it returns names its `family`,
+and the nodes downstream call that family's plug-in (schedule, denoiser, encode, decode). No
+family is named here. Values between nodes (workers/models/values.py):
     model → DiffusionModel    vae → Vae    text-encoder → TextEncoder
-    conditioning → Conditioning (embeds [L, D])    latent → Latent ([1, 16, H/8, W/8] float32)
+    conditioning → Conditioning (the family's embeds)    latent → Latent ([1, C, H/d, W/d] float32)
     image → PIL.Image.Image (RGB)
 Seeds draw from `torch.Generator("cpu").manual_seed(seed)`, so a seed gives the same image on
 any device profile (up to the device's float rounding). Every loader notes the file's sha256 in
 the lineage (`models: {"<folder>/<name>": sha256}`); samplers note the seed.
 Torch and diffusers are imported inside the functions: importing this module is cheap.
 Every torch computation runs on the worker's device thread (workers/device/thread.py); the
-runners themselves run on the slots' threads.
+runners themselves run on the slots' threads. Family nodes (e.g. `zimage/turbo`) live in their
+family's package and call the helpers below.
 """
 
 from __future__ import annotations
@@ -19,47 +23,49 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.device.thread import on_device_thread
-from workers.models.catalog import ModelFileMissing
-from workers.models.zimage.values import Conditioning, DiffusionModel, Latent, TextEncoder, Vae
+from workers.models.catalog import ModelFileMissing, resolve
+from workers.models.families import info, loader_family, plugin
+from workers.models.family import ModelLoadError
+from workers.models.values import Conditioning, DiffusionModel, Latent, TextEncoder, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
+
+EMPTY_GRID, EMPTY_DOWNSCALE = 16, 8  # latent/empty's pixel grid and the size it keeps
 
 
 @runner("load/diffusion-model")
 def load_diffusion_model(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    from workers.models.zimage import loading
-
-    return {"model": _load(ctx, loading.load_diffusion_model, "diffusion_models", params["file"])}
+    return {"model": load_file(ctx, "diffusion_models", params["file"])}
 
 
 @runner("load/vae")
 def load_vae(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    from workers.models.zimage import loading
-
-    return {"vae": _load(ctx, loading.load_vae, "vae", params["file"])}
+    return {"vae": load_file(ctx, "vae", params["file"])}
 
 
 @runner("load/text-encoder")
 def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    from workers.models.zimage import loading
-
-    return {"encoder": _load(ctx, loading.load_text_encoder, "text_encoders", params["file"])}
+    names = [params["file"], *([params["file_2"]] if params.get("file_2") else [])]
+    return {"encoder": load_file(ctx, "text_encoders", *names)}
 
 
 @runner("encode/text")
 def encode_text(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    encoder = _expect(inputs, "encoder", TextEncoder)
+    encoder = expect(inputs, "encoder", TextEncoder)
     text = str(inputs.get("text", params.get("text", "")))
-    return {"conditioning": Conditioning(_encode(encoder, text), text, encoder)}
+    return {"conditioning": Conditioning(encode(encoder, text), text, encoder)}
 
 
 @runner("latent/empty")
 def latent_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """Only a size: the sampler makes zeros in its own family's latent format."""
     import torch
 
-    from workers.models.zimage import engine
-
-    shape = _checked(lambda: engine.latent_shape(params["width"], params["height"]))
-    return {"latent": Latent(on_device_thread(torch.zeros, shape), empty=True)}
+    width, height = int(params["width"]), int(params["height"])
+    if width % EMPTY_GRID or height % EMPTY_GRID or width <= 0 or height <= 0:
+        raise NodeFailed(f"image sides must be positive multiples of {EMPTY_GRID}, "
+                         f"got {width}×{height}")
+    size = (1, 0, height // EMPTY_DOWNSCALE, width // EMPTY_DOWNSCALE)
+    return {"latent": Latent(torch.zeros(size), empty=True, downscale=EMPTY_DOWNSCALE)}
 
 
 @runner("sample")
@@ -67,93 +73,77 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """Denoise `latent` (pure noise at denoise 1.0; else re-noised to the schedule's start)."""
     import torch
 
-    from workers.models.zimage import engine
-
-    model = _expect(inputs, "model", DiffusionModel)
-    positive = _expect(inputs, "positive", Conditioning)
-    latent = _expect(inputs, "latent", Latent)
+    model = expect(inputs, "model", DiffusionModel)
+    positive = expect(inputs, "positive", Conditioning)
+    latent = expect(inputs, "latent", Latent)
     negative = inputs.get("negative")
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
     guidance, denoise = float(params["guidance"]), float(params["denoise"])
-    channels = model.transformer.config.in_channels
-    if latent.samples.shape[1] != channels:
-        raise NodeFailed(
-            f"the latent has {latent.samples.shape[1]} channels; {model.name} expects {channels}"
-        )
+    family, fmt = plugin(model.family), info(model.family).latent
+    _same_family(model, positive.encoder, "positive")
+    extra: dict[str, Any] = {}
+    if info(model.family).guidance == "distilled":  # an embedded scale: no CFG, one forward
+        extra, guidance = {"guidance": guidance}, 0.0
     width, height = latent.pixel_size
-    sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height, denoise))
+    shape = checked(lambda: fmt.shape(width, height))
+    if not latent.empty and tuple(latent.samples.shape) != shape:
+        raise NodeFailed(
+            f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
+            f"({model.family}) expects {shape} at {width}×{height}"
+        )
+    sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise))
     device = model.placement.device
 
     def start_latents() -> Any:
         generator = torch.Generator("cpu").manual_seed(seed)
-        eps = engine.noise(tuple(latent.samples.shape), generator, device)
-        return eps if denoise >= 1.0 else engine.renoise(latent.samples.to(device), eps, sigmas[0])
+        eps = noise(shape, generator, device)
+        if denoise >= 1.0:
+            return eps
+        init = torch.zeros(shape) if latent.empty else latent.samples
+        return family.renoise(init.to(device), eps, sigmas[0])
 
     start = on_device_thread(start_latents)
     neg = _negative_embeds(positive, negative, guidance)
     ctx.note_lineage(seed=seed)
-    out = _denoise(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance)
-    return {"latent": Latent(out)}
+    out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance,
+                      extra=extra)
+    return {"latent": Latent(out, downscale=fmt.downscale)}
 
 
 @runner("vae/decode")
 def vae_decode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    vae, latent = _expect(inputs, "vae", Vae), _expect(inputs, "latent", Latent)
-    return {"image": _decode(vae, latent.samples)}
+    vae, latent = expect(inputs, "vae", Vae), expect(inputs, "latent", Latent)
+    if latent.empty:
+        raise NodeFailed("an empty latent holds no image: sample it first")
+    return {"image": decode(vae, latent.samples)}
 
 
 @runner("vae/encode")
 def vae_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """Encode an RGB image to its VAE posterior's mode (deterministic: no seed here)."""
-    from workers.models.zimage import engine
+    vae, image = expect(inputs, "vae", Vae), rgb(inputs)
+    family, fmt = plugin(vae.family), info(vae.family).latent
+    samples = checked(lambda: on_device_thread(family.encode_image, vae, image))
+    return {"latent": Latent(samples, downscale=fmt.downscale)}
 
-    vae, image = _expect(inputs, "vae", Vae), _rgb(inputs)
-    return {"latent": Latent(_checked(lambda: on_device_thread(engine.encode_image, vae, image)))}
 
-
-@runner("zimage/turbo")
-def zimage_turbo(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    """Text-to-image, or img2img when `image` is wired (resized to width×height with Lanczos
-    when its size differs). Reproduces ZImagePipeline / ZImageImg2ImgPipeline for the same
-    files, prompt, size, steps, guidance, strength and seed."""
+def noise(shape: tuple[int, ...], generator: Any, device: str) -> Any:
+    """Gaussian noise drawn from `generator` (a CPU generator: seeds are portable), float32."""
     import torch
+    from diffusers.utils.torch_utils import randn_tensor
 
-    from workers.models.zimage import engine, loading
-
-    model = _load(ctx, loading.load_diffusion_model, "diffusion_models", params["model"])
-    vae = _load(ctx, loading.load_vae, "vae", params["vae"])
-    encoder = _load(ctx, loading.load_text_encoder, "text_encoders", params["text_encoder"])
-    prompt = str(inputs.get("prompt", params["prompt"]))
-    seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
-    width, height, guidance = int(params["width"]), int(params["height"]), float(params["guidance"])
-    shape = _checked(lambda: engine.latent_shape(width, height))
-
-    positive = _encode(encoder, prompt)
-    negative = _encode(encoder, params["negative_prompt"]) if guidance > 0 else None
-    generator, device = torch.Generator("cpu").manual_seed(seed), model.placement.device
-    if inputs.get("image") is None:
-        sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height))
-        start = on_device_thread(engine.noise, shape, generator, device)
-    else:
-        image = _rgb(inputs)
-        if image.size != (width, height):
-            from PIL import Image
-
-            image = image.resize((width, height), Image.Resampling.LANCZOS)
-        strength = float(params["strength"])
-        sigmas, timesteps = _checked(lambda: engine.sigma_schedule(steps, width, height, strength))
-
-        def img2img_start() -> Any:
-            init = engine.encode_image(vae, image, generator)  # draws before the noise, as diffusers
-            return engine.renoise(init.to(device), engine.noise(shape, generator, device), sigmas[0])
-
-        start = on_device_thread(img2img_start)
-    ctx.note_lineage(seed=seed)
-    out = _denoise(ctx, model, start, sigmas, timesteps, positive, negative, guidance, preview=vae)
-    return {"image": _decode(vae, out)}
+    return randn_tensor(shape, generator=generator, device=torch.device(device), dtype=torch.float32)
 
 
-def _denoise(
+def _same_family(model: DiffusionModel, encoder: TextEncoder, port: str) -> None:
+    if encoder.family != model.family:
+        raise NodeFailed(
+            f"input {port!r} was encoded by {encoder.name} ({encoder.family}); {model.name} is "
+            f"a {model.family} model: use its family's text encoder"
+        )
+
+
+def denoise_job(
     ctx: NodeContext,
     model: DiffusionModel,
     start: Any,
@@ -163,8 +153,9 @@ def _denoise(
     negative: Any,
     guidance: float,
     preview: Vae | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Any:
-    """Submit one SampleJob to the model's step batcher; returns latents [1, 16, h, w].
+    """Submit one SampleJob to the model's step batcher; returns latents [1, C, h, w].
 
     With `preview` (the VAE that will decode the result), progress carries a small preview of
     the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step).
@@ -182,11 +173,15 @@ def _denoise(
         guidance=guidance,
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
+        extra=extra or {},
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
     from workers.parallel.worker import denoiser
 
     group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
+    if group is not None and not info(model.family).splits:
+        raise NodeFailed(f"{model.name} is a {model.family} model, which cannot be split across "
+                         "GPUs: run it with parallel \"off\"")
     try:
         return model.batcher.run(job) if group is None else group.run(ctx, model, job)
     except torch.OutOfMemoryError as exc:
@@ -204,7 +199,7 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
         png = None
         now = time.monotonic()
         if vae is not None and interval is not None and done < total and now - last[0] >= interval:
-            from workers.models.zimage.preview import preview_pixels, preview_png
+            from workers.models.preview import preview_pixels, preview_png
 
             # The device thread computes the pixels; the PNG is encoded here, on the slot's
             # thread, so no other slot's next step waits behind it.
@@ -231,52 +226,60 @@ def _negative_embeds(positive: Conditioning, negative: Any, guidance: float) -> 
     if guidance <= 0:
         return None
     if negative is None:
-        return _encode(positive.encoder, "")
+        return encode(positive.encoder, "")
     if not isinstance(negative, Conditioning):
         raise NodeFailed(f"input 'negative' must be conditioning, got {type(negative).__name__}")
     return negative.embeds
 
 
-def _encode(encoder: TextEncoder, text: str) -> Any:
-    """Caption embeds [L, D] of `text`, in one encoder call with other slots' texts that are
-    waiting at the same moment (the worker's batched encoder); alone, the pipeline's call."""
-    from workers.models.zimage import engine
-
+def encode(encoder: TextEncoder, text: str) -> Any:
+    """The conditioning of `text` in the encoder's family's form, in one encoder call with other
+    slots' texts that are waiting at the same moment (the worker's batched encoder); alone, the
+    pipeline's call."""
     if encoder.batched is None:
-        return on_device_thread(engine.encode_prompt, encoder, text)
+        encode_prompts = plugin(encoder.family).encode_prompts
+        return on_device_thread(lambda: encode_prompts(encoder, [text])[0])
     return encoder.batched.call(text)
 
 
-def _decode(vae: Vae, latents: Any) -> Any:
-    """The image of latents [1, 16, h, w], decoded together with same-size latents of other
+def decode(vae: Vae, latents: Any) -> Any:
+    """The image of latents [1, C, h, w], decoded together with same-size latents of other
     slots waiting at the same moment; alone, the pipeline's decode."""
-    from workers.models.zimage import engine
-
     if vae.batched is None:
-        return on_device_thread(engine.decode_latents, vae, latents)
+        decode_batch = plugin(vae.family).decode_latents_batch
+        return on_device_thread(lambda: decode_batch(vae, [latents])[0])
     return vae.batched.call(latents)
 
 
-def _load(ctx: NodeContext, load: Callable[..., Any], folder: str, name: str) -> Any:
-    """Load a model file through the per-process cache; note its sha256 in the lineage.
+_LOADERS = {"diffusion_models": "load_diffusion_model", "vae": "load_vae",
+            "text_encoders": "load_text_encoder"}
+
+
+def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = None) -> Any:
+    """Load model `folder/name` (text encoders: a family's one or two files) with the plug-in of
+    `family` (None: the first family that recognises every file) through the per-process cache;
+    note its sha256 in the lineage.
 
     On a CPU worker the load runs on the device thread (copying weights runs torch's parallel
     kernels); on a GPU it stays on the slot, so a load never stalls the other slots' sampling."""
-    from workers.models.zimage.loading import ModelLoadError
+
+    def load() -> Any:
+        paths = [resolve(ctx.models_dir, folder, name) for name in names]
+        loader = getattr(plugin(family or loader_family(paths, folder)), _LOADERS[folder])
+        # A family's text encoder may be several files (FLUX.1: CLIP-L + T5).
+        arg = list(names) if folder == "text_encoders" else names[0]
+        return loader(ctx.models_dir, arg, ctx.policy)
 
     try:
-        if ctx.policy.device == "cpu":
-            value = on_device_thread(load, ctx.models_dir, name, ctx.policy)
-        else:
-            value = load(ctx.models_dir, name, ctx.policy)
+        value = on_device_thread(load) if ctx.policy.device == "cpu" else load()
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
-    models = {**ctx.lineage.get("models", {}), f"{folder}/{name}": value.sha256}
+    models = {**ctx.lineage.get("models", {}), f"{folder}/{' + '.join(names)}": value.sha256}
     ctx.note_lineage(models=models)
     return value
 
 
-def _expect(inputs: dict[str, Any], port: str, kind: type) -> Any:
+def expect(inputs: dict[str, Any], port: str, kind: type) -> Any:
     value = inputs.get(port)
     if not isinstance(value, kind):
         got = "nothing" if value is None else type(value).__name__
@@ -284,16 +287,16 @@ def _expect(inputs: dict[str, Any], port: str, kind: type) -> Any:
     return value
 
 
-def _rgb(inputs: dict[str, Any]) -> Any:
+def rgb(inputs: dict[str, Any]) -> Any:
     from PIL import Image
 
-    image = _expect(inputs, "image", Image.Image)
+    image = expect(inputs, "image", Image.Image)
     if image.mode != "RGB":
         raise NodeFailed(f"input 'image' must be an RGB image, got mode {image.mode}")
     return image
 
 
-def _checked(compute: Callable[[], Any]) -> Any:
+def checked(compute: Callable[[], Any]) -> Any:
     """Run `compute`; a ValueError (bad size, no step left to run) becomes a NodeFailed."""
     try:
         return compute()

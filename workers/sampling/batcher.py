@@ -5,7 +5,9 @@ Each iteration takes the ready jobs that fit the bounds — at most `max_items` 
 CFG job is two) and `max_tokens` latent tokens; a job that does not fit waits at the head of the
 line for the next iteration — runs ONE `predict(jobs)` call over them (for Z-Image one
 transformer forward over per-item lists: different prompts, sizes, step positions and guidance,
-each job with its own sigmas), then applies each job's own Euler update. A job becomes ready
+each job with its own sigmas), then applies each job's own scheduler update (`job.advance`:
+flow-matching Euler unless the job brings its own; the batcher batches the forward only). A job
+becomes ready
 again only after its owner thread has reported progress and checked cancellation, so jobs join
 and leave at step boundaries and a cancelled job never runs more than the step already in flight.
 
@@ -200,11 +202,13 @@ class StepBatcher:
         self._count(len(batch))
 
     def _step(self, batch: list[SampleJob]) -> None:
-        """One forward over `batch` and each job's Euler update (on the device thread). Every
+        """One forward over `batch` and each job's own update (`job.advance`, else Euler; on the
+        device thread). Every
         update is computed before any job changes, so a failure leaves the batch as it was for
         the retry."""
         velocities = self._predict(batch)
-        stepped = [euler_latents(job, v) for job, v in zip(batch, velocities, strict=True)]
+        stepped = [(job.advance or euler_latents)(job, v)
+                   for job, v in zip(batch, velocities, strict=True)]
         for job, velocity, latents in zip(batch, velocities, stepped, strict=True):
             job.latents, job.velocity, job.step, job.batch = latents, velocity, job.step + 1, len(batch)
 

@@ -27,6 +27,10 @@ class SampleJob:
       σ_i → σ_{i+1}. `timesteps`: [n] float32, the scheduler's timestep for each step.
     - `positive` / `negative`: caption embeddings [L, D] on the denoiser's device; `negative`
       is required when `guidance > 0` (classifier-free guidance is on whenever guidance > 0).
+    - `extra`: the family's own per-job denoiser inputs (FLUX.1: its distilled `guidance`).
+    - `advance(job, output)`: this job's own scheduler step, the next latents from the model's
+      output for it (None: flow-matching Euler, `x + (σ_next − σ)·v`). The batcher batches the
+      forward only; a family whose scheduler keeps state gives each job its own.
     - `on_progress(done, total)` and `check_cancelled()` are called by the job's own thread
       after each step; `check_cancelled` raises (RunCancelled) to stop before the next step.
     """
@@ -39,6 +43,8 @@ class SampleJob:
     guidance: float = 0.0
     on_progress: Callable[[int, int], None] = _no_progress
     check_cancelled: Callable[[], None] = _never_cancelled
+    extra: dict[str, Any] = field(default_factory=dict)
+    advance: Callable[[SampleJob, Tensor], Tensor] | None = field(default=None, repr=False)
     step: int = 0  # steps done so far; the batcher advances it
     batch: int = 0  # how many jobs shared the forward that made the last step
     velocity: Tensor | None = field(default=None, repr=False)  # the last step's v (previews)

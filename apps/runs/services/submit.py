@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 
 from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
 from apps.fleet.selectors import LiveFleet
+from apps.graphs.families import activation_for, fleet_files, graph_families_check
 from apps.graphs.models import Graph
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
@@ -246,9 +247,11 @@ def _requirement(graph: GraphDoc, order: list[str]) -> tuple[dict[str, Any], str
             )
         models.append({"folder": folder, "name": value})
     unique = {(m["folder"], m["name"]) for m in models}
+    families = graph_families_check(graph, order, fleet_files(fleet.workers))  # 422: mixed
     need = need_estimate(model_sizes=[sizes.get(m, 0) for m in sorted(unique)],
-                         pixels=_largest_image(graph, order))
+                         pixels=_largest_image(graph, order), activation=activation_for(families))
     requirement = {"nodeTypes": types, "models": models, "need": need.to_wire(),
+                   "families": sorted(families),
                    "parallel": parallel_request(graph.nodes[n].params.get("parallel")
                                                 for n in order)}
     try:

@@ -1,8 +1,54 @@
-"""Z-Image (Turbo) through diffusers: loading from a models dir, and the math done by hand.
+"""Z-Image (Turbo) through diffusers: the `zimage` model family. This module is torch-free.
 
+- `FAMILY` (here): the family's facts and how it recognises its files (the contract:
+  workers/models/family.py).
+- `plugin`: the contract's torch half (loading, engine, tiny stack behind one set of names).
 - `loading`: transformer / VAE / text encoder from single files or folders, cached per process.
 - `engine`: encode prompt → sigmas → transformer + Euler (via the step batcher) → VAE decode;
   reproduces `ZImagePipeline` / `ZImageImg2ImgPipeline` bit for bit on CPU.
+- `turbo`: the one-node `zimage/turbo` runner; `preview`: its live previews.
 - `tiny`: a tiny random-weight stack written in the ComfyUI layout, for smoke runs and tests.
-Importing this package imports no torch; its modules do.
 """
+
+from __future__ import annotations
+
+from workers.models.family import FamilyInfo, LatentFormat
+from workers.models.header import ModelHeader
+
+LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # the Flux VAE, 2×2 patches
+QWEN3 = ("Qwen3Model", "Qwen3ForCausalLM")
+
+
+def recognise(header: ModelHeader) -> str | None:
+    """transformer: Z-Image's caption embedder and refiners (diffusers or ComfyUI keys);
+    text_encoder: a Qwen3 (its per-head q_norm); vae: a 16-channel AutoencoderKL (Flux's)."""
+    name = header.class_name
+    if name == "ZImageTransformer2DModel" or (
+        header.has("cap_embedder.") and header.has("noise_refiner.")
+    ):
+        return "transformer"
+    if name in QWEN3 or header.config.get("model_type") == "qwen3" or (
+        header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
+    ):
+        return "text_encoder"
+    if is_flux_vae(header):
+        return "vae"
+    return None
+
+
+def is_flux_vae(header: ModelHeader) -> bool:
+    """A 16-latent-channel AutoencoderKL (FLUX.1's `ae`, diffusers or original keys)."""
+    vae = header.class_name == "AutoencoderKL" or "decoder.conv_in.weight" in header.shapes
+    return vae and header.latent_channels() == 16
+
+
+FAMILY = FamilyInfo(
+    id="zimage",
+    title="Z-Image Turbo",
+    latent=LATENT,
+    recognise=recognise,
+    splits=True,  # workers/parallel: Ulysses / Ring (xfuser's Z-Image wrapper, or the CPU split)
+    activation_gb=1.0,
+    activation_gb_per_mpx=3.0,
+    nodes=("turbo",),
+)

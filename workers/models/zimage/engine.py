@@ -21,14 +21,15 @@ import torch
 from PIL import Image
 
 from workers.device.policy import Placement
-from workers.models.zimage.values import TextEncoder, Vae
+from workers.models.values import TextEncoder, Vae
+from workers.models.zimage import LATENT
 from workers.sampling.job import SampleJob
 
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default caption padding
-PIXELS_PER_LATENT = 8  # the Flux VAE downsamples ÷8
-PIXEL_MULTIPLE = 16  # ÷8 VAE × 2×2 transformer patches
-LATENT_CHANNELS = 16
+PIXELS_PER_LATENT = LATENT.downscale  # the Flux VAE downsamples ÷8
+PIXEL_MULTIPLE = LATENT.pixel_multiple  # ÷8 VAE × 2×2 transformer patches
+LATENT_CHANNELS = LATENT.channels
 
 
 class ScheduleError(ValueError):
@@ -137,9 +138,7 @@ def sigma_schedule(
 
 def latent_shape(width: int, height: int) -> tuple[int, int, int, int]:
     """[1, 16, H/8, W/8] for a width×height image (sides multiples of 16)."""
-    if width % PIXEL_MULTIPLE or height % PIXEL_MULTIPLE or width <= 0 or height <= 0:
-        raise ValueError(f"image sides must be positive multiples of 16, got {width}×{height}")
-    return (1, LATENT_CHANNELS, height // PIXELS_PER_LATENT, width // PIXELS_PER_LATENT)
+    return LATENT.shape(width, height)
 
 
 def noise(shape: tuple[int, ...], generator: torch.Generator, device: str) -> torch.Tensor:

@@ -14,8 +14,6 @@ Transformer files may use the diffusers key layout or the original / ComfyUI one
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,20 @@ import torch
 from workers.counters import batcher_observer, forwards_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
-from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
-from workers.models.zimage import engine
+from workers.models.catalog import file_sha256, resolve
+from workers.models.family import ModelLoadError
+from workers.models.values import DiffusionModel, TextEncoder, Vae
+from workers.models.weights import (
+    check_complete,
+    load_errors,
+    load_weights,
+    own_storage,
+    refuse_int8,
+    rest,
+    sidecar,
+)
+from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
-from workers.models.zimage.values import DiffusionModel, TextEncoder, Vae
 from workers.sampling import Coalescer, StepBatcher
 
 
@@ -50,15 +58,15 @@ def _model_libraries() -> None:
     freeze_long_lived("model libraries")
 
 
-class ModelLoadError(Exception):
-    """A model file exists but cannot be loaded (corrupt, incomplete, or not this family)."""
+__all__ = ["ModelLoadError", "load_diffusion_model", "load_text_encoder", "load_vae"]
+FAMILY = "zimage"
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
     """The Z-Image transformer `diffusion_models/<name>` with its step batcher (cached)."""
     path = resolve(models_dir, "diffusion_models", name)
     sha, placement = file_sha256(path), policy.placement("denoiser")
-    _refuse_int8(policy)
+    refuse_int8(policy)
 
     def load() -> DiffusionModel:
         _model_libraries()
@@ -68,7 +76,7 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
         bounds = policy.batch_bounds()
         batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs), bounds.items,
                               bounds.tokens, observe=forwards_observer())
-        return DiffusionModel(name, sha, transformer, batcher, placement)
+        return DiffusionModel(name, sha, transformer, batcher, placement, FAMILY)
 
     return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
 
@@ -85,13 +93,13 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
             module.enable_tiling()
         if policy.vae_slicing:
             module.enable_slicing()
-        vae = Vae(name, sha, module, placement)
+        vae = Vae(name, sha, module, placement, family=FAMILY)
         bounds = policy.batch_bounds()
         decoder = Coalescer(lambda latents: engine.decode_latents_batch(vae, latents),
                             max_items=bounds.items, max_cost=bounds.tokens,
                             cost=_latent_tokens, key=lambda latents: tuple(latents.shape),
                             observe=batcher_observer("vae_decodes"))
-        return Vae(name, sha, module, placement, decoder)
+        return Vae(name, sha, module, placement, decoder, FAMILY)
 
     key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
     return MODEL_CACHE.get_or_load(key, load)
@@ -101,32 +109,22 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
     """The Qwen3 text encoder `text_encoders/<name>` and its tokenizer (cached)."""
     path = resolve(models_dir, "text_encoders", name)
     sha, placement = file_sha256(path), policy.placement("text-encoder")
-    _refuse_int8(policy)
+    refuse_int8(policy)
 
     def load() -> TextEncoder:
         _model_libraries()
         model, tokenizer = _load_text_encoder(path, placement)
-        te = TextEncoder(name, sha, model, tokenizer, placement)
+        te = TextEncoder(name, sha, model, tokenizer, placement, family=FAMILY)
         batched: Coalescer[str, Any] = Coalescer(
             lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
             observe=batcher_observer("text_encodes"))
-        return TextEncoder(name, sha, model, tokenizer, placement, batched)
+        return TextEncoder(name, sha, model, tokenizer, placement, batched, FAMILY)
 
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
 
 
 def _latent_tokens(latents: Any) -> int:
-    return int(latents.shape[-2] // 2 * (latents.shape[-1] // 2))
-
-
-def sidecar(path: Path, suffix: str) -> Path:
-    """`<folder>/<stem><suffix>` beside a weight file (stem = name without its weight suffix)."""
-    stem = path.name
-    for weight_suffix in WEIGHT_SUFFIXES:
-        if stem.lower().endswith(weight_suffix):
-            stem = stem[: -len(weight_suffix)]
-            break
-    return path.with_name(stem + suffix)
+    return LATENT.tokens(int(latents.shape[-2]), int(latents.shape[-1]))
 
 
 def config_for(path: Path, role: str) -> Path:
@@ -141,7 +139,7 @@ def _load_transformer(path: Path, placement: Placement) -> Any:
     model = _load_weights(ZImageTransformer2DModel, path, placement, "transformer",
                           "a Z-Image transformer", "diffusion_models")
     if placement.device == "cpu":
-        _own_storage(model)
+        own_storage(model)
     return model.to(placement.device).eval()  # the denoiser never waits offloaded
 
 
@@ -149,21 +147,13 @@ def _load_vae(path: Path, placement: Placement) -> Any:
     from diffusers import AutoencoderKL
 
     model = _load_weights(AutoencoderKL, path, placement, "vae", "a Flux-geometry VAE", "vae")
-    return _rest(model, placement)
+    return rest(model, placement)
 
 
 def _load_weights(cls: Any, path: Path, placement: Placement, role: str, what: str,
                   folder: str) -> Any:
     """`cls` from a diffusers folder, or from a single file with its config; checked complete."""
-    dtype = placement.torch_dtype
-    with _load_errors(path, what, folder):
-        if path.is_dir():
-            model = cls.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
-        else:
-            model = cls.from_single_file(str(path), config=str(config_for(path, role)),
-                                         local_files_only=True, torch_dtype=dtype)
-        _check_complete(model, path)
-    return model
+    return load_weights(cls, path, placement, config_for(path, role), what, folder)
 
 
 def _load_text_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
@@ -176,16 +166,16 @@ def _load_text_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
             f"no tokenizer for text encoder {path.name}: put its tokenizer files "
             f"(tokenizer.json, tokenizer_config.json, …) in {tok_dir}/"
         )
-    with _load_errors(path, "a Qwen3 text encoder", "text_encoders"):
+    with load_errors(path, "a Qwen3 text encoder", "text_encoders"):
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
         if path.is_dir():
             model = Qwen3Model.from_pretrained(path, local_files_only=True, dtype=dtype)
         else:
             model = _qwen3_from_file(path, dtype)
-        _check_complete(model, path)
+        check_complete(model, path)
     if tokenizer.pad_token is None or not tokenizer.chat_template:
         raise ModelLoadError(f"the tokenizer in {tok_dir} needs a pad_token and a chat_template")
-    return _rest(model, placement), tokenizer
+    return rest(model, placement), tokenizer
 
 
 def _qwen3_from_file(path: Path, dtype: torch.dtype) -> Any:
@@ -195,7 +185,7 @@ def _qwen3_from_file(path: Path, dtype: torch.dtype) -> Any:
 
     config = Qwen3Config.from_json_file(str(config_for(path, "text_encoder")))
     config._attn_implementation = "sdpa"  # what from_pretrained picks for a folder
-    state = load_file(str(path)) if path.suffix in (".safetensors", ".sft") else _torch_load(path)
+    state = load_file(str(path)) if path.suffix in (".safetensors", ".sft") else torch_load(path)
     state = {k.removeprefix("model."): v for k, v in state.items() if not k.startswith("lm_head.")}
     with torch.device("meta"):
         model: Any = Qwen3Model(config)
@@ -207,61 +197,8 @@ def _qwen3_from_file(path: Path, dtype: torch.dtype) -> Any:
     return model.to(dtype)
 
 
-def _torch_load(path: Path) -> dict[str, Any]:
+def torch_load(path: Path) -> dict[str, Any]:
     state = torch.load(path, map_location="cpu", weights_only=True)
     return state.get("state_dict", state)
 
 
-def _check_complete(model: Any, path: Path) -> None:
-    """Refuse a model whose file left weights unset (still on the meta device)."""
-    empty = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if empty:
-        raise ModelLoadError(
-            f"{path.name} does not hold every weight the config asks for (e.g. {empty[:3]}); "
-            "is the file complete, and is its config right?"
-        )
-
-
-def _own_storage(model: Any) -> None:
-    """Copy every weight into fresh, aligned, contiguous memory (CPU loads).
-
-    Weights loaded from a file are views into its (mmapped) buffer: unfused ComfyUI `qkv`
-    parts sit at offsets, and buffer alignment varies by file. CPU matmul kernels round
-    differently on such memory (~5e-7), so the same weights would not give the same image from
-    two files. Moving to a GPU copies anyway; on CPU we copy, one tensor at a time.
-    """
-    with torch.no_grad():
-        for param in model.parameters():
-            param.data = param.data.clone(memory_format=torch.contiguous_format)
-
-
-def _rest(model: Any, placement: Placement) -> Any:
-    """Where a model waits between uses: CPU when offloaded, its device otherwise."""
-    if placement.device == "cpu" or placement.offload:
-        _own_storage(model)
-    return model.to("cpu" if placement.offload else placement.device).eval()
-
-
-def _refuse_int8(policy: DevicePolicy) -> None:
-    if policy.int8:
-        raise ModelLoadError("int8 weights are not supported by this worker yet (policy.int8)")
-
-
-@contextmanager
-def _load_errors(path: Path, what: str, folder: str) -> Iterator[None]:
-    """Turn any loader exception into a ModelLoadError naming the file and its folder."""
-    try:
-        yield
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        if "meta tensor" in str(exc):
-            # from_single_file leaves weights the file lacks on the meta device, then fails to
-            # move them (before _check_complete can look): say what that means.
-            reason = "the file does not hold every weight its config asks for (incomplete file?)"
-        raise ModelLoadError(
-            f"cannot load {path.name} as {what} (it belongs in the models dir's {folder}/ "
-            f"folder; for a single file, its config goes in "
-            f"{sidecar(path, '.config.json').name} beside it): {reason}"
-        ) from exc

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from workers.models.zimage.values import Vae
+from workers.models.values import Vae
 
 _FITS: weakref.WeakKeyDictionary[Vae, tuple[torch.Tensor, torch.Tensor]] = weakref.WeakKeyDictionary()
 FIT_IMAGES, FIT_SIDE, FIT_BLOCKS = 8, 64, 4
@@ -22,7 +22,7 @@ FIT_IMAGES, FIT_SIDE, FIT_BLOCKS = 8, 64, 4
 
 @torch.no_grad()
 def latent_rgb_fit(vae: Vae) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [16, 3], bias [3]) mapping a scaled latent pixel to RGB in [-1, 1]; cached."""
+    """(weights [C, 3], bias [3]) mapping a scaled latent pixel to RGB in [-1, 1]; cached."""
     if vae in _FITS:
         return _FITS[vae]
     generator = torch.Generator("cpu").manual_seed(0)
@@ -30,7 +30,8 @@ def latent_rgb_fit(vae: Vae) -> tuple[torch.Tensor, torch.Tensor]:
     images = torch.nn.functional.interpolate(blocks, size=(FIT_SIDE, FIT_SIDE), mode="bilinear")
     module, cfg = vae.module, vae.module.config
     pixels = images.to(device=vae.placement.device, dtype=module.dtype)
-    latents = (module.encode(pixels).latent_dist.mode() - cfg.shift_factor) * cfg.scaling_factor
+    shift = cfg.get("shift_factor") or 0.0  # Flux-geometry VAEs shift; SDXL's does not
+    latents = (module.encode(pixels).latent_dist.mode() - shift) * cfg.scaling_factor
     target = torch.nn.functional.avg_pool2d(images, 8)  # [N, 3, 8, 8], the latent grid
     x = latents.float().cpu().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])  # [N·64, 16]
     x = torch.cat([x, torch.ones(len(x), 1)], dim=1)  # bias column

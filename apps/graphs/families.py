@@ -1,0 +1,151 @@
+"""Model families as the web side sees them (torch-free): what each file of the fleet is, and
+the submit-time check that a graph never mixes families.
+
+The families themselves are workers/models/<id>/ packages (registered in
+workers/models/families.py, whose torch-free half this module reads); workers report each file's
+`family`, `role` and `families` in their heartbeats (workers/models/catalog.py `scan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from apps.graphs.registry import descriptor_get
+from apps.graphs.schema import GraphDoc
+from apps.graphs.validation import GraphInvalid
+from workers.models.families import REGISTERED, info
+from workers.models.family import ROLES
+
+# Every id a file's family may take: the registered families, then those still to come.
+FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
+                               "ltx2")
+# Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).
+FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent"})
+
+__all__ = ["FAMILY_IDS", "REGISTERED", "ROLES", "ModelFile", "activation_for",
+           "fleet_files", "graph_families_check"]
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One model file some live worker holds, as its heartbeat described it."""
+
+    folder: str
+    name: str
+    family: str | None
+    role: str | None
+    families: tuple[str, ...]
+    bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"folder": self.folder, "name": self.name, "family": self.family,
+                "role": self.role, "families": list(self.families), "bytes": self.bytes}
+
+
+def fleet_files(workers: Iterable[Any]) -> dict[tuple[str, str], ModelFile]:
+    """(folder, name) → the file, over the `model_files` of `workers` (first report wins)."""
+    files: dict[tuple[str, str], ModelFile] = {}
+    for worker in workers:
+        for entry in worker.model_files:
+            key = (entry["folder"], entry["name"])
+            if key not in files:
+                families = tuple(entry.get("families") or ())
+                files[key] = ModelFile(key[0], key[1], entry.get("family"), entry.get("role"),
+                                       families, int(entry.get("size") or 0))
+    return dict(sorted(files.items()))
+
+
+def activation_for(families: Iterable[str]) -> tuple[float, float]:
+    """(base GB, GB per megapixel) a run of these families needs beyond its weights: the most
+    any of them needs (apps/fleet/routing.py's default when none is registered)."""
+    known = [info(f) for f in families if f in REGISTERED]
+    if not known:
+        return 1.0, 3.0
+    return (max(i.activation_gb for i in known), max(i.activation_gb_per_mpx for i in known))
+
+
+class _Carried:
+    """The families a node's family-bound values may belong to (None: any), and what said so."""
+
+    def __init__(self, families: frozenset[str] | None, what: str) -> None:
+        self.families, self.what = families, what
+
+    def describe(self) -> str:
+        return f"{self.what} is {' / '.join(sorted(self.families or ())) or 'of no family'}"
+
+
+def graph_families_check(graph: GraphDoc, order: list[str],
+                         files: dict[tuple[str, str], ModelFile]) -> set[str]:
+    """The families the closure `order` uses; GraphInvalid when a node asks a family-bound param
+    for another family's file (`model_family`) or joins values of different families
+    (`family_mismatch`: a FLUX.1 transformer fed an SDXL VAE's latent), naming the node and
+    both families. Files no family recognised constrain nothing (their load says the rest)."""
+    carried: dict[str, _Carried] = {}
+    fed: set[str] = set()  # nodes whose family-bound outputs feed another node
+
+    def of(node_id: str) -> _Carried:
+        if node_id not in carried:
+            carried[node_id] = _node(graph, node_id, files, of, fed)
+        return carried[node_id]
+
+    for node_id in order:
+        of(node_id)
+    # A value's families narrow downstream (FLUX.1's VAE also serves Z-Image): the run's are
+    # those of the last family-bound values, and of the params bound to one family.
+    used = {f for n, c in carried.items() if n not in fed for f in c.families or ()}
+    return used | {p.family for n in order for p in _bound_params(graph, n)}
+
+
+def _bound_params(graph: GraphDoc, node_id: str) -> list[Any]:
+    descriptor = descriptor_get(graph.nodes[node_id].type)
+    return [p for p in (descriptor.params if descriptor else ()) if p.family
+            and graph.nodes[node_id].params.get(p.name)]
+
+
+def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile],
+          upstream: Any, fed: set[str]) -> _Carried:
+    spec, descriptor = graph.nodes[node_id], descriptor_get(graph.nodes[node_id].type)
+    if descriptor is None:
+        return _Carried(None, "")
+    sources: list[_Carried] = []
+    for param in descriptor.params:
+        value = spec.params.get(param.name)
+        if param.type != "model" or not value:
+            continue
+        held = files.get((param.options_from or "", str(value)))
+        if held is None or not held.families:
+            continue
+        where = f"{param.options_from}/{value}"
+        if param.family and param.family not in held.families:
+            raise GraphInvalid(
+                "model_family",
+                f"param {param.name!r} takes a {param.family} file; {where} is "
+                f"{' / '.join(held.families)} ({held.role})", node_id)
+        if not param.family:
+            sources.append(_Carried(frozenset(held.families), f"{param.name} ({where})"))
+    for port, ref in spec.inputs.items():
+        declared = descriptor.input(port)
+        if declared is not None and declared.kind in FAMILY_KINDS and ref.node in graph.nodes:
+            source = upstream(ref.node)
+            fed.add(ref.node)
+            if source.families is not None:
+                sources.append(_Carried(source.families, f"input {port!r} (from {ref.node!r})"))
+    return _join(sources, node_id)
+
+
+def _join(sources: list[_Carried], node_id: str) -> _Carried:
+    if not sources:
+        return _Carried(None, "")
+    families = sources[0].families
+    for index, source in enumerate(sources[1:], start=1):
+        assert families is not None and source.families is not None
+        if not families & source.families:
+            first = next(s for s in sources[:index] if s.families and not s.families & source.families)
+            raise GraphInvalid(
+                "family_mismatch",
+                f"node {node_id!r} mixes model families: its {first.describe()}, but its "
+                f"{source.describe()}", node_id)
+        families = families & source.families
+    return _Carried(families, sources[0].what)

@@ -1,0 +1,95 @@
+"""FLUX.1 through /v1 on a real worker: its files as the fleet reports them, a render that
+matches diffusers' FluxPipeline pixel for pixel, and a graph mixing families refused at submit."""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import smoke_stack_reported
+from tests.livefarm import Client
+
+pytestmark = pytest.mark.e2e
+
+W, H, STEPS, SEED, GUIDANCE = 64, 48, 3, 5, 2.5
+PROMPT = "a red kite over the dunes"
+
+
+@pytest.fixture(scope="module")
+def flux(farm, data_dirs, personas) -> dict[str, str]:
+    """The tiny FLUX.1 stack in the worker's models dir, once its heartbeat reports it."""
+    from workers.models.flux1.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    with Client(base_url=farm.url, headers={"Authorization": f"Bearer {personas['owner']}"},
+                timeout=30) as client:
+        while time.monotonic() < deadline:
+            files = client.get("/v1/models/files?family=flux1").json()["files"]
+            if set(names.values()) <= {f["name"] for f in files}:
+                return names
+            time.sleep(0.2)
+    raise AssertionError("no worker reported the FLUX.1 smoke stack")
+
+
+@pytest.fixture(scope="module")
+def zimage(farm, data_dirs, personas) -> dict[str, str]:
+    return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
+
+
+def graph(model: str, vae: str, encoders: list[str]) -> dict[str, Any]:
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    files = {"file": encoders[0], **({"file_2": encoders[1]} if len(encoders) > 1 else {})}
+    return {"graph": {"nodes": {
+        "unet": {"type": "load/diffusion-model", "params": {"file": model}},
+        "vae": {"type": "load/vae", "params": {"file": vae}},
+        "te": {"type": "load/text-encoder", "params": files},
+        "pos": {"type": "encode/text", "params": {"text": PROMPT},
+                "inputs": {"encoder": wire("te", "encoder")}},
+        "empty": {"type": "latent/empty", "params": {"width": W, "height": H}},
+        "sample": {"type": "sample", "params": {"steps": STEPS, "seed": SEED, "guidance": GUIDANCE},
+                   "inputs": {"model": wire("unet", "model"), "positive": wire("pos", "conditioning"),
+                              "latent": wire("empty", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": wire("vae", "vae"),
+                                                    "latent": wire("sample", "latent")}},
+        "out": {"type": "image/save", "inputs": {"image": wire("decode", "image")}},
+    }}, "target": "out"}
+
+
+def test_the_fleet_reports_each_flux_file_s_family_and_role(owner, flux):
+    files = {f["name"]: f for f in owner.get("/v1/models/files").json()["files"]}
+    assert (files[flux["model"]]["family"], files[flux["model"]]["role"]) == ("flux1", "transformer")
+    assert files[flux["text_encoder_2"]]["role"] == "text_encoder"
+    workers = owner.get("/v1/workers").json()["items"]
+    assert any("flux1" in w["families"] for w in workers)
+
+
+def test_a_flux_graph_renders_what_flux_pipeline_renders(owner, flux):
+    from workers.models.flux1.tiny import smoke_pipeline
+
+    body = graph(flux["model"], flux["vae"], [flux["text_encoder_2"], flux["text_encoder"]])
+    run = owner.wait_run(owner.post("/v1/runs", json=body).json()["runId"])
+    assert run["status"] == "succeeded", run
+    data = owner.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").content
+    ours = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    theirs = smoke_pipeline()(PROMPT, width=W, height=H, num_inference_steps=STEPS,
+                              guidance_scale=GUIDANCE,
+                              generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
+    assert np.array_equal(ours, np.asarray(theirs.convert("RGB")))
+
+
+def test_a_flux_transformer_with_z_image_s_encoder_is_a_422_naming_the_node(owner, flux, zimage):
+    body = graph(flux["model"], flux["vae"], [zimage["text_encoder"]])
+    response = owner.post("/v1/runs", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["nodeId"]) == ("family_mismatch", "sample")
+    assert "flux1" in error["message"] and "zimage" in error["message"]

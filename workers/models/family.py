@@ -1,0 +1,139 @@
+"""The contract every model family plugs in behind (zimage, flux1, sdxl, …). TORCH-FREE.
+
+A family is one package, `workers/models/<id>/`, registered by its id in
+`workers/models/families.py`, and nothing outside it knows more about it. Two halves:
+
+- `workers/models/<id>/__init__.py` (torch-free: the catalog, routing and the web side read it)
+  defines `FAMILY = FamilyInfo(...)`: its id, latent format, how it recognises its files from
+  their contents (`recognise(header) -> role | None`, reading safetensors keys/shapes or a
+  folder's config, never the file name), a VRAM estimate, and whether it splits across GPUs.
+- `workers/models/<id>/plugin.py` (torch, diffusers) is a module with the functions of
+  `FamilyPlugin` below: load each component locally (ComfyUI single file or diffusers folder,
+  `local_files_only`), encode prompts, its sigma schedule, its denoiser call for the step batcher
+  (one forward over the jobs of many runs; each job keeps its own schedule), VAE encode/decode,
+  and a tiny random stack writer for tests and `./farm models smoke`.
+
+Adding a family is copying a package and adding its id to `families.REGISTERED`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from workers.models.header import ModelHeader
+
+# What a model file is to its family. A folder of the models dir holds files of these roles.
+ROLES: tuple[str, ...] = ("transformer", "unet", "vae", "text_encoder", "checkpoint", "lora")
+FOLDER_ROLES: dict[str, tuple[str, ...]] = {
+    "diffusion_models": ("transformer", "unet"),
+    "vae": ("vae",),
+    "text_encoders": ("text_encoder",),
+    "checkpoints": ("checkpoint",),
+    "loras": ("lora",),
+}
+
+
+class ModelLoadError(Exception):
+    """A model file exists but cannot be loaded (corrupt, incomplete, or not this family)."""
+
+
+@dataclass(frozen=True)
+class LatentFormat:
+    """A family's latents: [1, channels, H/downscale, W/downscale]; the denoiser sees
+    patch×patch patches, so image sides are multiples of downscale·patch."""
+
+    channels: int
+    downscale: int
+    patch: int
+
+    @property
+    def pixel_multiple(self) -> int:
+        return self.downscale * self.patch
+
+    def shape(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """[1, C, H/d, W/d] for a width×height image; a ValueError off the pixel grid."""
+        m = self.pixel_multiple
+        if width % m or height % m or width <= 0 or height <= 0:
+            raise ValueError(f"image sides must be positive multiples of {m}, got {width}×{height}")
+        return (1, self.channels, height // self.downscale, width // self.downscale)
+
+    def tokens(self, height: int, width: int) -> int:
+        """Denoiser tokens of latents [.., height, width] (one per patch)."""
+        return (height // self.patch) * (width // self.patch)
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """A family's torch-free facts (its package's `FAMILY`).
+
+    - `recognise(header)`: the role of a model whose header (workers/models/header.py) belongs
+      to this family, else None. A file may belong to several families (FLUX.1's VAE also
+      serves Z-Image); the catalog reports the first registered one and all of them.
+    - `activation_gb` + `activation_gb_per_mpx` × megapixels: the memory a run needs beyond its
+      weights (apps/fleet/routing.py adds the model files' sizes).
+    - `splits`: whether one image's denoise can be split across a GPU group (xfuser.<n>).
+    - `guidance`: what a sampler's `guidance` param means: classifier-free guidance (`cfg`: on
+      when > 0, with a negative prompt) or a guidance-distilled model's embedded scale
+      (`distilled`: FLUX.1 dev, one forward per step).
+    - `nodes`: the package's modules that register the family's own node runners
+      (`zimage/turbo`); their descriptors are in apps/graphs/nodes.py like every node's.
+    """
+
+    id: str
+    title: str
+    latent: LatentFormat
+    recognise: Callable[[ModelHeader], str | None]
+    splits: bool = False
+    activation_gb: float = 1.0
+    activation_gb_per_mpx: float = 3.0
+    nodes: tuple[str, ...] = ()  # modules of the package whose import registers node runners
+    guidance: Literal["cfg", "distilled"] = "cfg"
+
+
+Tensor = Any  # torch.Tensor: this module stays importable without torch
+Policy = Any  # workers.device.policy.DevicePolicy
+
+
+class FamilyPlugin(Protocol):
+    """The functions of `workers/models/<id>/plugin.py` (a module satisfies this protocol).
+
+    Values are those of workers/models/values.py, each loaded one naming its `family`.
+    """
+
+    def load_diffusion_model(self, models_dir: Path, name: str, policy: Policy) -> Any:
+        """`diffusion_models/<name>` (cached per process) with its `StepBatcher`, whose
+        forward is `predict`."""
+
+    def load_vae(self, models_dir: Path, name: str, policy: Policy) -> Any:
+        """`vae/<name>` (cached), with a coalescer of decodes."""
+
+    def load_text_encoder(self, models_dir: Path, names: Sequence[str], policy: Policy) -> Any:
+        """The family's text encoder(s) from `text_encoders/<name>` files (one per encoder the
+        family uses, in any order), with a coalescer of encodes."""
+
+    def encode_prompts(self, encoder: Any, texts: list[str]) -> list[Any]:
+        """Each text's conditioning in the family's form, from one batched encoder call."""
+
+    def schedule(self, steps: int, width: int, height: int,
+                 denoise: float) -> tuple[Tensor, Tensor]:
+        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job."""
+
+    def renoise(self, init: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
+        """Latents `init` noised to `sigma` with noise `eps` (img2img's start)."""
+
+    def predict(self, transformer: Any, jobs: list[Any]) -> list[Tensor]:
+        """One denoiser forward over `jobs` (SampleJobs of any runs); each job's velocity."""
+
+    def encode_image(self, vae: Any, image: Any, generator: Any = None) -> Tensor:
+        """Latents [1, C, H/d, W/d] float32 of an RGB image."""
+
+    def decode_latents_batch(self, vae: Any, latents: list[Tensor]) -> list[Any]:
+        """RGB images of same-shape latents, from one VAE decode."""
+
+    def write_tiny_stack(self, models_dir: Path) -> dict[str, str]:
+        """Write a tiny random-weight stack (names prefixed `smoke-`) as studios lay their
+        files out; returns the file names by role."""

@@ -1,0 +1,63 @@
+"""FLUX.1 (dev / schnell) through diffusers: the `flux1` model family. This module is torch-free.
+
+- `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
+- `plugin`: the contract's torch half; `loading`, `engine` (reproduces `FluxPipeline` /
+  `FluxImg2ImgPipeline` bit for bit on CPU), `keys` (the original / ComfyUI transformer layout),
+  `tiny` (a random-weight stack as studios lay FLUX.1 out).
+Files: the transformer (original `double_blocks.*` keys or diffusers'), CLIP-L and T5 text
+encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
+"""
+
+from __future__ import annotations
+
+from workers.models.family import FamilyInfo, LatentFormat
+from workers.models.header import ModelHeader
+
+LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # packed 2×2 into 64-wide tokens
+CLIP_L_WIDTH = 768  # full-size CLIP-L; tiny stacks declare theirs in their config
+
+
+def recognise(header: ModelHeader) -> str | None:
+    """transformer: double and single stream blocks (original or diffusers keys); vae: a
+    16-channel AutoencoderKL; text_encoder: a CLIP text model without a second projection
+    stack (CLIP-L) or a T5 encoder."""
+    name = header.class_name
+    if name == "FluxTransformer2DModel" or header.has("double_blocks.", "img_attn.") or (
+        header.has("single_transformer_blocks.") and header.has("attn.add_q_proj.")
+    ):
+        return "transformer"
+    if name == "AutoencoderKL" or header.has("decoder.conv_in.weight"):
+        return "vae" if header.latent_channels() == 16 else None
+    if clip_kind(header) == "clip-l" or t5_kind(header):
+        return "text_encoder"
+    return None
+
+
+def clip_kind(header: ModelHeader) -> str | None:
+    """"clip-l" for a CLIP text model of CLIP-L's shape (no bigG: that is SDXL's second)."""
+    if header.class_name in ("CLIPTextModel", "CLIPTextModelWithProjection"):
+        width = header.config.get("hidden_size")
+        return "clip-l" if width is None or width < 1280 else "clip-g"
+    embed = header.shape("embeddings.token_embedding.weight")  # with or without text_model.
+    if embed is None:
+        return None
+    return "clip-l" if embed[-1] < 1280 else "clip-g"
+
+
+def t5_kind(header: ModelHeader) -> bool:
+    return header.class_name == "T5EncoderModel" or (
+        header.has("encoder.block.0.layer.0.SelfAttention.")
+        and (header.has("shared.weight") or header.has("encoder.embed_tokens.weight"))
+    )
+
+
+FAMILY = FamilyInfo(
+    id="flux1",
+    title="FLUX.1",
+    latent=LATENT,
+    recognise=recognise,
+    splits=False,
+    activation_gb=1.5,
+    activation_gb_per_mpx=4.0,
+    guidance="distilled",
+)

@@ -1,0 +1,177 @@
+"""FLUX.1's math, written outside the pipeline (the diffusers pipeline is the reference).
+
+encode prompt (CLIP-L pooled + T5 hidden states) → sigma schedule → start latents →
+[transformer over packed 2×2 patches, per-job Euler, in the step batcher] → VAE decode.
+On CPU in float32 every function here reproduces the matching part of `FluxPipeline.__call__` /
+`FluxImg2ImgPipeline.__call__` bit for bit (tests prove it): the tokenizers' padding (CLIP to its
+model_max_length, T5 to 512), the scheduler's own sigmas with FLUX's resolution-dependent shift
+(mu), the guidance embedding, the same RNG draws from a `torch.Generator("cpu")`.
+Not reproduced: true CFG (`true_cfg_scale`), IP-adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from PIL import Image
+
+from workers.models.flux1 import LATENT
+from workers.models.values import TextEncoder, Vae
+from workers.sampling.job import SampleJob
+
+CONFIGS = Path(__file__).parent / "configs"
+MAX_SEQUENCE_LENGTH = 512  # the pipeline's T5 padding
+
+
+class FluxPrompt(NamedTuple):
+    """One prompt's conditioning: T5 embeddings [512, D] and CLIP-L's pooled vector [P]."""
+
+    embeds: torch.Tensor
+    pooled: torch.Tensor
+
+    def to(self, device: Any) -> FluxPrompt:
+        return FluxPrompt(self.embeds.to(device), self.pooled.to(device))
+
+
+@torch.no_grad()
+def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[FluxPrompt]:
+    """Each text's FluxPrompt, from ONE CLIP and ONE T5 forward over the batch (no attention
+    mask: T5 sees its padding, as in the pipeline)."""
+    clip, t5 = encoder.model
+    clip_tok, t5_tok = encoder.tokenizer
+    device = encoder.placement.device
+    clip_ids = clip_tok(texts, padding="max_length", max_length=clip_tok.model_max_length,
+                        truncation=True, return_overflowing_tokens=False, return_length=False,
+                        return_tensors="pt").input_ids  # [B, 77]
+    pooled = clip(clip_ids.to(device), output_hidden_states=False).pooler_output
+    pooled = pooled.to(dtype=clip.dtype)  # [B, P]
+    t5_ids = t5_tok(texts, padding="max_length", max_length=MAX_SEQUENCE_LENGTH, truncation=True,
+                    return_length=False, return_overflowing_tokens=False,
+                    return_tensors="pt").input_ids  # [B, 512]
+    embeds = t5(t5_ids.to(device), output_hidden_states=False)[0].to(dtype=t5.dtype)  # [B, 512, D]
+    return [FluxPrompt(embeds[i], pooled[i]) for i in range(len(texts))]
+
+
+@cache
+def scheduler_config() -> dict[str, Any]:
+    """FLUX.1's scheduler config (FlowMatchEuler with dynamic shifting)."""
+    return json.loads((CONFIGS / "scheduler" / "scheduler_config.json").read_text())
+
+
+def schedule(steps: int, width: int, height: int, denoise: float = 1.0) -> tuple[Any, Any]:
+    """(sigmas [n+1] ending in 0, timesteps [n]) float32 on CPU for one job; a fresh scheduler
+    per job. n = steps − the img2img pipeline's skipped steps for strength `denoise`."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config())
+    cfg = scheduler.config
+    mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
+                         cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
+    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    start = int(max(steps - min(steps * denoise, steps), 0))
+    if steps - start < 1:
+        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
+                         "raise denoise or steps")
+    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+
+
+def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
+    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
+    while sigma.ndim < init.ndim:
+        sigma = sigma.unsqueeze(-1)
+    return sigma * eps + (1.0 - sigma) * init
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents)."""
+    b, _, channels = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels // 4, h, w)
+
+
+def image_ids(h: int, w: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """[h/2 · w/2, 3] positions of the packed latent tokens (the pipeline's ids)."""
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = ids[..., 1] + torch.arange(h // 2)[:, None]
+    ids[..., 2] = ids[..., 2] + torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+
+
+@torch.no_grad()
+def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
+    """Each job's velocity [1, C, h, w]: one transformer forward per latent size over every job
+    of that size (FLUX's transformer takes a [B, S, 64] batch; sizes do not mix). A job's
+    distilled guidance is `job.extra["guidance"]`."""
+    out: dict[int, torch.Tensor] = {}
+    sizes: dict[tuple[int, ...], list[int]] = {}
+    for index, job in enumerate(jobs):
+        sizes.setdefault(tuple(job.latents.shape), []).append(index)
+    for shape, members in sizes.items():
+        group = [jobs[i] for i in members]
+        for i, velocity in zip(members, _forward(transformer, group, shape), strict=True):
+            out[i] = velocity
+    return [out[i] for i in range(len(jobs))]
+
+
+def _forward(transformer: Any, jobs: list[SampleJob], shape: tuple[int, ...]) -> list[torch.Tensor]:
+    h, w = shape[-2], shape[-1]
+    dtype, device = transformer.dtype, jobs[0].latents.device
+    x = torch.cat([pack(job.latents) for job in jobs]).to(dtype)  # [B, S, 4C]
+    t = torch.cat([job.timesteps[job.step].expand(1) for job in jobs]).to(dtype)  # [B]
+    guidance = None
+    if transformer.config.guidance_embeds:
+        guidance = torch.cat([torch.full([1], float(job.extra["guidance"]),
+                                         device=device, dtype=torch.float32) for job in jobs])
+    embeds = torch.stack([job.positive.embeds for job in jobs])  # [B, 512, D]
+    pooled = torch.stack([job.positive.pooled for job in jobs])  # [B, P]
+    txt_ids = torch.zeros(embeds.shape[1], 3).to(device=device, dtype=embeds.dtype)
+    pred = transformer(hidden_states=x, timestep=t / 1000, guidance=guidance,
+                       pooled_projections=pooled, encoder_hidden_states=embeds, txt_ids=txt_ids,
+                       img_ids=image_ids(h, w, x.dtype, device), return_dict=False)[0]
+    return [unpack(pred[i : i + 1], h, w) for i in range(len(jobs))]  # each [1, C, h, w]
+
+
+def _image_processor() -> Any:
+    from diffusers.image_processor import VaeImageProcessor
+
+    return VaeImageProcessor(vae_scale_factor=LATENT.pixel_multiple)
+
+
+@torch.no_grad()
+def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Latents [1, 16, H/8, W/8] float32 of an RGB image; the posterior sampled with a generator
+    (the img2img pipeline's draw, before its noise), else its mode."""
+    m = LATENT.pixel_multiple
+    if image.width % m or image.height % m:
+        raise ValueError(f"image sides must be multiples of {m}, got {image.width}×{image.height}")
+    pixels = _image_processor().preprocess(image, height=image.height, width=image.width)
+    pixels = pixels.to(dtype=torch.float32)
+    module = vae.module
+    dist = module.encode(pixels.to(device=vae.placement.device, dtype=module.dtype)).latent_dist
+    latents = dist.sample(generator) if generator is not None else dist.mode()
+    return ((latents - module.config.shift_factor) * module.config.scaling_factor).float()
+
+
+@torch.no_grad()
+def decode_latents_batch(vae: Vae, latents: list[torch.Tensor]) -> list[Image.Image]:
+    """The RGB images of same-shape latents [1, 16, h, w], from ONE VAE decode."""
+    module = vae.module
+    x = torch.cat(latents).to(device=vae.placement.device, dtype=module.dtype)
+    x = (x / module.config.scaling_factor) + module.config.shift_factor
+    pixels = module.decode(x, return_dict=False)[0]
+    return list(_image_processor().postprocess(pixels, output_type="pil"))

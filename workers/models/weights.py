@@ -1,0 +1,95 @@
+"""Loading weights the same way in every family: offline, checked complete, errors naming the
+file and the folder it belongs in, CPU weights in memory of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.device.policy import DevicePolicy, Placement
+from workers.models.catalog import WEIGHT_SUFFIXES
+from workers.models.family import ModelLoadError
+
+
+def sidecar(path: Path, suffix: str) -> Path:
+    """`<folder>/<stem><suffix>` beside a weight file (stem = name without its weight suffix)."""
+    stem = path.name
+    for weight_suffix in WEIGHT_SUFFIXES:
+        if stem.lower().endswith(weight_suffix):
+            stem = stem[: -len(weight_suffix)]
+            break
+    return path.with_name(stem + suffix)
+
+
+def load_weights(cls: Any, path: Path, placement: Placement, config: Path, what: str,
+                 folder: str) -> Any:
+    """`cls` from a diffusers folder, or from a single file built with `config` (a config.json);
+    checked complete."""
+    dtype = placement.torch_dtype
+    with load_errors(path, what, folder):
+        if path.is_dir():
+            model = cls.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+        else:
+            model = cls.from_single_file(str(path), config=str(config),
+                                         local_files_only=True, torch_dtype=dtype)
+        check_complete(model, path)
+    return model
+
+
+def check_complete(model: Any, path: Path) -> None:
+    """Refuse a model whose file left weights unset (still on the meta device)."""
+    empty = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if empty:
+        raise ModelLoadError(
+            f"{path.name} does not hold every weight the config asks for (e.g. {empty[:3]}); "
+            "is the file complete, and is its config right?"
+        )
+
+
+def own_storage(model: Any) -> None:
+    """Copy every weight into fresh, aligned, contiguous memory (CPU loads).
+
+    Weights loaded from a file are views into its (mmapped) buffer: unfused ComfyUI `qkv`
+    parts sit at offsets, and buffer alignment varies by file. CPU matmul kernels round
+    differently on such memory (~5e-7), so the same weights would not give the same image from
+    two files. Moving to a GPU copies anyway; on CPU we copy, one tensor at a time.
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone(memory_format=torch.contiguous_format)
+
+
+def rest(model: Any, placement: Placement) -> Any:
+    """Where a model waits between uses: CPU when offloaded, its device otherwise."""
+    if placement.device == "cpu" or placement.offload:
+        own_storage(model)
+    return model.to("cpu" if placement.offload else placement.device).eval()
+
+
+def refuse_int8(policy: DevicePolicy) -> None:
+    if policy.int8:
+        raise ModelLoadError("int8 weights are not supported by this worker yet (policy.int8)")
+
+
+@contextmanager
+def load_errors(path: Path, what: str, folder: str) -> Iterator[None]:
+    """Turn any loader exception into a ModelLoadError naming the file and its folder."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if "meta tensor" in str(exc):
+            # from_single_file leaves weights the file lacks on the meta device, then fails to
+            # move them (before _check_complete can look): say what that means.
+            reason = "the file does not hold every weight its config asks for (incomplete file?)"
+        raise ModelLoadError(
+            f"cannot load {path.name} as {what} (it belongs in the models dir's {folder}/ "
+            f"folder; for a single file, its config goes in "
+            f"{sidecar(path, '.config.json').name} beside it): {reason}"
+        ) from exc

@@ -1,0 +1,40 @@
+"""Z-Image's side of the family contract (workers/models/family.py `FamilyPlugin`): the names
+the generic nodes, the step batcher and `./farm models smoke` call, each one of this package's
+functions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workers.models.family import ModelLoadError
+from workers.models.values import TextEncoder
+from workers.models.zimage import engine, loading, tiny
+from workers.models.zimage.engine import (
+    decode_latents_batch,
+    encode_image,
+    encode_prompts,
+    renoise,
+)
+from workers.models.zimage.engine import predict_velocity as predict
+from workers.models.zimage.loading import load_diffusion_model, load_vae
+
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
+           "load_text_encoder", "load_vae", "predict", "renoise", "schedule", "write_tiny_stack"]
+
+
+def load_text_encoder(models_dir: Path, names: Sequence[str], policy: Any) -> TextEncoder:
+    """Z-Image has one text encoder (a Qwen3)."""
+    if len(names) != 1:
+        raise ModelLoadError(f"Z-Image uses one text encoder (a Qwen3), got {len(names)} files")
+    return loading.load_text_encoder(models_dir, names[0], policy)
+
+
+def schedule(steps: int, width: int, height: int, denoise: float) -> tuple[Any, Any]:
+    """FlowMatchEuler, shift 3, Z-Image's default sigmas (engine.sigma_schedule)."""
+    return engine.sigma_schedule(steps, width, height, denoise)
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    return tiny.write_smoke_stack(models_dir)
