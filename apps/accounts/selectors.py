@@ -6,12 +6,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from apps.accounts.models import ApiToken
+from apps.accounts.models import ApiToken, UserLimits
 from apps.accounts.services import token_hash
+from inline_farm.rows import model_columns, model_from_row
 
 _TOUCH_EVERY = timedelta(minutes=1)
 
@@ -34,20 +36,37 @@ def token_digests_valid(digests: set[str]) -> set[str]:
                .values_list("key_sha256", flat=True))
 
 
+# Every request runs this lookup (nothing is cached: see `user_for_token`), so it is written
+# out once rather than built by the ORM each time: the ORM's
+# `ApiToken.objects.select_related("user", "user__limits").filter(…).first()` spent half the
+# web's CPU of a poll building its SQL (py-spy; tests/apps/accounts/test_token_lookup.py
+# checks both answer alike). With server-side binding it is prepared once per connection.
+_TOKEN_USER = f"""
+SELECT t.id, t.last_used_at, {model_columns(User, "u")}, l.id IS NOT NULL,
+       {model_columns(UserLimits, "l")}
+FROM accounts_apitoken t JOIN auth_user u ON u.id = t.user_id
+LEFT JOIN accounts_userlimits l ON l.user_id = u.id
+WHERE t.key_sha256 = %s AND t.revoked_at IS NULL AND u.is_active
+"""
+_USER_AT, _LIMITS_AT = 2, 3 + len(User._meta.concrete_fields)
+
+
 def _user_for_token_digest(digest: str) -> User | None:
-    # Every request runs this: with server-side binding (settings: DATABASES OPTIONS) psycopg
-    # prepares it once per connection.
-    token = (
-        ApiToken.objects.select_related("user", "user__limits")  # submit reads the limits
-        .filter(key_sha256=digest, revoked_at__isnull=True, user__is_active=True)
-        .first()
-    )
-    if token is None:
+    with connection.cursor() as cursor:
+        cursor.execute(_TOKEN_USER, [digest])
+        row = cursor.fetchone()
+    if row is None:
         return None
+    token_id, last_used_at = row[0], row[1]
+    user = model_from_row(User, row[_USER_AT:_LIMITS_AT - 1])
+    # As select_related("user__limits") leaves it (the same cache call): `user.limits` answers
+    # without a query, raising DoesNotExist when the user has no limits row.
+    limits = model_from_row(UserLimits, row[_LIMITS_AT:]) if row[_LIMITS_AT - 1] else None
+    User.limits.related.set_cached_value(user, limits)
     now = timezone.now()
-    if token.last_used_at is None or now - token.last_used_at > _TOUCH_EVERY:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    if last_used_at is None or now - last_used_at > _TOUCH_EVERY:
+        ApiToken.objects.filter(pk=token_id).update(last_used_at=now)
+    return user
 
 
 # Every read is scoped: a user reads their own work and their teammates'; staff read all. The

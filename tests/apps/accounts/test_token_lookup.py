@@ -1,6 +1,6 @@
-"""The token lookup (apps/accounts/selectors.py) loads the user and their limits in one query
-(submit reads the limits: no query for them afterwards); revoked tokens and inactive users find
-nobody."""
+"""The token lookup (one hand-written statement, apps/accounts/selectors.py) answers exactly what
+the ORM's `select_related("user", "user__limits")` query answers, without a query for the
+limits afterwards; revoked tokens and inactive users find nobody."""
 
 from __future__ import annotations
 
