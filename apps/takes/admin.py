@@ -33,6 +33,8 @@ def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString
     image). Small images are scaled up (pixelated) so a 64 px take is still readable."""
     src = reverse("admin:takes_take_bytes", args=[take.pk])
     href = src if link == "bytes" else reverse("admin:takes_take_change", args=[take.pk])
+    if not take.media_type.startswith("image/"):  # a video or other media: no <img> of it
+        return format_html('<a href="{}" class="take-media">{}</a>', href, take.media_type)
     return format_html(
         '<a href="{}"><img class="take-thumb" src="{}" style="width:{}px;height:{}px;'
         'object-fit:contain;image-rendering:pixelated;vertical-align:middle" alt="take {}"></a>',
