@@ -93,3 +93,20 @@ def load_errors(path: Path, what: str, folder: str) -> Iterator[None]:
             f"folder; for a single file, its config goes in "
             f"{sidecar(path, '.config.json').name} beside it): {reason}"
         ) from exc
+
+
+def denoiser_model(*, name: str, sha: str, transformer: Any, predict: Any, placement: Placement,
+                   policy: DevicePolicy, family: Any) -> Any:
+    """A loaded transformer as the farm's DiffusionModel: the policy's attention backend, and
+    its step batcher — one `predict(transformer, jobs)` forward over the ready jobs of every
+    slot, bounded by the policy, counted for the heartbeat. Every family's loader ends here."""
+    from workers.counters import forwards_observer
+    from workers.models.values import DiffusionModel
+    from workers.sampling import StepBatcher
+
+    if policy.attention != "native":
+        transformer.set_attention_backend(policy.attention)
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: predict(transformer, jobs), bounds.items, bounds.tokens,
+                          observe=forwards_observer())
+    return DiffusionModel(name, sha, transformer, batcher, placement, family)

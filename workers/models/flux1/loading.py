@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.counters import batcher_observer, forwards_observer
+from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -26,6 +26,7 @@ from workers.models.header import read_header
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
     check_complete,
+    denoiser_model,
     load_errors,
     load_weights,
     own_storage,
@@ -33,7 +34,7 @@ from workers.models.weights import (
     rest,
     sidecar,
 )
-from workers.sampling import Coalescer, StepBatcher
+from workers.sampling import Coalescer
 
 FAMILY = "flux1"
 CONFIGS = Path(__file__).parent / "configs"
@@ -47,12 +48,8 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
 
     def load() -> DiffusionModel:
         transformer = _load_transformer(path, placement)
-        if policy.attention != "native":
-            transformer.set_attention_backend(policy.attention)
-        bounds = policy.batch_bounds()
-        batcher = StepBatcher(lambda jobs: engine.predict(transformer, jobs), bounds.items,
-                              bounds.tokens, observe=forwards_observer())
-        return DiffusionModel(name, sha, transformer, batcher, placement, FAMILY)
+        return denoiser_model(name=name, sha=sha, transformer=transformer, predict=engine.predict,
+                              placement=placement, policy=policy, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("flux1-transformer", sha, placement, policy.attention), load)
 

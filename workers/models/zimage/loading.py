@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workers.counters import batcher_observer, forwards_observer
+from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -28,6 +28,7 @@ from workers.models.family import ModelLoadError
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
     check_complete,
+    denoiser_model,
     load_errors,
     load_weights,
     own_storage,
@@ -37,7 +38,7 @@ from workers.models.weights import (
 )
 from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
-from workers.sampling import Coalescer, StepBatcher
+from workers.sampling import Coalescer
 
 
 @cache
@@ -71,12 +72,8 @@ def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> D
     def load() -> DiffusionModel:
         _model_libraries()
         transformer = _load_transformer(path, placement)
-        if policy.attention != "native":
-            transformer.set_attention_backend(policy.attention)
-        bounds = policy.batch_bounds()
-        batcher = StepBatcher(lambda jobs: predict_velocity(transformer, jobs), bounds.items,
-                              bounds.tokens, observe=forwards_observer())
-        return DiffusionModel(name, sha, transformer, batcher, placement, FAMILY)
+        return denoiser_model(name=name, sha=sha, transformer=transformer, predict=predict_velocity,
+                              placement=placement, policy=policy, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
 
