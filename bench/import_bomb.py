@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -25,18 +24,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._farm import bench_farm
-
-
-def bomb(levels: int = 4, fanout: int = 10) -> dict[str, Any]:
-    """The issue's workflow: `sgN` holds `fanout` instances of `sgN-1`; `sg0` one PrimitiveInt."""
-    subgraphs = [{"id": "sg0", "name": "sg0", "inputs": [], "outputs": [], "links": [],
-                  "nodes": [{"id": 1, "type": "PrimitiveInt", "widgets_values": [1]}]}]
-    for level in range(1, levels + 1):
-        subgraphs.append({"id": f"sg{level}", "name": f"sg{level}", "inputs": [], "outputs": [],
-                          "links": [], "nodes": [{"id": i, "type": f"sg{level - 1}"}
-                                                 for i in range(1, fanout + 1)]})
-    return {"nodes": [{"id": 1, "type": f"sg{levels}"}], "links": [],
-            "definitions": {"subgraphs": subgraphs}}
+from tests.apps.importer.builder import bomb  # the workflow the importer tests refuse
 
 
 def reads(client: httpx.Client, count: int) -> list[float]:
@@ -60,7 +48,7 @@ def main() -> None:
         headers = {"Authorization": f"Bearer {token}"}
         reader = httpx.Client(base_url=farm.url, headers=headers, timeout=60)
         web = psutil.Process(farm.procs["web"].pid)
-        doc = bomb()
+        doc = bomb(4, 10)  # the issue's: sgN holds 10 of sgN-1, four levels
         idle: list[float] = []
         loaded: list[float] = []
         statuses: dict[int, int] = {}

@@ -94,3 +94,18 @@ def turbo_ui(*, ksampler: Any = (42, "randomize", 8, 1, "euler", "simple", 1)) -
        .link(7, 0, 8, "latent_image").link(8, 0, 9, "samples").link(3, 0, 9, "vae")
        .link(9, 0, 10, "images"))
     return ui
+
+
+def bomb(levels: int, fanout: int, copies: int = 1) -> dict[str, Any]:
+    """A UI workflow of `copies` instances of subgraph `sgN`, which holds `fanout` instances of
+    `sgN-1` (N = 1..levels); `sg0` holds one PrimitiveInt. Flattened: copies × fanout**levels
+    primitives, from a few KB."""
+    subgraphs = [{"id": "sg0", "name": "sg0", "inputs": [], "outputs": [], "links": [],
+                  "nodes": [{"id": 1, "type": "PrimitiveInt", "widgets_values": [1]}]}]
+    for level in range(1, levels + 1):
+        subgraphs.append({"id": f"sg{level}", "name": f"sg{level}", "inputs": [], "outputs": [],
+                          "links": [], "nodes": [{"id": i, "type": f"sg{level - 1}"}
+                                                 for i in range(1, fanout + 1)]})
+    return {"nodes": [{"id": i, "type": f"sg{levels}"} for i in range(1, copies + 1)],
+            "links": [],
+            "definitions": {"subgraphs": subgraphs}}

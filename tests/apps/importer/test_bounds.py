@@ -16,23 +16,7 @@ from django.test import override_settings
 
 from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import, workflow_parse
-from tests.apps.importer.builder import CATALOG, turbo_ui, workflow
-
-
-def bomb(levels: int, fanout: int, copies: int = 1) -> dict[str, Any]:
-    """A UI workflow of `copies` instances of subgraph `sgN`, which holds `fanout` instances of
-    `sgN-1` (N = 1..levels); `sg0` holds one PrimitiveInt. Flattened: copies × fanout**levels
-    primitives, from a few KB."""
-    subgraphs = [{"id": "sg0", "name": "sg0", "inputs": [], "outputs": [], "links": [],
-                  "nodes": [{"id": 1, "type": "PrimitiveInt", "widgets_values": [1]}]}]
-    for level in range(1, levels + 1):
-        subgraphs.append({"id": f"sg{level}", "name": f"sg{level}", "inputs": [], "outputs": [],
-                          "links": [], "nodes": [{"id": i, "type": f"sg{level - 1}"}
-                                                 for i in range(1, fanout + 1)]})
-    return {"nodes": [{"id": i, "type": f"sg{levels}"} for i in range(1, copies + 1)],
-            "links": [],
-            "definitions": {"subgraphs": subgraphs}}
-
+from tests.apps.importer.builder import CATALOG, bomb, turbo_ui, workflow
 
 IMPORTER = str(Path(__file__).resolve().parents[3] / "apps" / "importer")
 
