@@ -44,7 +44,9 @@ def prompt_graph(*, prompt: str, negative: str, files: dict[str, str], width: in
     family the model files are."""
     nodes: dict[str, Any] = {
         "model": {"type": "load/diffusion-model", "params": {"file": files["model"]}},
-        "encoder": {"type": "load/text-encoder", "params": {"file": files["text_encoder"]}},
+        "encoder": {"type": "load/text-encoder", "params": {
+            "file": files["text_encoder"],
+            **({"file_2": files["text_encoder_2"]} if "text_encoder_2" in files else {})}},
         "vae": {"type": "load/vae", "params": {"file": files["vae"]}},
         "positive": {"type": "encode/text", "params": {"text": prompt},
                      "inputs": {"encoder": {"node": "encoder", "port": "encoder"}}},
@@ -103,8 +105,22 @@ def model_files(farm: Farm, model: str | None) -> dict[str, str]:
         raise FarmError(f"no live worker holds the model {model!r}; held: "
                         + ", ".join(held["model"]))
     chosen = model or held["model"][0]
-    return {"model": chosen, "text_encoder": _nearest(chosen, held["text_encoder"]),
-            "vae": _nearest(chosen, held["vae"])}
+    files_held = farm.call("GET", "/v1/models/files")["files"]
+    families = {(e["folder"], e["name"]): set(e.get("families") or []) for e in files_held}
+    family = next((e.get("family") for e in files_held
+                   if (e["folder"], e["name"]) == ("diffusion_models", chosen)), None)
+    if family is not None:  # only the files of the model's own family (GET /v1/models/files)
+        for role, folder in (("text_encoder", "text_encoders"), ("vae", "vae")):
+            own = [n for n in held[role] if family in families.get((folder, n), ())]
+            held[role] = own or held[role]
+    files = {"model": chosen, "vae": _nearest(chosen, held["vae"])}
+    # A family with two text encoders (FLUX.1's CLIP-L and T5) ships them side by side: the two
+    # that share the most of the model's name go as `file` and `file_2`.
+    ranked = sorted(held["text_encoder"], key=lambda n: -len(_common(chosen, n)))
+    files["text_encoder"] = ranked[0]
+    if len(ranked) > 1 and len(_common(chosen, ranked[1])) == len(_common(chosen, ranked[0])):
+        files["text_encoder_2"] = ranked[1]
+    return files
 
 
 def _nearest(model: str, names: list[str]) -> str:

@@ -118,3 +118,24 @@ def test_models_ls_lists_the_files_workers_hold(farm, personas, stack):
     assert listed.returncode == 0, listed.stderr
     for name in stack.values():
         assert name in listed.stdout
+
+
+def test_render_picks_the_files_of_the_model_s_own_family(
+        farm, personas, stack, data_dirs, tmp_path, owner):
+    """With Z-Image's and FLUX.1's stacks side by side, `--model` a FLUX transformer renders
+    with FLUX's VAE and both its text encoders (CLIP-L and T5), and the Z-Image model with its
+    own encoder: never a graph that mixes families."""
+    from workers.models.flux1.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    while not set(names.values()) <= {f["name"] for f in owner.get(
+            "/v1/models/files?family=flux1").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the FLUX.1 smoke stack"
+        time.sleep(0.2)
+    for model in (names["model"], stack["model"]):
+        out = farm_cli(farm, personas["owner"], "render", "a red door", "--size", "32x32",
+                       "--steps", "2", "--seed", "5", "-o", str(tmp_path / model), "--model", model)
+        assert out.returncode == 0, out.stderr
+        run = owner.get(f"/v1/runs/{out.stdout.split()[0]}").json()
+        assert run["status"] == "succeeded", run
