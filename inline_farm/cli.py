@@ -949,10 +949,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("runs", nargs="+", metavar="RUN")
     watch.add_argument("-o", "--output", help="also download their takes here")
     _add_remote(watch)
-    runs = commands.add_parser("runs", help="your runs, newest first, as a table")
+    runs = commands.add_parser("runs", help="the runs you may see, newest first, as a table")
     runs.add_argument("--status", choices=("queued", "running", "succeeded", "failed",
                                            "cancelled"))
     runs.add_argument("--limit", type=_positive, default=50)
+    runs.add_argument("--mine", action="store_true",
+                      help="only runs you submitted (not your team's; for staff, not everyone's)")
     _add_remote(runs)
     check = commands.add_parser("check", help="the go-live checklist against a live farm")
     check.add_argument("--model", help="the diffusion model file (default: the first held)")
@@ -961,6 +963,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--burst", type=_positive, default=500,
                        help="the most runs the overload check submits (default 500)")
     check.add_argument("--json", action="store_true", help="the results as JSON")
+    check.add_argument("--destructive", action="store_true",
+                       help="also SIGKILL a worker mid-run (needs a staff token and the worker "
+                       "on this host): the run must finish elsewhere exactly once")
+    check.add_argument("--only", metavar="NAMES",
+                       help="run only these checks (comma-separated: reproducible, isolated, "
+                       "memory, cancel, overload, failover)")
     _add_remote(check)
     takes = commands.add_parser("takes", help="`takes get RUN|TAKE -o DIR`: download takes")
     takes.add_argument("action", choices=("get",))

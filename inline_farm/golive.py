@@ -7,10 +7,14 @@ Each check renders real work on the farm and says pass or fail with the figures 
   level of rounding, the same renders made alone;
 - overload: a user past their in-flight limit gets 429 with Retry-After, and the farm stays
   healthy;
-- cancel: a run cancelled mid-way ends `cancelled` and its slot takes the next run.
-Memory figures per family (peak including the VAE decode, memory back after a cancel) need a
-per-run memory report from the workers, which they do not make yet: the check says so (`n/a`)
-rather than pass.
+- memory: per model family the workers hold, one render alone at the check's size: the
+  worker's peak memory while it ran (the run's `peakMemoryBytes`, the VAE decode included; on a
+  CPU worker counted above the process's memory at its start) within the farm's estimate for
+  it (`estimatedMemoryGb`, what routing compares with a worker's VRAM);
+- cancel: a run cancelled mid-way ends `cancelled`, the worker's memory is back within 5% of
+  what it was before the run, and its slot takes the next run;
+- failover (only with `--destructive`, a staff token, and the worker on this host): a worker
+  SIGKILLed mid-run; the run finishes on another worker (or the restarted one) exactly once.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +34,8 @@ from typing import Any
 
 from inline_farm.remote import TERMINAL, Farm, FarmError
 from inline_farm.terminal import console, model_files, prompt_graph
+
+MEMORY_BACK_FRACTION = 0.05  # after a cancel, the worker's memory within 5% of before the run
 
 
 @dataclass
@@ -54,7 +63,15 @@ def cmd_check(args: argparse.Namespace, farm: Farm) -> int:
     setup = Setup(farm=farm, files=model_files(farm, args.model), size=args.size,
                   steps=args.steps, burst_bound=args.burst,
                   seed=random.randint(0, 2**40))
-    checks: list[Callable[[Setup], Check]] = [reproducible, isolated, cancel, overload]
+    checks: list[Callable[[Setup], Check]] = [reproducible, isolated, memory, cancel, overload]
+    if args.destructive:
+        checks.append(failover)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {c.__name__ for c in [*checks, failover]}
+        if unknown:
+            raise FarmError(f"--only: no check named {', '.join(sorted(unknown))}")
+        checks = [c for c in checks if c.__name__ in wanted]
     results = []
     for check in checks:
         console.print(f"checking {check.__name__}…")
@@ -62,7 +79,6 @@ def cmd_check(args: argparse.Namespace, farm: Farm) -> int:
             results.append(check(setup))
         except FarmError as exc:
             results.append(Check(check.__name__, False, f"the farm refused: {exc}"))
-    results.append(Check("memory", None, "n/a: workers report no per-run peak memory yet"))
     if args.json:
         print(json.dumps([asdict(r) for r in results]))
     else:
@@ -128,12 +144,49 @@ def isolated(setup: Setup, count: int = 8) -> Check:
                  f"max pixel difference {worst}" + ("" if ok else " (> 1)"))
 
 
+def memory(setup: Setup) -> Check:
+    """Per family held: one render alone; its peak (above the process's start on a CPU worker)
+    within the farm's estimate for the run."""
+    files_held = setup.farm.call("GET", "/v1/models/files")["files"]
+    models: dict[str, str] = {}
+    for entry in files_held:
+        if entry["folder"] == "diffusion_models" and entry.get("family"):
+            models.setdefault(entry["family"], entry["name"])
+    if not models:
+        return Check("memory", None, "n/a: no live worker holds a diffusion model")
+    figures, ok = [], True
+    for family, name in sorted(models.items()):
+        files = model_files(setup.farm, name)
+        body = _labelled(_graph(setup, seed=setup.seed + 300, files=files), f"check memory {family}")
+        run = _render_all(setup.farm, [body])[0]
+        if run["status"] != "succeeded":
+            return Check("memory", False, f"{family}: the run {run['status']}: {run.get('error')}")
+        peak, estimate = run.get("peakMemoryBytes"), run.get("estimatedMemoryGb")
+        worker = _worker(setup.farm, run["worker"]) or {}
+        report = worker.get("memory") or {}
+        if peak is None or estimate is None or not report:
+            return Check("memory", None, f"n/a: {run['worker'] or 'the worker'} reports no "
+                         "per-run memory (a farm older than this check)")
+        used = peak - (int(report["baselineBytes"]) if report["kind"] == "rss" else 0)
+        fits = used <= estimate * 1e9
+        ok = ok and fits
+        figures.append(f"{family}: {used / 1e9:.2f} GB at {setup.size[0]}×{setup.size[1]} "
+                       f"({report['kind']}{' above start' if report['kind'] == 'rss' else ''})"
+                       f" {'≤' if fits else '>'} estimate {estimate:.2f} GB")
+    return Check("memory", ok, "; ".join(figures))
+
+
 def cancel(setup: Setup) -> Check:
-    """A run cancelled mid-way ends `cancelled`; the slot then renders the next run."""
+    """A run cancelled mid-way ends `cancelled`, its worker's memory comes back to what it was
+    before the run (within 5%), and the slot then renders the next run."""
+    before = _memory_by_worker(setup.farm, fresh=True)
     body = _graph(setup, seed=setup.seed + 1, steps=max(setup.steps, 30))
     run_id = setup.farm.submit(_labelled(body, "check cancel"))
     started = time.monotonic()
+    worker = ""
     for event in setup.farm.events(run_id):
+        if event["type"] == "status" and event.get("worker"):
+            worker = str(event["worker"]).split("#")[0]
         if event["type"] == "progress" and event["step"] >= 2:
             break
         if time.monotonic() - started > 300:
@@ -142,10 +195,51 @@ def cancel(setup: Setup) -> Check:
     setup.farm.cancel(run_id)
     run = _wait(setup.farm, run_id)
     took = time.monotonic() - asked
-    after = _render_all(setup.farm, [_labelled(_graph(setup, seed=setup.seed + 2), "check after cancel")])[0]
-    ok = run["status"] == "cancelled" and after["status"] == "succeeded"
+    after = _memory_by_worker(setup.farm, fresh=True)
+    memory_ok, memory_text = True, "its worker's memory: n/a (not reported)"
+    if worker in before and worker in after:
+        was, now = before[worker], after[worker]
+        memory_ok = abs(now - was) <= MEMORY_BACK_FRACTION * was
+        memory_text = (f"{worker}'s memory {was / 1e9:.2f} GB before, {now / 1e9:.2f} GB after "
+                       f"({(now - was) / was:+.1%})")
+    nxt = _render_all(setup.farm, [_labelled(_graph(setup, seed=setup.seed + 2),
+                                             "check after cancel")])[0]
+    ok = run["status"] == "cancelled" and nxt["status"] == "succeeded" and memory_ok
     return Check("cancel", ok, f"cancelled mid-run: {run['status']} {took:.1f} s after asking; "
-                 f"the next run {after['status']}")
+                 f"{memory_text}; the next run {nxt['status']}")
+
+
+def failover(setup: Setup) -> Check:
+    """A worker SIGKILLed mid-run: the run finishes elsewhere (another worker, or the one its
+    supervisor restarts) exactly once: succeeded, one take, a later attempt."""
+    body = _graph(setup, seed=setup.seed + 3, steps=max(setup.steps, 40))
+    run_id = setup.farm.submit(_labelled(body, "check failover"))
+    worker = ""
+    started = time.monotonic()
+    for event in setup.farm.events(run_id):
+        if event["type"] == "status" and event.get("worker"):
+            worker = str(event["worker"]).split("#")[0]
+        if event["type"] == "progress" and event["step"] >= 2 and worker:
+            break
+        if time.monotonic() - started > 300:
+            setup.farm.cancel(run_id)
+            return Check("failover", False, "the run never reached step 2")
+    entry = _worker(setup.farm, worker) or {}
+    if entry.get("pid") is None:
+        setup.farm.cancel(run_id)
+        return Check("failover", None, "n/a: needs a staff token (to see the worker's pid)")
+    if entry.get("host") != socket.gethostname():
+        setup.farm.cancel(run_id)
+        return Check("failover", None, f"n/a: {worker} runs on {entry.get('host')}, not on this "
+                     "host: run the check there")
+    killed = time.monotonic()
+    os.kill(int(entry["pid"]), signal.SIGKILL)
+    run = _wait(setup.farm, run_id)
+    took = time.monotonic() - killed
+    takes = len(run.get("takes") or [])
+    ok = run["status"] == "succeeded" and takes == 1 and run["attempts"] >= 2
+    return Check("failover", ok, f"killed {worker} (pid {entry['pid']}) mid-run: {run['status']} "
+                 f"{took:.1f} s later after {run['attempts']} attempts, {takes} take(s)")
 
 
 def overload(setup: Setup) -> Check:
@@ -181,11 +275,11 @@ def overload(setup: Setup) -> Check:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _graph(setup: Setup, *, seed: int, steps: int | None = None,
-           parallel: str | None = None) -> dict[str, Any]:
+def _graph(setup: Setup, *, seed: int, steps: int | None = None, parallel: str | None = None,
+           files: dict[str, str] | None = None) -> dict[str, Any]:
     width, height = setup.size
     body = prompt_graph(prompt="a lighthouse on a cliff at dusk, go-live check", negative="",
-                        files=setup.files, width=width, height=height,
+                        files=files or setup.files, width=width, height=height,
                         steps=steps or setup.steps, seed=seed, guidance=None, image_asset=None,
                         strength=1.0)
     if parallel:
@@ -244,6 +338,27 @@ def _max_pixel_diff(farm: Farm, a: dict[str, Any], b: dict[str, Any]) -> int:
     if first.shape != second.shape:
         return 255
     return int(np.abs(first - second).max())
+
+
+def _worker(farm: Farm, name: str) -> dict[str, Any] | None:
+    return next((w for w in farm.workers() if w["name"] == name), None)
+
+
+def _memory_by_worker(farm: Farm, *, fresh: bool) -> dict[str, int]:
+    """Each live worker's memory bytes at its heartbeat; `fresh`: from a heartbeat made after
+    this call (each worker's `lastHeartbeat` moved twice: the first may have been under way)."""
+    def beats() -> dict[str, str]:
+        return {w["name"]: w.get("lastHeartbeat") or "" for w in farm.workers()}
+
+    if fresh:
+        seen = [beats()]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(seen) < 3:
+            time.sleep(0.25)
+            now = beats()
+            if all(now.get(n) != seen[-1].get(n) for n in seen[0]):
+                seen.append(now)
+    return {w["name"]: int(w["memory"]["bytes"]) for w in farm.workers() if w.get("memory")}
 
 
 def _live_slots(farm: Farm) -> int:

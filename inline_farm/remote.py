@@ -72,8 +72,10 @@ class Farm:
             if exc.status != 409:  # it ended meanwhile: nothing to cancel
                 raise
 
-    def runs(self, *, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
+    def runs(self, *, status: str | None = None, limit: int = 50,
+             mine: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {}),
+                                  **({"mine": "true"} if mine else {})}
         return list(self.call("GET", "/v1/runs", params=params)["items"])
 
     def take(self, take_id: str) -> dict[str, Any]:

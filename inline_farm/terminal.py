@@ -299,7 +299,7 @@ def cmd_watch(args: argparse.Namespace, farm: Farm) -> int:
 
 def cmd_runs(args: argparse.Namespace, farm: Farm) -> int:
     table = Table("run", "status", "target", "created", "takes", "error")
-    for run in farm.runs(status=args.status, limit=args.limit):
+    for run in farm.runs(status=args.status, limit=args.limit, mine=args.mine):
         error = run.get("error") or {}
         table.add_row(run["id"], run["status"], run.get("target") or "",
                       (run.get("createdAt") or "")[:19].replace("T", " "), str(len(run["takes"])),

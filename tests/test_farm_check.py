@@ -37,10 +37,13 @@ def stack(farm, personas, data_dirs):
 def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack):
     code, results = check(farm, personas["owner"], "--model", stack["model"])
     assert code == 0, results
-    for name in ("reproducible", "isolated", "cancel", "overload"):
+    for name in ("reproducible", "isolated", "memory", "cancel", "overload"):
         assert results[name]["ok"] is True, results[name]
-    assert results["memory"]["ok"] is None  # said, not passed
+    assert "zimage: " in results["memory"]["figures"]
+    assert "(rss above start) ≤ estimate" in results["memory"]["figures"]
+    assert "memory" in results["cancel"]["figures"] and "before" in results["cancel"]["figures"]
     assert "429 after 100 runs in flight" in results["overload"]["figures"]
+    assert "failover" not in results  # only with --destructive
 
 
 def test_a_user_without_an_in_flight_limit_fails_the_overload_check(farm, stack, db_access):
@@ -74,3 +77,30 @@ def test_a_worker_whose_files_render_other_pixels_fails_the_reproducibility_chec
     assert results["reproducible"]["ok"] is False
     assert "different images of one seed" in results["reproducible"]["figures"]
     assert worker in results["reproducible"]["figures"]
+
+
+def test_a_worker_killed_mid_run_fails_over_and_the_run_finishes_once(farm, personas, stack):
+    """--destructive SIGKILLs the worker rendering the run (a staff token sees its pid); the
+    run finishes on the other worker, once."""
+    farm.start_worker(proc="worker-spare")
+    try:
+        code, results = check(farm, personas["staff"], "--model", stack["model"], "--destructive",
+                              "--only", "failover")
+    finally:
+        farm.stop("worker-spare")
+        if farm.procs["worker"].poll() is not None:  # the check killed the session's worker
+            farm.procs.pop("worker")
+            farm.start_worker()
+    assert code == 0, results
+    assert list(results) == ["failover"]
+    assert results["failover"]["ok"] is True, results["failover"]
+    assert "succeeded" in results["failover"]["figures"]
+    assert "1 take(s)" in results["failover"]["figures"]
+
+
+def test_without_a_staff_token_the_failover_check_says_it_cannot_run(farm, personas, stack):
+    code, results = check(farm, personas["owner"], "--model", stack["model"], "--destructive",
+                          "--only", "failover")
+    assert code == 0, results
+    assert results["failover"]["ok"] is None
+    assert "staff token" in results["failover"]["figures"]

@@ -21,6 +21,7 @@ from workers import runtime
 from workers.executor import CancelCheck, Outcome, execute
 from workers.faults import db_retry, is_infrastructure_error
 from workers.heartbeat import Presence
+from workers.memory import meter
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,15 @@ def _attempt(claim: Claim, me: Presence, keep: _NextRun | None) -> str:
     """Execute and record one claimed attempt; its status ("fault": handed back). With `keep`,
     its finish may claim the slot's next run (`keep.claim`)."""
     held = me.hold(claim.run_id, claim.attempt)
+    memory = meter()
+    memory.start(claim.run_id)
     try:
-        outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
-                          cancel=CancelCheck(claim, held.lost))
-        _record(claim, outcome, keep)
+        try:
+            outcome = execute(claim, cache=runtime.node_cache(), policy=runtime.policy(),
+                              cancel=CancelCheck(claim, held.lost))
+        finally:
+            peak = memory.stop(claim.run_id)
+        _record(claim, outcome, keep, peak)
         me.stats[f"runs_{outcome.status}"] += 1
         return outcome.status
     finally:
@@ -90,7 +96,8 @@ class _NextRun:
         return self.claim is not None
 
 
-def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None) -> None:
+def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None,
+            peak_memory: int | None = None) -> None:
     if outcome.status == "cancelled":
         return  # no longer ours: whoever took it wrote its end (and dispatched its queue)
     if outcome.status == "fault":
@@ -103,7 +110,8 @@ def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None) -> Non
         if keep is not None:
             keep.claim = None  # a try that failed may have claimed in its rolled-back transaction
         return run_finish(claim=claim, status=outcome.status, error=outcome.error,
-                          events=outcome.events, takes=outcome.takes, next_run=keep)
+                          events=outcome.events, takes=outcome.takes, next_run=keep,
+                          peak_memory_bytes=peak_memory)
 
     _patiently(finish)
 

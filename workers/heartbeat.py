@@ -149,7 +149,10 @@ class Presence:
                 h.lost.set()
 
     def stats_report(self) -> dict[str, Any]:
-        return {**self.stats, **counters_report(), "busy": len(self.held()), "slots": self.slots}
+        from workers.memory import meter
+
+        return {**self.stats, **counters_report(), "busy": len(self.held()), "slots": self.slots,
+                "memory": meter().report()}
 
     def _loop(self) -> None:
         listener = _StopListener()

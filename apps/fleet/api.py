@@ -13,7 +13,7 @@ from apps.fleet.health import health_report
 from apps.fleet.metrics import queue_overview
 from apps.fleet.schemas import HealthOut, WorkersOut
 from apps.fleet.selectors import workers_live
-from inline_farm.endpoints import ApiError, errors, respond
+from inline_farm.endpoints import ApiError, caller, errors, respond
 
 router = Router(tags=["health"])
 
@@ -40,11 +40,16 @@ def health(request: HttpRequest, detail: bool = False) -> HttpResponse:
 @router.get("workers", summary="Live workers: queues, device, models held",
             response={200: WorkersOut, **errors(401)})
 def list_workers(request: HttpRequest) -> dict[str, Any]:
+    """Every live worker: its queues, device, the model files and families it holds, and its
+    memory at its last heartbeat; for staff callers also where it runs (host and pid: what
+    `./farm check --destructive` needs to stop one)."""
+    staff = caller(request).is_staff
     return {"items": [
         {"name": w.name, "state": w.state, "pool": w.pool.name if w.pool else None,
          "queues": w.queues, "device": w.device,
          "models": w.model_files, "families": worker_families(w.model_files),
-         "lastHeartbeat": w.last_heartbeat.isoformat()
-         if w.last_heartbeat else None}
+         "lastHeartbeat": w.last_heartbeat.isoformat() if w.last_heartbeat else None,
+         "memory": w.stats.get("memory"),
+         **({"host": w.hostname, "pid": w.pid} if staff else {})}
         for w in workers_live().select_related("pool")
     ]}

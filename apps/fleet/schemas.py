@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from inline_farm.schemas import WireOut
 
 
@@ -37,6 +39,12 @@ class WorkerOut(WireOut):
     models: list[Any]
     families: list[str] = []  # the model families of the files it holds
     lastHeartbeat: str | None
+    memory: dict[str, Any] | None = Field(
+        default=None, description="Its memory at its last heartbeat: `kind` (cuda: torch's "
+        "allocated bytes on its GPU; rss: the process's resident memory), `bytes`, and "
+        "`baselineBytes` (at its start, before any model loaded).")
+    host: str | None = Field(default=None, description="Its host name (staff callers only).")
+    pid: int | None = Field(default=None, description="Its process id (staff callers only).")
 
 
 class WorkersOut(WireOut):

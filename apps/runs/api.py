@@ -44,7 +44,7 @@ def submit(request: HttpRequest, payload: RunIn) -> HttpResponse:
 
 @router.get("", summary="List my runs", response={200: RunListOut, **errors(401, 422)})
 def list_runs(request: HttpRequest, query: Query[RunListQuery]) -> dict[str, Any]:
-    qs = run_list_for_user(user=caller(request), status=query.status)
+    qs = run_list_for_user(user=caller(request), status=query.status, mine=query.mine)
     page = list(qs[query.offset : query.offset + query.limit + 1])
     more = len(page) > query.limit
     return {

@@ -57,6 +57,9 @@ class Run(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    peak_memory_bytes = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="The worker's peak memory while the run's last attempt ran (workers/memory.py).")
 
     class Meta:
         ordering = ["-created_at"]

@@ -28,9 +28,11 @@ class RunIn(Schema):
 
 
 class RunListQuery(Schema):
-    """`GET /v1/runs` query: status filter and the page window."""
+    """`GET /v1/runs` query: status filter, only the caller's own runs, and the page window."""
 
     status: RunStatus | None = None
+    mine: bool = Field(default=False, description="Only the caller's own runs (not teammates' "
+                       "or, for staff, everyone's).")
     limit: int = Field(default=50, ge=1, le=200)
     offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
 
@@ -61,6 +63,13 @@ class RunOut(WireOut):
     error: ErrorBody | None
     takes: list[TakeOut]
     waiting: str | None = Field(default=None, description="Why a queued run has not started.")
+    peakMemoryBytes: int | None = Field(
+        default=None, description="The worker's peak memory while the run ran: on a GPU, "
+        "torch's allocated peak on the device; on a CPU, the worker process's resident memory.")
+    estimatedMemoryGb: float | None = Field(
+        default=None, description="The memory the farm estimated the run needs (model files "
+        "plus its families' activations at its size), which routing compared with workers'; "
+        "null for a run without model files.")
 
 
 class RunListOut(WireOut):

@@ -76,8 +76,11 @@ def run_from_rows(rows: list[tuple[Any, ...]]) -> Run | None:
     return run
 
 
-def run_list_for_user(*, user: User, status: str | None = None) -> QuerySet[Run]:
+def run_list_for_user(*, user: User, status: str | None = None,
+                      mine: bool = False) -> QuerySet[Run]:
+    """The runs `user` may see, newest first (`mine`: only those they submitted)."""
     qs = _runs_for(user).order_by("-created_at", "-pk")
+    qs = qs.filter(owner_id=user.pk) if mine else qs
     return qs.filter(status=status) if status else qs
 
 

@@ -37,6 +37,8 @@ def run_to_wire(run: Run, *, waiting: str | None = None) -> dict[str, Any]:
         "error": run_error(run),
         "takes": [take_to_wire(t) for t in run.takes.all()],
         "waiting": waiting if run.status == "queued" else None,
+        "peakMemoryBytes": run.peak_memory_bytes,
+        "estimatedMemoryGb": (run.requirement.get("need") or {}).get("vramGb"),
     }
 
 

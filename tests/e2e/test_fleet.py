@@ -62,3 +62,42 @@ def test_a_run_executing_worker_yields_the_cpu_to_the_web(farm):
     worker = os.getpriority(os.PRIO_PROCESS, farm.procs["worker"].pid)
     assert settings.INLINE_WORKER_NICE == 5
     assert worker == min(19, web + settings.INLINE_WORKER_NICE)
+
+
+def test_workers_report_their_memory_and_only_staff_see_where_they_run(farm, personas, owner):
+    import httpx
+
+    mine = next(w for w in owner.get("/v1/workers").json()["items"]
+                if w["name"] == _the_worker().name)
+    assert mine["memory"]["kind"] == "rss"
+    assert mine["memory"]["bytes"] > 0 and mine["memory"]["baselineBytes"] > 0
+    assert mine["pid"] is None and mine["host"] is None
+    with httpx.Client(base_url=farm.url, timeout=30,
+                      headers={"Authorization": f"Bearer {personas['staff']}"}) as staff:
+        seen = next(w for w in staff.get("/v1/workers").json()["items"]
+                    if w["name"] == _the_worker().name)
+    assert seen["pid"] == farm.procs["worker"].pid
+    assert seen["host"]
+
+
+def test_a_finished_run_says_the_peak_memory_it_took(owner):
+    """(Its `estimatedMemoryGb` is null: the farm estimates runs with model files; the go-live
+    check, tests/test_farm_check.py, compares a diffusion run's peak with its estimate.)"""
+    asset = upload(owner, png(64, 64, (5, 60, 90))).json()
+    run_id = owner.post("/v1/runs", json=resize_graph(asset["id"], 640, 480)).json()["runId"]
+    run = owner.wait_run(run_id)
+    assert run["status"] == "succeeded", run
+    assert run["peakMemoryBytes"] > 50 * 2**20  # a worker process with torch imported
+    assert run["estimatedMemoryGb"] is None
+
+
+def test_mine_lists_only_my_runs_not_my_teammates(owner, teammate):
+    asset = upload(owner, png(16, 16, (1, 2, 3))).json()
+    own = owner.post("/v1/runs", json=resize_graph(asset["id"], 8, 8)).json()["runId"]
+    theirs = upload(teammate, png(16, 16, (3, 2, 1))).json()
+    other = teammate.post("/v1/runs", json=resize_graph(theirs["id"], 8, 8)).json()["runId"]
+    seen = {r["id"] for r in owner.get("/v1/runs", params={"limit": 200}).json()["items"]}
+    mine = {r["id"] for r in owner.get("/v1/runs", params={"limit": 200, "mine": "true"})
+            .json()["items"]}
+    assert {own, other} <= seen
+    assert own in mine and other not in mine

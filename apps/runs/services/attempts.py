@@ -149,7 +149,7 @@ _FINISH = f"""
 UPDATE runs_run
 SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
     error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
-    last_seq = last_seq + %(events)s
+    last_seq = last_seq + %(events)s, peak_memory_bytes = %(peak)s
 WHERE id = %(run)s AND attempts = %(attempt)s AND status = '{RunStatus.RUNNING}'
 RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id),
     EXISTS (SELECT 1 FROM runs_run w WHERE w.status = '{RunStatus.QUEUED}' AND w.queue = runs_run.queue)
@@ -163,10 +163,11 @@ NextRun = Callable[[str], bool]
 def run_finish(
     *, claim: Claim, status: str, error: dict[str, str] | None = None,
     events: Sequence[tuple[str, dict[str, Any]]] = (), takes: Sequence[TakeDraft] = (),
-    next_run: NextRun | None = None,
+    next_run: NextRun | None = None, peak_memory_bytes: int | None = None,
 ) -> bool:
     """Record the outcome of our attempt with its last events and takes, all in one transaction
     (fenced by `attempt`); False, and nothing written, if we no longer own the run.
+    `peak_memory_bytes`: the worker's peak memory while the attempt ran (workers/memory.py).
 
     After commit the run's queue is dispatched into the freed slot — unless `next_run` (the
     worker's slot, workers/attempt.py) took a waiting run of the queue inside this transaction:
@@ -180,6 +181,7 @@ def run_finish(
                 "status": status, "code": error.get("code", ""),
                 "message": error.get("message", ""), "node": error.get("nodeId") or "",
                 "events": len(events) + 1, "run": claim.run_id, "attempt": claim.attempt,
+                "peak": peak_memory_bytes,
             })
             row = cursor.fetchone()
         if row is None:
