@@ -53,8 +53,10 @@ def test_a_user_without_an_in_flight_limit_fails_the_overload_check(farm, stack,
     user = user_get_or_create(username="unlimited")
     UserLimits.objects.update_or_create(user=user, defaults={"max_inflight_runs": 100_000})
     token = token_create(user=user, name="test")[1]
-    code, results = check(farm, token, "--model", stack["model"], "--burst", "120")
+    code, results = check(farm, token, "--model", stack["model"], "--burst", "120",
+                          "--only", "overload")
     assert code == 1
+    assert list(results) == ["overload"]  # --only
     assert results["overload"]["ok"] is False
     assert "no 429 after 120 runs" in results["overload"]["figures"]
 
@@ -70,7 +72,8 @@ def test_a_worker_whose_files_render_other_pixels_fails_the_reproducibility_chec
     assert write_smoke_stack(other, name="repro", seed=99) == names
     worker = farm.start_worker(proc="worker-other", env={"INLINE_MODELS_DIR": str(other)})
     try:
-        code, results = check(farm, personas["owner"], "--model", names["model"])
+        code, results = check(farm, personas["owner"], "--model", names["model"],
+                              "--only", "reproducible")
     finally:
         farm.stop("worker-other")
     assert code == 1, results
