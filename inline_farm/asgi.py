@@ -7,10 +7,11 @@ the sync door this replaced; the figures are in README "Benchmarks"):
   when the client goes away; so does a request body of no declared length (chunked), which
   that handler spools whole before the middleware sees it (the size limits then count it;
   WSGI has no length to read such a body by);
-- every other request goes through Django's WSGI handler on a thread pool (a2wsgi): the whole
+- every other request goes through Django's WSGI handler on a thread pool: the whole
   middleware chain and the view in one thread hop, where the ASGI handler hops between the loop
   and a new thread per request five times (its web CPU per request was 1.5–2.5× the WSGI
-  handler's for the same view and middleware).
+  handler's for the same view and middleware). The adapter is inline_farm/onehop.py: a2wsgi's,
+  but for a whole body in and one chunk out, which go in a single hop (a measured survivor).
 Plain `GET /v1/health` is answered before either (inline_farm/health_door.py).
 """
 
@@ -32,7 +33,6 @@ sys.setswitchinterval(0.001)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inline_farm.settings")
 django_asgi = get_asgi_application()
 
-from a2wsgi import WSGIMiddleware  # noqa: E402 — after Django setup
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
@@ -40,6 +40,7 @@ from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 from inline_farm.health_door import health_first  # noqa: E402
 from inline_farm.heap import freeze_long_lived  # noqa: E402
+from inline_farm.onehop import OneHopWSGI  # noqa: E402
 from inline_farm.routing import websocket_urlpatterns  # noqa: E402
 
 # GETs whose answer streams a blob from disk (apps/takes/serve.py): takes' and uploads' bytes
@@ -71,7 +72,7 @@ application = ProtocolTypeRouter({
         # One pool thread per database connection the process may hold. (django-stubs type
         # the wrapped app as Django's own ASGIHandler and a WSGI handler's answer as a response
         # rather than the iterable of bytes it is; any ASGI app / WSGI app works at run time.)
-        ASGIStaticFilesHandler(WSGIMiddleware(  # type: ignore[arg-type]
+        ASGIStaticFilesHandler(OneHopWSGI(  # type: ignore[arg-type]
             get_wsgi_application(),  # type: ignore[arg-type]
             workers=settings.INLINE_DB_POOL_SIZE)),
     )),

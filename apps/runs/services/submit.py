@@ -5,12 +5,14 @@ dispatched after its commit."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 
+from apps.accounts.selectors import owner_visible_params
 from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
 from apps.fleet.selectors import LiveFleet
 from apps.graphs.families import activation_for, fleet_files, graph_families_check
@@ -19,13 +21,15 @@ from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.dispatch import dispatch_after_commit
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
-from apps.takes.selectors import assets_visible_to_owner
+from apps.takes.selectors import ASSETS_VISIBLE
 from inline_farm.ids import is_uuid
 
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)); the dispatcher's is
 # apps/runs/dispatch.py LOCK_QUEUE_DISPATCH.
 LOCK_OWNER_SUBMIT = 1
 LOCK_TEAM_SUBMIT = 3
+
+AssetRef = tuple[str, Any, Any]  # (node id, param, value): `param_refs(…, "asset")`
 
 
 class RunConflict(Exception):
@@ -57,33 +61,39 @@ def run_submit(
     """
     normalised = graph_validate(graph, target=target, max_nodes=settings.INLINE_MAX_GRAPH_NODES)
     order = closure_order(normalised, target)
-    _assets_check(owner, list(param_refs(normalised, order, "asset")))
+    assets = list(param_refs(normalised, order, "asset"))
     requirement, queue = _requirement(normalised, order)
     _priority_check(owner, priority)
     sha = normalised.sha256()
     try:
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
-                                   requirement, queue)
+                                   requirement, queue, assets=assets)
     except IntegrityError:
         # Another owner's submit of the same new graph document won the insert: look again.
         return _run_create_or_find(owner, normalised, sha, target, client_run_id, priority,
-                                   requirement, queue)
+                                   requirement, queue, assets=assets)
 
 
 @transaction.atomic
 def _run_create_or_find(
     owner: User, graph: GraphDoc, sha: str, target: str,
     client_run_id: str | None, priority: int, requirement: dict[str, Any], queue: str,
+    *, assets: list[AssetRef] | None = None,
 ) -> tuple[Run, bool]:
     # One owner's submits take turns (a transaction-scoped advisory lock): the in-flight limit,
     # coalescing and clientRunId checks below then see every earlier submit of that owner.
     advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
-    existing, in_flight = _existing_run(owner, sha, target, client_run_id)
-    if existing is not None:
-        return existing, False
-    _limit_check(owner, in_flight)
+    if client_run_id:
+        keyed = _client_run(owner, sha, target, client_run_id)
+        if keyed is not None:
+            return keyed, False
+    state = _submit_state(owner, sha, target, graph, assets or [])
+    _assets_found(assets or [], state.assets)  # a miss raises: the transaction writes nothing
+    if state.same is not None:
+        return _coalesced(owner, sha, target, client_run_id, state.same), False
+    _limit_check(owner, state.in_flight, state.team_limits)
     run = Run.objects.create(
-        owner=owner, graph_id=_graph_id(sha, graph), target=target,
+        owner=owner, graph_id=state.graph_id, target=target,
         client_run_id=client_run_id or None, priority=priority, requirement=requirement,
         queue=queue,
     )
@@ -100,91 +110,96 @@ def advisory_lock(namespace: int, key: int) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [namespace, key])
 
 
-_IN_FLIGHT = f"""
-SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
-        WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
-          AND r.status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}') LIMIT 1),
-       (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
-          AND status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}'))
-"""
+def _client_run(owner: User, sha: str, target: str, client_run_id: str) -> Run | None:
+    """The run an earlier submit with this clientRunId got (RunConflict when that was another
+    graph or target), or None. Hold the owner's lock."""
+    key = ClientRunKey.objects.select_related("run").filter(owner=owner, key=client_run_id).first()
+    if key is None:
+        return None
+    if key.graph_sha256 != sha or key.target != target:
+        raise RunConflict(
+            f"clientRunId {client_run_id!r} was already used for a different graph or target"
+        )
+    return key.run
 
 
-def _existing_run(
-    owner: User, sha: str, target: str, client_run_id: str | None
-) -> tuple[Run | None, int]:
-    """(the run this submit already has, the owner's runs in flight): the run of its
-    clientRunId, else the same graph+target in flight (coalesced; the clientRunId is then
-    recorded for that run). Hold the owner's lock."""
-    if client_run_id:
-        key = ClientRunKey.objects.select_related("run").filter(
-            owner=owner, key=client_run_id
-        ).first()
-        if key is not None:
-            if key.graph_sha256 != sha or key.target != target:
-                raise RunConflict(
-                    f"clientRunId {client_run_id!r} was already used for a different graph or target"
-                )
-            return key.run, 0
-    with connection.cursor() as cursor:
-        cursor.execute(_IN_FLIGHT, {"owner": owner.pk, "sha": sha, "target": target})
-        run_id, in_flight = cursor.fetchone()
-    if run_id is None:
-        return None, int(in_flight)
+def _coalesced(owner: User, sha: str, target: str, client_run_id: str | None,
+               run_id: Any) -> Run:
+    """The run in flight this submit joins (its clientRunId, if any, recorded for that run)."""
     run = Run.objects.get(pk=run_id)
     if client_run_id:
         ClientRunKey.objects.create(owner=owner, key=client_run_id, run=run, graph_sha256=sha,
                                     target=target)
-    return run, int(in_flight)
+    return run
 
 
-_GRAPH_UPSERT = """
-WITH kept AS (
+@dataclass(frozen=True)
+class SubmitState:
+    """What a submit decides on, read in one statement under the owner's lock."""
+
+    same: Any  # the id of the owner's run of the same graph+target in flight, or None
+    in_flight: int  # the owner's runs queued or running
+    team_limits: list[tuple[int, str, int]]  # (id, name, limit) of the owner's limited teams
+    graph_id: int  # the stored graph of this content hash (inserted now on first use)
+    assets: set[str]  # which of the referenced assets the owner may use
+
+
+# Everything a submit reads, and the graph upsert, in one round trip after the owner's lock
+# (its snapshot, taken after the lock was granted, sees every earlier submit of the owner). The
+# graph is upserted whatever the checks then decide: a refusal raises and rolls it back with the
+# rest of the transaction. Its id comes back NULL when another transaction committed the same
+# new document while this insert waited (this statement's snapshot cannot see that row).
+_SUBMIT_STATE = f"""
+WITH stored AS (
     INSERT INTO graphs_graph (sha256, document, created_at) VALUES (%(sha)s, %(doc)s::jsonb, now())
     ON CONFLICT (sha256) DO NOTHING RETURNING id)
-SELECT id FROM kept UNION ALL SELECT id FROM graphs_graph WHERE sha256 = %(sha)s LIMIT 1
+SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
+        WHERE r.owner_id = %(owner)s AND g.sha256 = %(sha)s AND r.target = %(target)s
+          AND r.status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}') LIMIT 1),
+       (SELECT count(*) FROM runs_run WHERE owner_id = %(owner)s
+          AND status IN ('{RunStatus.QUEUED}', '{RunStatus.RUNNING}')),
+       (SELECT json_agg(json_build_array(t.id, t.name, t.max_inflight_runs))
+          FROM accounts_team t JOIN accounts_team_members m ON m.team_id = t.id
+          WHERE m.user_id = %(owner)s AND t.max_inflight_runs IS NOT NULL),
+       (SELECT id FROM stored UNION ALL
+        SELECT id FROM graphs_graph WHERE sha256 = %(sha)s LIMIT 1),
+       ARRAY({ASSETS_VISIBLE})
 """
 
 
-def _graph_id(sha: str, graph: GraphDoc) -> int:
-    """The stored graph of content hash `sha`, inserted on first use (one round trip)."""
+def _submit_state(owner: User, sha: str, target: str, graph: GraphDoc,
+                  assets: list[AssetRef]) -> SubmitState:
+    """`_SUBMIT_STATE` for this submit. Hold the owner's lock."""
+    params = {"owner": owner.pk, "sha": sha, "target": target,
+              "doc": json.dumps(graph.model_dump()), "ids": _asset_ids(assets),
+              **owner_visible_params(owner)}
     with connection.cursor() as cursor:
-        cursor.execute(_GRAPH_UPSERT, {"sha": sha, "doc": json.dumps(graph.model_dump())})
-        row = cursor.fetchone()
-    if row is None:  # another transaction committed it after this statement's snapshot
-        return int(Graph.objects.values_list("pk", flat=True).get(sha256=sha))
-    return int(row[0])
+        cursor.execute(_SUBMIT_STATE, params)
+        same, in_flight, teams, graph_id, visible = cursor.fetchone()
+    if graph_id is None:  # another transaction committed it after this statement's snapshot
+        graph_id = Graph.objects.values_list("pk", flat=True).get(sha256=sha)
+    return SubmitState(same=same, in_flight=int(in_flight),
+                       team_limits=[(int(i), str(n), int(m)) for i, n, m in teams or []],
+                       graph_id=int(graph_id), assets={str(a) for a in visible})
 
 
 def _limits_of(owner: User) -> Any:
     return getattr(owner, "limits", None)  # a UserLimits row, or None for the defaults
 
 
-def _limit_check(owner: User, in_flight: int) -> None:
+def _limit_check(owner: User, in_flight: int, team_limits: list[tuple[int, str, int]]) -> None:
     """The owner's in-flight limit, then each of their teams' (under the team's lock)."""
     limits = _limits_of(owner)
     limit = limits.max_inflight_runs if limits else settings.INLINE_MAX_INFLIGHT_RUNS_PER_USER
     if in_flight >= limit:
         raise RunLimitReached(f"you have {limit} runs in flight; wait for some to finish")
-    for team_id, name, team_limit in _team_limits(owner):
+    for team_id, name, team_limit in team_limits:
         advisory_lock(LOCK_TEAM_SUBMIT, team_id)
         busy = Run.objects.filter(owner__teams=team_id, status__in=IN_FLIGHT).count()
         if busy >= team_limit:
             raise RunLimitReached(
                 f"team {name!r} has {team_limit} runs in flight; wait for some to finish"
             )
-
-
-def _team_limits(owner: User) -> list[tuple[int, str, int]]:
-    """(id, name, limit) of the owner's teams that have an in-flight limit. Remembered on the
-    user object, which the token lookup itself remembers for a few seconds."""
-    cached = getattr(owner, "_farm_team_limits", None)
-    if cached is None:
-        from apps.accounts.models import Team
-
-        cached = list(Team.objects.filter(members=owner, max_inflight_runs__isnull=False)
-                      .values_list("pk", "name", "max_inflight_runs"))
-        owner._farm_team_limits = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def _priority_check(owner: User, priority: int) -> None:
@@ -199,15 +214,6 @@ def _priority_check(owner: User, priority: int) -> None:
             "limit (user limits → max priority)"
         )
 
-
-AssetRef = tuple[str, Any, Any]  # (node id, param, value): `param_refs(…, "asset")`
-
-
-def _assets_check(owner: User, refs: list[AssetRef]) -> None:
-    wanted = _asset_ids(refs)
-    visible = (assets_visible_to_owner(owner_id=owner.pk, asset_ids=wanted, owner=owner)
-               if wanted else set())
-    _assets_found(refs, visible)
 
 
 def _asset_ids(refs: list[AssetRef]) -> list[str]:
