@@ -98,6 +98,16 @@ Tensor = Any  # torch.Tensor: this module stays importable without torch
 Policy = Any  # workers.device.policy.DevicePolicy
 
 
+# Optional plug-in functions (looked up with getattr; a family without one gets the default):
+# - load_checkpoint(models_dir, name, policy) -> (DiffusionModel, TextEncoder, Vae): an
+#   all-in-one `checkpoints/<name>` file (SDXL's); families without such files have none.
+# - init_noise(eps, sigmas) -> Tensor: txt2img's start latents from unit noise `eps` (default:
+#   `eps`, flow matching's σ = 1; SDXL scales by its scheduler's init_noise_sigma).
+# - advance(job, output) -> Tensor: the family's own sampler step, the job's next latents
+#   (default: flow-matching Euler; SDXL: EulerDiscreteScheduler.step, bit-identical).
+OPTIONAL: tuple[str, ...] = ("load_checkpoint", "init_noise", "advance")
+
+
 class FamilyPlugin(Protocol):
     """The functions of `workers/models/<id>/plugin.py` (a module satisfies this protocol).
 
@@ -118,9 +128,10 @@ class FamilyPlugin(Protocol):
     def encode_prompts(self, encoder: Any, texts: list[str]) -> list[Any]:
         """Each text's conditioning in the family's form, from one batched encoder call."""
 
-    def schedule(self, steps: int, width: int, height: int,
-                 denoise: float) -> tuple[Tensor, Tensor]:
-        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job."""
+    def schedule(self, steps: int, width: int, height: int, denoise: float,
+                 shift: float | None = None) -> tuple[Tensor, Tensor]:
+        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job.
+        `shift`: the family's sigma shift (None: its default; ignored by a family without)."""
 
     def renoise(self, init: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
         """Latents `init` noised to `sigma` with noise `eps` (img2img's start)."""
@@ -133,6 +144,10 @@ class FamilyPlugin(Protocol):
 
     def decode_latents_batch(self, vae: Any, latents: list[Tensor]) -> list[Any]:
         """RGB images of same-shape latents, from one VAE decode."""
+
+    def to_denoised(self, job: Any, output: Tensor) -> Tensor:
+        """The x0 estimate ("denoised", in the sampler's sigma space) from the model's output for
+        `job` at `job.sigmas[job.step]` (k-diffusion-style samplers build on it)."""
 
     def write_tiny_stack(self, models_dir: Path) -> dict[str, str]:
         """Write a tiny random-weight stack (names prefixed `smoke-`) as studios lay their
