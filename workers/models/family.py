@@ -105,7 +105,10 @@ Policy = Any  # workers.device.policy.DevicePolicy
 #   `eps`, flow matching's σ = 1; SDXL scales by its scheduler's init_noise_sigma).
 # - advance(job, output) -> Tensor: the family's own sampler step, the job's next latents
 #   (default: flow-matching Euler; SDXL: EulerDiscreteScheduler.step, bit-identical).
-OPTIONAL: tuple[str, ...] = ("load_checkpoint", "init_noise", "advance")
+# - to_denoised(job, output) -> Tensor: the x0 estimate ("denoised", in the sampler's sigma
+#   space) from the model's output for `job` at `job.sigmas[job.step]`, for k-diffusion-style
+#   samplers (the session's seam: it joins the contract once every family has it).
+OPTIONAL: tuple[str, ...] = ("load_checkpoint", "init_noise", "advance", "to_denoised")
 
 
 class FamilyPlugin(Protocol):
@@ -144,10 +147,6 @@ class FamilyPlugin(Protocol):
 
     def decode_latents_batch(self, vae: Any, latents: list[Tensor]) -> list[Any]:
         """RGB images of same-shape latents, from one VAE decode."""
-
-    def to_denoised(self, job: Any, output: Tensor) -> Tensor:
-        """The x0 estimate ("denoised", in the sampler's sigma space) from the model's output for
-        `job` at `job.sigmas[job.step]` (k-diffusion-style samplers build on it)."""
 
     def write_tiny_stack(self, models_dir: Path) -> dict[str, str]:
         """Write a tiny random-weight stack (names prefixed `smoke-`) as studios lay their

@@ -78,14 +78,16 @@ def tiny_tokenizer(folder: Path, pad_token: str | None = None) -> Any:
 def build_tiny_components(seed: int = 0, v_pred: bool = False,
                           tokenizers: Path | None = None) -> dict[str, Any]:
     """Fresh random modules (float32, CPU, eval) under StableDiffusionXLPipeline's component
-    names; the tokenizers are written under `tokenizers` (a temporary folder when None)."""
+    names; the tokenizers are written under `tokenizers` (when given)."""
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     from workers.models.sdxl.engine import scheduler_config
 
-    folder = tokenizers or Path(tempfile.mkdtemp(prefix="sdxl-tokenizers-"))
-    tok, tok_2 = tiny_tokenizer(folder / "tokenizer"), tiny_tokenizer(folder / "tokenizer_2", "!")
+    with tempfile.TemporaryDirectory(prefix="sdxl-tokenizers-") as scratch:
+        folder = tokenizers or Path(scratch)  # the tokenizers live in memory once made
+        tok = tiny_tokenizer(folder / "tokenizer")
+        tok_2 = tiny_tokenizer(folder / "tokenizer_2", "!")
     torch.manual_seed(seed)
     unet: Any = UNet2DConditionModel(**UNET_CONFIG)
     vae: Any = AutoencoderKL(**VAE_CONFIG)
