@@ -13,8 +13,14 @@ renders in seconds) with the tiny VAE and text encoder.
 Targets (issue 8): at 16, farm batched ≥ 2× farm 1 slot on the tiny stack; sampler ≥ 0.95×
 the pipeline's loop. What batching can give at all is printed beside them: diffusers' own list
 call at 16 vs at 1 (on a CPU the VAE decode costs the same per image in any batch).
+The `sdxl` rows (issue 41): the same sampler-alone comparison for SDXL on a mid-size random UNet
+(SDXL_MID, ~30 M parameters, 128², CFG on: each job's negative and positive in the forward):
+the step batcher + sdxl.engine.predict / advance with N threads vs StableDiffusionXLPipeline
+called once with the N prompts' embeddings (its own UNet + EulerDiscrete loop). Target ≥ 0.95×.
+The batcher runs twice: under the CPU policy's bounds (16 items: 16 CFG jobs are 32, so two
+forwards a step) and bounded at the pipeline's own batch (2N items: one forward a step).
 
-    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
+    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8] [--sdxl-only]
 """
 
 from __future__ import annotations
@@ -42,7 +48,11 @@ STACKS = {"tiny": 256, "mid": 128}  # stack → image side (px)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--sdxl-only", action="store_true", help="only the in-process sdxl rows")
     args = parser.parse_args()
+    if args.sdxl_only:
+        print_sdxl(sdxl_rows(args.steps), args.steps)
+        return
     results: dict[tuple[str, str, int], float] = {}
     for label, slots in (("farm batched", 16), ("farm 1 slot", 1)):
         with bench_farm(slots=slots) as (farm, token, models_dir):
@@ -66,6 +76,7 @@ def main() -> None:
             results[(stack, "pipeline loop", n)] = max(loop for loop, _ in pairs)
             results[(stack, "farm sampler", n)] = max(sampler for _, sampler in pairs)
     print_table(results, args.steps)
+    print_sdxl(sdxl_rows(args.steps), args.steps)
 
 
 # --- the stacks ---------------------------------------------------------------------------------
@@ -175,6 +186,90 @@ def print_table(results: dict[tuple[str, str, int], float], steps: int) -> None:
         bound = results[(stack, "diffusers list", 16)] / results[(stack, "diffusers list", 1)]
         print(f"  {stack:6} what batching can give here: diffusers list at 16 / at 1 = {bound:.2f}x "
               "(the VAE decode is linear in the batch on a CPU)")
+
+
+# --- SDXL ----------------------------------------------------------------------------------------
+
+SDXL_SIDE, SDXL_GUIDANCE = 128, 4.0  # the farm's guidance 4: the pipeline's scale 5
+SDXL_MID: dict[str, Any] = {"block_out_channels": [128, 256], "attention_head_dim": [4, 8]}
+SDXL_ROWS = ("pipeline loop", "farm sampler", "sampler 2N items")
+
+
+def sdxl_pipeline() -> Any:
+    """StableDiffusionXLPipeline on the tiny stack's encoders and VAE with a mid-size UNet."""
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+
+    from workers.models.sdxl.tiny import UNET_CONFIG, build_tiny_components
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["unet"] = UNet2DConditionModel(**{**UNET_CONFIG, **SDXL_MID}).eval()
+    pipe: Any = StableDiffusionXLPipeline(**parts, add_watermarker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sdxl_rows(steps: int) -> dict[tuple[str, int], float]:
+    pipe = sdxl_pipeline()
+    params = sum(p.numel() for p in pipe.unet.parameters()) / 1e6
+    print(f"sdxl: mid-size UNet {params:.1f} M parameters")
+    sdxl_sampler_alone(pipe, steps, 1)  # warm
+    results: dict[tuple[str, int], float] = {}
+    for n in CONCURRENCY:  # the best of REPEAT (this machine is shared)
+        runs = [sdxl_sampler_alone(pipe, steps, n) for _ in range(REPEAT)]
+        for index, row in enumerate(SDXL_ROWS):
+            results[(row, n)] = max(run[index] for run in runs)
+    return results
+
+
+def sdxl_sampler_alone(pipe: Any, steps: int, n: int) -> tuple[float, float, float]:
+    """images/s of the denoise only: the pipeline's loop over n prompts' embeddings (CFG, a
+    generator each, latents out) vs the farm's step batcher with n threads (the same embeddings,
+    sigmas and noise)."""
+    from workers.device.policy import DevicePolicy
+    from workers.models.sdxl import LATENT, engine
+    from workers.models.values import TextEncoder
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", (pipe.text_encoder, pipe.text_encoder_2),
+                          (pipe.tokenizer, pipe.tokenizer_2), policy.placement("text-encoder"))
+    positive, negative = engine.encode_prompts(encoder, prompts(n)), engine.encode_prompts(
+        encoder, [""] * n)
+    start = time.perf_counter()
+    pipe(prompt_embeds=torch.stack([p.embeds for p in positive]),
+         pooled_prompt_embeds=torch.stack([p.pooled for p in positive]),
+         negative_prompt_embeds=torch.stack([p.embeds for p in negative]),
+         negative_pooled_prompt_embeds=torch.stack([p.pooled for p in negative]),
+         width=SDXL_SIDE, height=SDXL_SIDE, num_inference_steps=steps,
+         guidance_scale=SDXL_GUIDANCE + 1, output_type="latent",
+         generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+    loop = n / (time.perf_counter() - start)
+
+    sigmas, timesteps = engine.schedule(steps, SDXL_SIDE, SDXL_SIDE)
+    shape = LATENT.shape(SDXL_SIDE, SDXL_SIDE)
+    bounds, rates = policy.batch_bounds(), []
+    for items in (bounds.items, max(bounds.items, 2 * n)):
+        batcher = StepBatcher(lambda jobs: engine.predict(pipe.unet, jobs), items, bounds.tokens)
+        jobs = [SampleJob(engine.init_noise(noise(shape, torch.Generator("cpu").manual_seed(i),
+                                                  "cpu"), sigmas),
+                          sigmas, timesteps, positive[i], negative=negative[i],
+                          guidance=SDXL_GUIDANCE, advance=engine.advance) for i in range(n)]
+        rates.append(n / all_at_once(batcher.run, jobs))
+    return loop, rates[0], rates[1]
+
+
+def print_sdxl(results: dict[tuple[str, int], float], steps: int) -> None:
+    print(f"\nbench/batching sdxl: images/s of the denoise, {steps} steps, {SDXL_SIDE}², CFG, CPU "
+          f"({torch.get_num_threads()} threads)")
+    print(f"  {'':16}" + "".join(f"{f'{n} concurrent':>15}" for n in CONCURRENCY))
+    for row in SDXL_ROWS:
+        print(f"  {row:16}" + "".join(f"{results[(row, n)]:15.2f}" for n in CONCURRENCY))
+    for row in SDXL_ROWS[1:]:
+        ratios = ", ".join(f"{n}: {results[(row, n)] / results[('pipeline loop', n)]:.2f}x"
+                           for n in CONCURRENCY)
+        print(f"  {row} / pipeline loop: {ratios} (target ≥ 0.95x)")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,13 @@ MODELS = (
         params=(Param("file", "model", required=True, options_from="diffusion_models"),),
     ),
     NodeDescriptor(
+        "load/checkpoint", "Load checkpoint", "loaders",
+        outputs=(Port("model", "model"), Port("encoder", "text-encoder"), Port("vae", "vae")),
+        params=(Param("file", "model", required=True, options_from="checkpoints"),),
+        description="An all-in-one file (SDXL's): the diffusion model, its text encoders and "
+        "its VAE, loaded by the family that recognises the file.",
+    ),
+    NodeDescriptor(
         "load/vae", "Load VAE", "loaders",
         outputs=(Port("vae", "vae"),),
         params=(Param("file", "model", required=True, options_from="vae"),),

@@ -191,6 +191,10 @@ _SAMPLER_INPUTS = {"model": "model", "positive": "positive", "negative": "negati
 _POLICY = "the farm's device policy chooses devices and dtypes"
 
 RULES: dict[str, Rule] = {
+    "CheckpointLoaderSimple": Rule(  # an all-in-one file (SDXL's): MODEL, CLIP, VAE
+        "load/checkpoint", outputs=("model", "encoder", "vae"),
+        params={"ckpt_name": ParamMap("file", folder="checkpoints")},
+    ),
     "UNETLoader": Rule(
         "load/diffusion-model", outputs=("model",),
         params={"unet_name": ParamMap("file", folder="diffusion_models")},
@@ -284,10 +288,6 @@ CUT: dict[str, str] = {
 }
 
 UNSUPPORTED: dict[str, str] = {
-    "CheckpointLoaderSimple": (
-        "the farm loads the diffusion model, text encoder and VAE from separate files: use "
-        "UNETLoader, CLIPLoader and VAELoader"
-    ),
     "LoraLoaderModelOnly": "LoRAs are not runnable on this farm yet",
     "ImageScaleBy": (
         "scaling by a factor needs the input's size; the farm's image/resize takes width and "

@@ -37,6 +37,7 @@ SPECS: dict[str, list[Any]] = {
 }
 SEEDS = {"seed", "noise_seed"}
 DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
+           "CheckpointLoaderSimple": "Load Checkpoint",
            "UNETLoader": "Load Diffusion Model", "CLIPLoader": "Load CLIP",
            "VAELoader": "Load VAE", "LoadImage": "Load Image", "SaveImage": "Save Image",
            "PreviewImage": "Preview Image", "ImageScale": "Upscale Image"}

@@ -23,6 +23,7 @@ FILES = {  # (folder, name): (family, role, families) as a worker's heartbeat re
     ("diffusion_models", "z_image_turbo.safetensors"): ("zimage", "transformer", ["zimage"]),
     ("vae", "ae.safetensors"): ("flux1", "vae", ["flux1", "zimage"]),
     ("vae", "sdxl_vae.safetensors"): ("sdxl", "vae", ["sdxl"]),
+    ("checkpoints", "sd_xl_base_1.0.safetensors"): ("sdxl", "checkpoint", ["sdxl"]),
     ("text_encoders", "t5xxl.safetensors"): ("flux1", "text_encoder", ["flux1"]),
     ("text_encoders", "qwen_3_4b"): ("zimage", "text_encoder", ["zimage"]),
     ("loras", "notes.ckpt"): (None, None, []),
@@ -64,6 +65,28 @@ def chain(model: str, vae: str, encoder: str) -> GraphDoc:
     }})
 
 
+def checkpoint_chain(vae: str | None = None) -> GraphDoc:
+    """load/checkpoint's three outputs, or its model and encoder with another file's VAE."""
+    def ref(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    nodes: dict[str, Any] = {
+        "ckpt": {"type": "load/checkpoint", "params": {"file": "sd_xl_base_1.0.safetensors"}},
+        "pos": {"type": "encode/text", "params": {"text": "a fox"},
+                "inputs": {"encoder": ref("ckpt", "encoder")}},
+        "empty": {"type": "latent/empty", "params": {"width": 64, "height": 64}},
+        "sample": {"type": "sample", "params": {"steps": 2},
+                   "inputs": {"model": ref("ckpt", "model"), "positive": ref("pos", "conditioning"),
+                              "latent": ref("empty", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": ref("vae" if vae else "ckpt", "vae"),
+                                                    "latent": ref("sample", "latent")}},
+        "save": {"type": "image/save", "inputs": {"image": ref("decode", "image")}},
+    }
+    if vae:
+        nodes["vae"] = {"type": "load/vae", "params": {"file": vae}}
+    return GraphDoc.model_validate({"nodes": nodes})
+
+
 def refusal(owner: Any, graph: GraphDoc) -> GraphInvalid:
     with pytest.raises(GraphInvalid) as refused:
         run_submit(owner=owner, graph=graph, target="save")
@@ -101,6 +124,15 @@ def test_a_z_image_node_asked_for_a_flux_file_is_refused_naming_both_families(fl
     assert "zimage" in refused.value.message and "flux1" in refused.value.message
 
 
+def test_an_sdxl_checkpoint_s_three_outputs_submit_and_a_flux_vae_after_it_is_refused(
+        fleet, artist):
+    run, created = run_submit(owner=artist, target="save", graph=checkpoint_chain())
+    assert created and run.requirement["families"] == ["sdxl"]
+    error = refusal(artist, checkpoint_chain(vae="ae.safetensors"))
+    assert (error.code, error.node_id) == ("family_mismatch", "decode")
+    assert "sdxl" in error.message and "flux1" in error.message
+
+
 def client_for(user: Any) -> Client:
     from apps.accounts.services import token_create
 
@@ -115,7 +147,7 @@ def test_the_files_endpoint_says_each_file_s_family_role_and_size(fleet, artist)
         "folder": "vae", "family": "flux1", "role": "vae", "bytes": 1000}
     assert len(files) == len(FILES)
     only = client_for(artist).get("/v1/models/files?family=sdxl").json()["files"]
-    assert [f["name"] for f in only] == ["sdxl_vae.safetensors"]
+    assert [f["name"] for f in only] == ["sd_xl_base_1.0.safetensors", "sdxl_vae.safetensors"]
 
 
 def test_model_pickers_filter_by_family(fleet, artist):

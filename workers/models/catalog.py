@@ -8,7 +8,7 @@ Layout (`<models_dir>/<folder>/<name>`):
 A model is either a single weight file (.safetensors/.sft/.ckpt/.pt/.bin) or a folder that holds
 a `config.json` (a diffusers/transformers folder). Names are paths relative to the folder with
 `/` separators, so `flux/ae.safetensors` is a valid name. Sidecars that are not weight files
-(`<stem>.config.json`, `<stem>.tokenizer/`) are never listed.
+(`<stem>.config.json`, `<stem>.tokenizer/`, `<stem>.diffusers/`) are never listed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from workers.models.family import ModelLoadError
 FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints")
 ALIASES: dict[str, tuple[str, ...]] = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft", ".ckpt", ".pt", ".bin")
-SIDECAR_DIR_SUFFIXES: tuple[str, ...] = (".tokenizer",)
+SIDECAR_DIR_SUFFIXES: tuple[str, ...] = (".tokenizer", ".diffusers")
 
 _HASH_CHUNK = 8 * 2**20
 

@@ -98,6 +98,19 @@ Tensor = Any  # torch.Tensor: this module stays importable without torch
 Policy = Any  # workers.device.policy.DevicePolicy
 
 
+# Optional plug-in functions (looked up with getattr; a family without one gets the default):
+# - load_checkpoint(models_dir, name, policy) -> (DiffusionModel, TextEncoder, Vae): an
+#   all-in-one `checkpoints/<name>` file (SDXL's); families without such files have none.
+# - init_noise(eps, sigmas) -> Tensor: txt2img's start latents from unit noise `eps` (default:
+#   `eps`, flow matching's σ = 1; SDXL scales by its scheduler's init_noise_sigma).
+# - advance(job, output) -> Tensor: the family's own sampler step, the job's next latents
+#   (default: flow-matching Euler; SDXL: EulerDiscreteScheduler.step, bit-identical).
+# - to_denoised(job, output) -> Tensor: the x0 estimate ("denoised", in the sampler's sigma
+#   space) from the model's output for `job` at `job.sigmas[job.step]`, for k-diffusion-style
+#   samplers (the session's seam: it joins the contract once every family has it).
+OPTIONAL: tuple[str, ...] = ("load_checkpoint", "init_noise", "advance", "to_denoised")
+
+
 class FamilyPlugin(Protocol):
     """The functions of `workers/models/<id>/plugin.py` (a module satisfies this protocol).
 
@@ -118,9 +131,10 @@ class FamilyPlugin(Protocol):
     def encode_prompts(self, encoder: Any, texts: list[str]) -> list[Any]:
         """Each text's conditioning in the family's form, from one batched encoder call."""
 
-    def schedule(self, steps: int, width: int, height: int,
-                 denoise: float) -> tuple[Tensor, Tensor]:
-        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job."""
+    def schedule(self, steps: int, width: int, height: int, denoise: float,
+                 shift: float | None = None) -> tuple[Tensor, Tensor]:
+        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job.
+        `shift`: the family's sigma shift (None: its default; ignored by a family without)."""
 
     def renoise(self, init: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
         """Latents `init` noised to `sigma` with noise `eps` (img2img's start)."""

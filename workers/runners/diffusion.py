@@ -42,6 +42,14 @@ def load_vae(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     return {"vae": load_file(ctx, "vae", params["file"])}
 
 
+@runner("load/checkpoint")
+def load_checkpoint(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """An all-in-one file (SDXL's): its family's plug-in loads the denoiser, the text
+    encoder(s) and the VAE."""
+    model, encoder, vae = load_file(ctx, "checkpoints", params["file"])
+    return {"model": model, "encoder": encoder, "vae": vae}
+
+
 @runner("load/text-encoder")
 def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     names = [params["file"], *([params["file_2"]] if params.get("file_2") else [])]
@@ -98,7 +106,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         generator = torch.Generator("cpu").manual_seed(seed)
         eps = noise(shape, generator, device)
         if denoise >= 1.0:
-            return eps
+            init_noise = getattr(family, "init_noise", None)  # optional: flow starts at eps
+            return eps if init_noise is None else init_noise(eps, sigmas)
         init = torch.zeros(shape) if latent.empty else latent.samples
         return family.renoise(init.to(device), eps, sigmas[0])
 
@@ -174,6 +183,7 @@ def denoise_job(
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
         extra=extra or {},
+        advance=getattr(plugin(model.family), "advance", None),  # optional: else flow Euler
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
     from workers.parallel.worker import denoiser
@@ -252,7 +262,7 @@ def decode(vae: Vae, latents: Any) -> Any:
 
 
 _LOADERS = {"diffusion_models": "load_diffusion_model", "vae": "load_vae",
-            "text_encoders": "load_text_encoder"}
+            "text_encoders": "load_text_encoder", "checkpoints": "load_checkpoint"}
 
 
 def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = None) -> Any:
@@ -265,7 +275,11 @@ def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = N
 
     def load() -> Any:
         paths = [resolve(ctx.models_dir, folder, name) for name in names]
-        loader = getattr(plugin(family or loader_family(paths, folder)), _LOADERS[folder])
+        owner = family or loader_family(paths, folder)
+        loader = getattr(plugin(owner), _LOADERS[folder], None)
+        if loader is None:  # an optional function (load_checkpoint)
+            raise ModelLoadError(f"{' + '.join(names)}: the {owner} family has no loader for "
+                                 f"{folder}/ files")
         # A family's text encoder may be several files (FLUX.1: CLIP-L + T5).
         arg = list(names) if folder == "text_encoders" else names[0]
         return loader(ctx.models_dir, arg, ctx.policy)
@@ -274,7 +288,8 @@ def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = N
         value = on_device_thread(load) if ctx.policy.device == "cpu" else load()
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
-    models = {**ctx.lineage.get("models", {}), f"{folder}/{' + '.join(names)}": value.sha256}
+    first = value[0] if isinstance(value, tuple) else value  # a checkpoint: (model, encoder, vae)
+    models = {**ctx.lineage.get("models", {}), f"{folder}/{' + '.join(names)}": first.sha256}
     ctx.note_lineage(models=models)
     return value
 

@@ -42,3 +42,21 @@ def test_a_dual_clip_loader_of_another_type_is_mapped_with_a_warning():
     result = comfy_import(workflow=flux_workflow("sd3"), catalog=CATALOG)
     warnings = [w["message"] for w in result.report.to_wire()["warnings"] if w["id"] == "2"]
     assert warnings and "FLUX.1" in warnings[0]
+
+
+def test_comfyui_s_default_sdxl_workflow_loads_its_checkpoint_as_one_node_with_three_outputs():
+    from tests.apps.importer.builder import workflow
+
+    catalog = {"checkpoints": ["sd_xl_base_1.0.safetensors"]}
+    result = comfy_import(workflow=workflow("sdxl_base.ui.json"), catalog=catalog)
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["4"] == {"type": "load/checkpoint",
+                          "params": {"file": "sd_xl_base_1.0.safetensors"}, "inputs": {}}
+    assert nodes["3"]["inputs"]["model"] == {"node": "4", "port": "model"}
+    assert nodes["6"]["inputs"]["encoder"] == nodes["7"]["inputs"]["encoder"] == {
+        "node": "4", "port": "encoder"}
+    assert nodes["8"]["inputs"]["vae"] == {"node": "4", "port": "vae"}
+    assert nodes["3"]["params"]["guidance"] == 7.0  # cfg 8: cond + 7·(cond − uncond)
+    assert result.report.to_wire()["models"] == [{
+        "id": "4", "type": "CheckpointLoaderSimple", "folder": "checkpoints",
+        "name": "sd_xl_base_1.0.safetensors", "held": True}]

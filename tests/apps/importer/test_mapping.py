@@ -219,12 +219,12 @@ def test_an_unknown_node_off_the_main_path_is_reported_and_its_output_dropped():
 
 def test_an_unmapped_node_the_only_output_needs_is_a_clear_error():
     ui = turbo_ui()
-    ui.node(1)["type"] = "CheckpointLoaderSimple"
-    ui.node(1)["widgets_values"] = ["sdxl.safetensors"]
+    ui.node(1)["type"] = "unCLIPCheckpointLoader"
+    ui.node(1)["widgets_values"] = ["sd21-unclip-h.ckpt"]
     err = refused(ui.doc())
     assert (err.code, err.node_id) == ("unmapped_node", "1")
-    assert "UNETLoader" in err.message and err.report is not None
-    assert entry(err.report.unmapped, "1")["type"] == "CheckpointLoaderSimple"
+    assert "unCLIPCheckpointLoader" in err.message and err.report is not None
+    assert entry(err.report.unmapped, "1")["type"] == "unCLIPCheckpointLoader"
 
 
 @pytest.mark.parametrize(("raw", "code"), [
