@@ -138,6 +138,10 @@ MODELS = (
             _seed, _steps, _guidance,
             Param("denoise", "float", 1.0, min=0.0, max=1.0,
                   description="1.0 starts from noise; less keeps part of the input latent."),
+            Param("shift", "float", None, min=0.01, max=100.0,
+                  description="The sigma shift α of a flow-matching family: σ = α·t / (1 + "
+                  "(α − 1)·t) (ComfyUI's ModelSamplingSD3 / AuraFlow shift; ModelSamplingFlux's "
+                  "is e^shift). Unset: the family's default (Z-Image 3, FLUX.1 by resolution)."),
             _parallel,
         ),
     ),

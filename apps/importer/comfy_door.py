@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.accounts.watch import credential_kind_register
-from apps.fleet.selectors import model_catalog
+from apps.fleet.selectors import model_catalog_families
 from apps.graphs.nodes import MAX_PROMPT
 from apps.graphs.validation import GraphInvalid
 from apps.importer.api_format import AssetResolver
@@ -131,7 +131,8 @@ def comfy_prompt_queue(
     if unknown is not None:
         raise unknown
     try:
-        imported = comfy_import(workflow=body.prompt, catalog=model_catalog(),
+        catalog, files = model_catalog_families()
+        imported = comfy_import(workflow=body.prompt, catalog=catalog, files=files,
                                 resolve_asset=asset_resolver(owner))
     except ImportInvalid as exc:
         raise import_refusal(exc, body.prompt) from None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.graphs.nodes import MAX_SEED
+from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 
 CONTROL = "control_after_generate"
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
@@ -39,6 +40,9 @@ WIDGETS: dict[str, tuple[str, ...]] = {
         "start_at_step", "end_at_step", "return_with_leftover_noise",
     ),
     "ModelSamplingAuraFlow": ("shift",),
+    "ModelSamplingSD3": ("shift",),
+    "ModelSamplingFlux": ("max_shift", "base_shift", "width", "height"),
+    "FluxGuidance": ("guidance",),
     "VAEDecode": (),
     "VAEEncode": (),
     "SaveImage": ("filename_prefix",),
@@ -60,10 +64,10 @@ REROUTE = "Reroute"
 PRIMITIVE_NODE = "PrimitiveNode"
 UI_ONLY = NOTE_TYPES | {REROUTE, PRIMITIVE_NODE}
 
-# Our sampler is Z-Image Turbo's flow-matching Euler on its own sigma schedule (shift 3).
+# Our sampler is flow-matching Euler on the family's own sigma schedule (ComfyUI's `simple`:
+# t = 1 − k/steps, then the shift; tests/workers/test_schedule_shift.py).
 OUR_SAMPLERS = frozenset({"euler"})
-OUR_SCHEDULERS = frozenset({"simple", "normal"})
-OUR_SHIFT = 3.0
+OUR_SCHEDULERS = frozenset({"simple"})
 RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
             "bicubic": "bicubic", "lanczos": "lanczos"}
 
@@ -135,8 +139,8 @@ def _sampler_names(values: dict[str, Any]) -> list[str]:
         found.append(f"sampler {sampler!r} is not on this farm: it samples with 'euler' "
                      "(flow matching)")
     if isinstance(scheduler, str) and scheduler not in OUR_SCHEDULERS:
-        found.append(f"scheduler {scheduler!r} is not on this farm: it uses Z-Image's flow-match "
-                     "schedule ('simple')")
+        found.append(f"scheduler {scheduler!r} is not on this farm: it uses the model family's "
+                     "flow-match schedule ('simple')")
     cfg = values.get("cfg")
     if isinstance(cfg, int | float) and cfg < 1:
         found.append(f"cfg {cfg} is below 1: guidance 0 (no CFG) is used")
@@ -169,13 +173,6 @@ def _area(values: dict[str, Any]) -> list[str]:
     return []
 
 
-def _shift(values: dict[str, Any]) -> list[str]:
-    shift = values.get("shift")
-    if isinstance(shift, int | float) and float(shift) != OUR_SHIFT:
-        return [f"shift {shift} is ignored: the farm's Z-Image schedule uses shift 3"]
-    return []
-
-
 def _zero_side(values: dict[str, Any]) -> str | None:
     if values.get("width") == 0 or values.get("height") == 0:
         return ("a side of 0 keeps the aspect ratio, which needs the input's size; the farm's "
@@ -199,17 +196,13 @@ RULES: dict[str, Rule] = {
     "CLIPLoader": Rule(
         "load/text-encoder", outputs=("encoder",),
         params={"clip_name": ParamMap("file", folder="text_encoders")},
-        warnings=(_differs("type", "lumina2", "the farm's text encoders are Z-Image's (Qwen3, "
-                                              "ComfyUI type 'lumina2')"),
-                  _differs("device", "default", _POLICY)),
+        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
     ),
     "DualCLIPLoader": Rule(  # FLUX.1's CLIP-L + T5: the family recognises each from its keys
         "load/text-encoder", outputs=("encoder",),
         params={"clip_name1": ParamMap("file", folder="text_encoders"),
                 "clip_name2": ParamMap("file_2", folder="text_encoders")},
-        warnings=(_differs("type", "flux", "the farm's two-encoder family is FLUX.1 (ComfyUI "
-                                           "type 'flux')"),
-                  _differs("device", "default", _POLICY)),
+        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
     ),
     "VAELoader": Rule(
         "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
@@ -266,13 +259,12 @@ RULES: dict[str, Rule] = {
 }
 RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
 
-# Folded into their consumers: output 0 is the named input, unchanged on this farm.
+# Folded into their consumers: output 0 is the named input, unchanged on this farm. The nodes
+# of comfy_families.SAMPLER_PARAM_NODES (FluxGuidance, ModelSampling*) become a param of the
+# sampler downstream (api_format `_sampler_family_params`) and are reported as mapped into it.
 FOLDED: dict[str, tuple[str, str, Warn | None]] = {
-    "ModelSamplingAuraFlow": (
-        "model",
-        "folded into the sampler: the farm's Z-Image schedule already uses shift 3",
-        _shift,
-    ),
+    name: (port, f"folded into the sampler downstream as its {param!r}", None)
+    for name, (port, param) in SAMPLER_PARAM_NODES.items()
 }
 
 # Cut: consumers get the input unwired, which means the same thing on this farm.

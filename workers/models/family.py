@@ -118,9 +118,12 @@ class FamilyPlugin(Protocol):
     def encode_prompts(self, encoder: Any, texts: list[str]) -> list[Any]:
         """Each text's conditioning in the family's form, from one batched encoder call."""
 
-    def schedule(self, steps: int, width: int, height: int,
-                 denoise: float) -> tuple[Tensor, Tensor]:
-        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job."""
+    def schedule(self, steps: int, width: int, height: int, denoise: float,
+                 shift: float | None = None) -> tuple[Tensor, Tensor]:
+        """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job.
+        `shift`: the sigma shift α of a flow family (σ = α·t / (1 + (α − 1)·t), ComfyUI's
+        ModelSamplingSD3 / AuraFlow `shift`); None: the family's default; a family without a
+        shift ignores it."""
 
     def renoise(self, init: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
         """Latents `init` noised to `sigma` with noise `eps` (img2img's start)."""
