@@ -92,10 +92,38 @@ def graph_families_check(graph: GraphDoc, order: list[str],
 
     for node_id in order:
         of(node_id)
+    for node_id in order:
+        _encoder_count_check(graph, node_id, files)
     # A value's families narrow downstream (FLUX.1's VAE also serves Z-Image): the run's are
     # those of the last family-bound values, and of the params bound to one family.
     used = {f for n, c in carried.items() if n not in fed for f in c.families or ()}
     return used | {p.family for n in order for p in _bound_params(graph, n)}
+
+
+def _encoder_count_check(graph: GraphDoc, node_id: str,
+                         files: dict[tuple[str, str], ModelFile]) -> None:
+    """A text-encoder loader names as many files as its family has encoders (FLUX.1: CLIP-L and
+    T5, two files); GraphInvalid(`text_encoders`) naming the node otherwise, at submit rather
+    than as a load error on the worker. Files no family recognises constrain nothing."""
+    descriptor = descriptor_get(graph.nodes[node_id].type)
+    params = [p for p in (descriptor.params if descriptor else ()) if p.type == "model"
+              and p.options_from == "text_encoders" and not p.family]
+    names = [str(v) for p in params if (v := graph.nodes[node_id].params.get(p.name))]
+    held = [files.get(("text_encoders", name)) for name in dict.fromkeys(names)]
+    if not names or any(f is None or not f.families for f in held):
+        return
+    families = set.intersection(*(set(f.families) for f in held if f is not None))
+    wants = {f: info(f).text_encoders for f in sorted(families) if f in REGISTERED
+             and info(f).text_encoders}
+    distinct = len(held) == len(names)
+    if not wants or any(len(encoders) == len(names) and distinct for encoders in wants.values()):
+        return
+    family, encoders = next(iter(wants.items()))
+    raise GraphInvalid(
+        "text_encoders",
+        f"node {node_id!r} loads {len(names)} text encoder file(s) ({', '.join(names)}"
+        f"{'' if distinct else ': one file twice'}); {info(family).title} ({family}) needs "
+        f"{len(encoders)}: {' and '.join(encoders)}, one file each", node_id)
 
 
 def _bound_params(graph: GraphDoc, node_id: str) -> list[Any]:

@@ -81,6 +81,9 @@ class FamilyInfo:
       (`distilled`: FLUX.1 dev, one forward per step).
     - `nodes`: the package's modules that register the family's own node runners
       (`zimage/turbo`); their descriptors are in apps/graphs/nodes.py like every node's.
+    - `text_encoders`: the encoders a text-encoder loader of this family names, one file each
+      (FLUX.1: CLIP-L and T5); a loader naming another count is a 422 at submit. Empty: the
+      family's encoders come some other way (a checkpoint).
     """
 
     id: str
@@ -92,6 +95,7 @@ class FamilyInfo:
     activation_gb_per_mpx: float = 3.0
     nodes: tuple[str, ...] = ()  # modules of the package whose import registers node runners
     guidance: Literal["cfg", "distilled"] = "cfg"
+    text_encoders: tuple[str, ...] = ()
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch
