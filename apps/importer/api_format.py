@@ -9,7 +9,7 @@ report with its reason.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -33,7 +33,7 @@ CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text"})
 # A LoadImage file name → the id of the asset it names for the caller, or None.
 AssetResolver = Callable[[str], str | None]
 # (folder, name) → the families that recognise a held model file (from its contents).
-FileFamilies = dict[tuple[str, str], tuple[str, ...]]
+FileFamilies = Mapping[tuple[str, str], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
