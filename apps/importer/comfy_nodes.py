@@ -13,11 +13,12 @@ Types that are folded away (`FOLDED`, `CUT`), UI-only (`UI_ONLY`) or known to be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.graphs.nodes import MAX_SEED
+from apps.graphs.nodes import MAX_SEED, MAX_STEPS
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 
 CONTROL = "control_after_generate"
@@ -147,16 +148,56 @@ def _sampler_names(values: dict[str, Any]) -> list[str]:
     return found
 
 
+def tail_denoise(total: int, run: int) -> float:
+    """The `denoise` for which our sampler runs exactly the last `run` steps of a `total`-step
+    schedule. The flow families skip int(total − total·denoise) steps (diffusers' img2img
+    rounding), so run/total is nudged down by an ulp where float rounding would skip one step
+    too few (25 steps from step 11: 14/25 skips 10)."""
+    denoise = run / total
+    for _ in range(4):
+        if int(max(total - min(total * denoise, total), 0)) == total - run:
+            break
+        denoise = math.nextafter(denoise, 0.0)
+    return denoise
+
+
+def _ksampler_denoise(values: dict[str, Any]) -> dict[str, Any]:
+    """ComfyUI's KSampler `denoise` d < 1 runs `steps` steps: the last ones of a schedule of
+    int(steps / d) steps (comfy/samplers.py KSampler.set_steps). Ours runs the tail of its own
+    `steps`: the same sigmas once steps is the longer schedule and denoise its tail."""
+    steps, denoise = values.get("steps"), values.get("denoise")
+    if not isinstance(steps, int) or not isinstance(denoise, int | float) or steps < 1:
+        return {}
+    if not 0 < denoise <= 0.9999 or int(steps / denoise) > MAX_STEPS:
+        return {}
+    total = int(steps / denoise)
+    return {"steps": total, "denoise": tail_denoise(total, steps)}
+
+
+def _ksampler_denoise_range(values: dict[str, Any]) -> list[str]:
+    steps, denoise = values.get("steps"), values.get("denoise")
+    if (isinstance(steps, int) and isinstance(denoise, int | float) and 0 < denoise <= 0.9999
+            and steps >= 1 and int(steps / denoise) > MAX_STEPS):
+        return [f"denoise {denoise:g} of {steps} steps is a schedule of {int(steps / denoise)} "
+                f"steps in ComfyUI, more than the farm's {MAX_STEPS}: the last {denoise:g} of "
+                f"{steps} steps is sampled instead"]
+    return []
+
+
 def _advanced_denoise(values: dict[str, Any]) -> dict[str, Any]:
-    """KSamplerAdvanced's start step → our `denoise` (the fraction of the schedule run)."""
+    """KSamplerAdvanced's start step → our `denoise` (the tail of the schedule run)."""
     steps, start = values.get("steps"), values.get("start_at_step", 0)
     if isinstance(steps, int) and isinstance(start, int) and 0 < start < steps:
-        return {"denoise": (steps - start) / steps}
+        return {"denoise": tail_denoise(steps, steps - start)}
     return {}
 
 
 def _advanced_limits(values: dict[str, Any]) -> list[str]:
     found = []
+    steps, start = values.get("steps"), values.get("start_at_step", 0)
+    if isinstance(steps, int) and isinstance(start, int) and start >= steps > 0:
+        found.append(f"start_at_step {start} is past the last step: ComfyUI returns the latent "
+                     "unsampled; the farm samples every step")
     steps, end = values.get("steps"), values.get("end_at_step", 10000)
     if isinstance(steps, int) and isinstance(end, int) and end < steps:
         found.append(f"end_at_step {end} is ignored: the farm's sampler runs to the last step")
@@ -220,7 +261,8 @@ RULES: dict[str, Rule] = {
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
         params={"seed": ParamMap("seed", _seed), **_SEED_AND_STEPS,
                 "denoise": ParamMap("denoise")},
-        warnings=(_sampler_names, _seed_range),
+        warnings=(_sampler_names, _seed_range, _ksampler_denoise_range),
+        derive=_ksampler_denoise,
     ),
     "KSamplerAdvanced": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),

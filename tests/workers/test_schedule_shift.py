@@ -13,6 +13,7 @@ rounding (for other counts ComfyUI's table rounds t down to its grid, < 1/1000 a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -101,3 +102,43 @@ def test_a_shift_keeps_the_partial_denoise_tail(engine_schedule):
     full, _ = engine_schedule(10, 64, 64, 1.0, shift=4.0)
     tail, _ = engine_schedule(10, 64, 64, 0.6, shift=4.0)
     assert torch.equal(tail, full[4:])
+
+
+# --- KSampler's denoise and KSamplerAdvanced's start step, imported ---------------------------
+
+
+def imported_sampler(class_type: str, **widgets: Any) -> dict[str, Any]:
+    """The `sample` params the importer makes of a Z-Image workflow's sampler."""
+    from apps.importer.services import comfy_import
+    from tests.apps.importer.builder import CATALOG, workflow
+
+    doc = workflow("z_image_turbo.api.json")
+    sampler = doc["57:3"]
+    sampler["class_type"] = class_type
+    keep = ("model", "positive", "negative", "latent_image", "cfg", "sampler_name", "scheduler")
+    sampler["inputs"] = {**{k: v for k, v in sampler["inputs"].items() if k in keep}, **widgets}
+    result = comfy_import(workflow=doc, catalog=CATALOG)
+    return result.graph.model_dump()["nodes"]["57:3"]["params"]
+
+
+@pytest.mark.parametrize(("steps", "denoise"), [(4, 0.6), (8, 0.5), (20, 0.35), (14, 0.54)])
+def test_ksampler_denoise_samples_comfyuis_tail_of_a_longer_schedule(steps, denoise):
+    params = imported_sampler("KSampler", seed=1, steps=steps, denoise=denoise)
+    ours, _ = zimage.sigma_schedule(params["steps"], 64, 64, params["denoise"], params["shift"])
+    total = int(steps / denoise)  # comfy/samplers.py KSampler.set_steps
+    comfy = simple_scheduler(discrete_flow_table(3.0, 1.0), total)[-(steps + 1):]
+    assert len(ours) == steps + 1
+    if 1000 % total == 0:
+        torch.testing.assert_close(ours, comfy, rtol=0, atol=2e-6)
+    else:  # ComfyUI's table rounds t down to its grid of 1/1000: σ moves ≤ shift × 1/1000
+        torch.testing.assert_close(ours, comfy, rtol=0, atol=3e-3)
+
+
+@pytest.mark.parametrize(("steps", "start"), [(8, 2), (25, 11), (20, 5), (41, 13)])
+def test_ksampler_advanced_starts_at_comfyuis_step(steps, start):
+    params = imported_sampler("KSamplerAdvanced", noise_seed=1, steps=steps, add_noise="enable",
+                              start_at_step=start, end_at_step=10000,
+                              return_with_leftover_noise="disable")
+    ours, _ = zimage.sigma_schedule(params["steps"], 64, 64, params["denoise"], params["shift"])
+    full, _ = zimage.sigma_schedule(steps, 64, 64, 1.0, 3.0)
+    assert torch.equal(ours, full[start:])

@@ -239,3 +239,25 @@ def test_ksampler_advanced_on_flux_maps_its_start_and_warns_what_it_cannot_honou
     for ignored in ("end_at_step 15", "add_noise 'disable'", "return_with_leftover_noise",
                     "scheduler 'normal'"):
         assert ignored in messages
+
+
+def test_a_ksampler_denoise_beyond_the_farm_s_steps_keeps_the_old_mapping_with_a_warning():
+    doc = flux_workflow()
+    doc["6"]["inputs"].update(steps=20, denoise=0.1)  # ComfyUI: 20 of a 200-step schedule
+    result = imported(doc)
+    assert (sampler_params(result)["steps"], sampler_params(result)["denoise"]) == (20, 0.1)
+    assert any("schedule of 200 steps" in m for m in warnings_of(result, "6"))
+    doc["6"]["inputs"].update(steps=20, denoise=0.5)
+    assert (sampler_params(imported(doc))["steps"], sampler_params(imported(doc))["denoise"]) == (
+        40, 0.5)
+
+
+def test_ksampler_advanced_starting_past_its_last_step_is_warned():
+    doc = flux_workflow()
+    doc["6"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ["1", 0], "positive": ["10", 0], "negative": ["4", 0], "latent_image": ["5", 0],
+        "add_noise": "enable", "noise_seed": 3, "steps": 4, "cfg": 1.0, "sampler_name": "euler",
+        "scheduler": "simple", "start_at_step": 4, "end_at_step": 10000,
+        "return_with_leftover_noise": "disable"}}
+    assert any("start_at_step 4 is past the last step" in m
+               for m in warnings_of(imported(doc), "6"))

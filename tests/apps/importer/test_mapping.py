@@ -88,15 +88,15 @@ def test_model_names_resolve_against_the_catalog():
 
 def test_widgets_follow_the_real_order_skipping_control_after_generate():
     graph = nodes(imported(turbo_ui(ksampler=[7, "fixed", 5, 3.5, "euler", "simple", 0.5]).doc()))
-    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5,
-                                    "shift": 3.0, "parallel": "auto"}
+    assert graph["8"]["params"] == {"seed": 7, "steps": 10, "guidance": 2.5, "denoise": 0.5,
+                                    "shift": 3.0, "parallel": "auto"}  # ComfyUI's denoise
     assert graph["7"]["params"] == {"width": 512, "height": 384}
 
 
 def test_a_save_without_the_control_value_reads_the_same():
     graph = nodes(imported(turbo_ui(ksampler=[7, 5, 3.5, "euler", "simple", 0.5]).doc()))
-    assert graph["8"]["params"] == {"seed": 7, "steps": 5, "guidance": 2.5, "denoise": 0.5,
-                                    "shift": 3.0, "parallel": "auto"}
+    assert graph["8"]["params"] == {"seed": 7, "steps": 10, "guidance": 2.5, "denoise": 0.5,
+                                    "shift": 3.0, "parallel": "auto"}  # ComfyUI's denoise
 
 
 def test_a_converted_widget_keeps_its_slot_and_takes_the_linked_value():
