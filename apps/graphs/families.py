@@ -21,6 +21,7 @@ from workers.models.family import ROLES
 # Every id a file's family may take: the registered families, then those still to come.
 FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
                                "ltx2")
+SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 # Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).
 FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent"})
 
@@ -126,6 +127,13 @@ def _encoder_count_check(graph: GraphDoc, node_id: str,
         f"{len(encoders)}: {' and '.join(encoders)}, one file each", node_id)
 
 
+def unrecognised(held: ModelFile) -> bool:
+    """A safetensors file (its header is readable without torch) that no registered family
+    recognises: a load of it can only fail. Pickled weights (.ckpt, .pt, .bin) and folders say
+    nothing until a family's loader opens them."""
+    return held.role is None and held.name.lower().endswith(SAFETENSORS_SUFFIXES)
+
+
 def _bound_params(graph: GraphDoc, node_id: str) -> list[Any]:
     descriptor = descriptor_get(graph.nodes[node_id].type)
     return [p for p in (descriptor.params if descriptor else ()) if p.family
@@ -143,9 +151,14 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
         if param.type != "model" or not value:
             continue
         held = files.get((param.options_from or "", str(value)))
+        where = f"{param.options_from}/{value}"
+        if held is not None and not held.families and not param.family and unrecognised(held):
+            raise GraphInvalid(
+                "unsupported_family",
+                f"param {param.name!r}: {where} holds weights no model family this farm runs "
+                f"({', '.join(REGISTERED)}) recognises (or an unreadable file)", node_id)
         if held is None or not held.families:
             continue
-        where = f"{param.options_from}/{value}"
         if param.family and param.family not in held.families:
             raise GraphInvalid(
                 "model_family",

@@ -166,9 +166,9 @@ def _families_check(state: _State) -> None:
     """Gather what each node says of the family the workflow needs (comfy_families); refuse
     the workflow (`unsupported_family`, naming the node) when a node that feeds an output needs
     a family this farm does not run: never a graph that fails on a worker."""
-    def families_of(folder: str, requested: str) -> tuple[str, ...]:
+    def families_of(folder: str, requested: str) -> tuple[str, ...] | None:
         name, held = model_resolve(requested, state.catalog.get(folder, []))
-        return state.files.get((folder, name), ()) if held else ()
+        return state.files.get((folder, name)) if held else None
 
     for node_id in sorted(_feeding_outputs(state), key=id_order):
         comfy_type, inputs = state.nodes[node_id]
@@ -177,10 +177,11 @@ def _families_check(state: _State) -> None:
             continue
         state.evidence[node_id] = evidence
         if not any(f in REGISTERED for f in evidence.families):
-            needs = " / ".join(evidence.families)
+            needs = (f"the {' / '.join(evidence.families)} model family" if evidence.families
+                     else "a model family this farm does not run")
             raise ImportInvalid(
                 "unsupported_family",
-                f"node {node_id} ({comfy_type}) needs the {needs} model family ({evidence.why}); "
+                f"node {node_id} ({comfy_type}) needs {needs} ({evidence.why}); "
                 f"this farm runs {', '.join(REGISTERED)}", node_id)
 
 

@@ -107,15 +107,21 @@ def known_family_node(comfy_type: str) -> bool:
 
 
 def loader_evidence(node_id: str, comfy_type: str, inputs: dict[str, Any],
-                    families_of: Callable[[str, str], tuple[str, ...]]) -> Evidence | None:
+                    families_of: Callable[[str, str], tuple[str, ...] | None]) -> Evidence | None:
     """What a loader (or any node) says: its held files' families (contents), else its `type`
     widget, else the one family its type exists for. `families_of(folder, name)`: the families
-    that recognise a held file (empty when none does, or when no worker holds it)."""
+    that recognise a held file (empty when none does), None when no worker holds it. A held
+    safetensors file no family recognises is evidence of a family the farm does not run (no
+    families at all)."""
     common: tuple[str, ...] | None = None
     names = []
     for widget, folder in LOADER_FILES.get(comfy_type, ()):
         name = inputs.get(widget)
-        families = families_of(folder, name) if isinstance(name, str) else ()
+        families = families_of(folder, name) if isinstance(name, str) else None
+        if families == () and isinstance(name, str) and name.lower().endswith(
+                (".safetensors", ".sft")):
+            return Evidence(node_id, comfy_type, (), f"no model family this farm runs "
+                            f"recognises the weights of {folder}/{name}")
         if families:
             names.append(f"{folder}/{name}")
             common = families if common is None else tuple(f for f in common if f in families)

@@ -27,6 +27,8 @@ FILES = {  # (folder, name): (family, role, families) as a worker's heartbeat re
     ("text_encoders", "clip_l.safetensors"): ("flux1", "text_encoder", ["flux1"]),
     ("text_encoders", "qwen_3_4b"): ("zimage", "text_encoder", ["zimage"]),
     ("loras", "notes.ckpt"): (None, None, []),
+    ("diffusion_models", "wan2.1_t2v_1.3B.safetensors"): (None, None, []),  # no family's
+    ("diffusion_models", "sd15.ckpt"): (None, None, []),  # pickled: unreadable without torch
 }
 
 
@@ -222,3 +224,14 @@ def test_both_doors_refuse_a_workflow_of_a_family_the_farm_does_not_run(fleet, a
     assert entry["class_type"] == "CLIPLoader"
     assert entry["errors"][0]["type"] == "unsupported_family"
     assert "wan model family" in entry["errors"][0]["message"]
+
+
+def test_a_held_safetensors_file_no_family_recognises_is_refused_at_submit(fleet, artist):
+    """Its load could only fail on the worker; a pickled file says nothing until loaded."""
+    error = refusal(artist, chain("wan2.1_t2v_1.3B.safetensors", "ae.safetensors", "qwen_3_4b"))
+    assert (error.code, error.node_id) == ("unsupported_family", "unet")
+    assert "diffusion_models/wan2.1_t2v_1.3B.safetensors" in error.message
+    assert "flux1, zimage" in error.message
+    _, created = run_submit(owner=artist, target="save",
+                            graph=chain("sd15.ckpt", "ae.safetensors", "qwen_3_4b"))
+    assert created

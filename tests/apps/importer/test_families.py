@@ -114,6 +114,14 @@ def test_a_workflow_for_a_family_the_farm_does_not_run_is_unsupported_family(cha
     assert "flux1" in err.message and "zimage" in err.message  # what the farm runs instead
 
 
+def test_a_held_model_file_no_family_recognises_is_unsupported_family():
+    files = {**FLUX_FILES, ("diffusion_models", "flux1-dev.safetensors"): ()}
+    err = refused(flux_workflow(), files)
+    assert (err.code, err.node_id) == ("unsupported_family", "1"), err.message
+    assert "no model family this farm runs recognises the weights of diffusion_models/" \
+        "flux1-dev.safetensors" in err.message
+
+
 def test_a_foreign_loader_that_feeds_no_output_refuses_nothing():
     doc = flux_workflow()
     doc["30"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5.safetensors",
