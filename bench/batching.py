@@ -20,7 +20,14 @@ called once with the N prompts' embeddings (its own UNet + EulerDiscrete loop). 
 The batcher runs twice: under the CPU policy's bounds (16 items: 16 CFG jobs are 32, so two
 forwards a step) and bounded at the pipeline's own batch (2N items: one forward a step).
 
-    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8] [--sdxl-only]
+A row per other family (issue 41), in process: the farm's step batcher with N threads (one
+SampleJob each, the family's `predict`) vs that family's diffusers pipeline called once with
+the list of N prompts' embeds (latents out), on a mid-size random stack. Target ≥ 0.95×.
+  - flux1: FluxPipeline, a ~14 M-parameter FluxTransformer2DModel (2 double + 4 single blocks,
+           width 384) with the tiny CLIP-L / T5 / VAE, 128², guidance 3.5.
+
+    DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
+    .venv/bin/python bench/batching.py --family flux1|sdxl   # that family's rows only (no farm)
 """
 
 from __future__ import annotations
@@ -48,10 +55,14 @@ STACKS = {"tiny": 256, "mid": 128}  # stack → image side (px)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--sdxl-only", action="store_true", help="only the in-process sdxl rows")
+    parser.add_argument("--family", choices=sorted([*FAMILY_ROWS, "sdxl"]),
+                        help="only this family's rows (in process: no farm)")
     args = parser.parse_args()
-    if args.sdxl_only:
+    if args.family == "sdxl":
         print_sdxl(sdxl_rows(args.steps), args.steps)
+        return
+    if args.family:
+        print_family_row(args.family, FAMILY_ROWS[args.family](args.steps))
         return
     results: dict[tuple[str, str, int], float] = {}
     for label, slots in (("farm batched", 16), ("farm 1 slot", 1)):
@@ -76,6 +87,8 @@ def main() -> None:
             results[(stack, "pipeline loop", n)] = max(loop for loop, _ in pairs)
             results[(stack, "farm sampler", n)] = max(sampler for _, sampler in pairs)
     print_table(results, args.steps)
+    for family, row in FAMILY_ROWS.items():
+        print_family_row(family, row(args.steps))
     print_sdxl(sdxl_rows(args.steps), args.steps)
 
 
@@ -270,6 +283,79 @@ def print_sdxl(results: dict[tuple[str, int], float], steps: int) -> None:
         ratios = ", ".join(f"{n}: {results[(row, n)] / results[('pipeline loop', n)]:.2f}x"
                            for n in CONCURRENCY)
         print(f"  {row} / pipeline loop: {ratios} (target ≥ 0.95x)")
+
+
+# --- a row per family -----------------------------------------------------------------------------
+
+FLUX_MID: dict[str, Any] = {  # head dim 64 = sum(axes); text widths = the tiny encoders'
+    "patch_size": 1, "in_channels": 64, "num_layers": 2, "num_single_layers": 4,
+    "attention_head_dim": 64, "num_attention_heads": 6, "joint_attention_dim": 32,
+    "pooled_projection_dim": 32, "guidance_embeds": True, "axes_dims_rope": [16, 24, 24],
+}
+FLUX_SIDE, FLUX_GUIDANCE = 128, 3.5
+
+
+def flux1_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (FluxPipeline with the list of n prompts' embeds, the farm's step batcher) images/s,
+    the best of REPEAT each; denoise only (latents out), the same embeds, sigmas and guidance."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.flux1 import LATENT, engine
+    from workers.models.flux1.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["transformer"] = FluxTransformer2DModel.from_config(FLUX_MID).eval()
+    pipe: Any = FluxPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", (pipe.text_encoder, pipe.text_encoder_2),
+                          (pipe.tokenizer, pipe.tokenizer_2), policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(pipe.transformer, jobs), bounds.items,
+                          bounds.tokens)
+    sigmas, timesteps = engine.schedule(steps, FLUX_SIDE, FLUX_SIDE)
+
+    def pipeline(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        start = time.perf_counter()
+        pipe(prompt_embeds=torch.stack([c.embeds for c in conds]),
+             pooled_prompt_embeds=torch.stack([c.pooled for c in conds]), width=FLUX_SIDE,
+             height=FLUX_SIDE, num_inference_steps=steps, guidance_scale=FLUX_GUIDANCE,
+             output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        jobs = [SampleJob(noise(LATENT.shape(FLUX_SIDE, FLUX_SIDE),
+                                torch.Generator("cpu").manual_seed(i), "cpu"),
+                          sigmas, timesteps, conds[i], extra={"guidance": FLUX_GUIDANCE})
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    with torch.no_grad():
+        pipeline(1), sampler(1)  # warm
+        return {n: (max(pipeline(n) for _ in range(REPEAT)), max(sampler(n) for _ in range(REPEAT)))
+                for n in CONCURRENCY}
+
+
+FAMILY_ROWS = {"flux1": flux1_row}
+
+
+def print_family_row(family: str, row: dict[int, tuple[float, float]]) -> None:
+    print(f"\nbench/batching {family}: images/s (denoise only), CPU "
+          f"({torch.get_num_threads()} threads), mid-size random stack")
+    print(f"  {'':28}" + "".join(f"{f'{n} concurrent':>15}" for n in CONCURRENCY))
+    print(f"  {'diffusers list':28}" + "".join(f"{row[n][0]:15.2f}" for n in CONCURRENCY))
+    print(f"  {'farm sampler (step batcher)':28}" + "".join(f"{row[n][1]:15.2f}"
+                                                          for n in CONCURRENCY))
+    print(f"  {family} sampler / diffusers list: " + ", ".join(
+        f"{row[n][1] / row[n][0]:.2f}x at {n}" for n in CONCURRENCY) + " (target ≥ 0.95x)")
 
 
 if __name__ == "__main__":

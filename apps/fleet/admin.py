@@ -96,12 +96,12 @@ class WorkerAdmin(WorkerColumns, ViewOnlyAdmin):
         ("State", {"fields": ("state_badge", "pool", "heartbeat_age", "last_heartbeat",
                               "started_at", "hostname", "pid", "incarnation")}),
         ("Work", {"fields": ("slots_used", "running_runs", "queue_list", "stats_pretty")}),
-        ("Holds", {"fields": ("models_held", "device_pretty", "node_type_list")}),
+        ("Holds", {"fields": ("family_list", "models_held", "device_pretty", "node_type_list")}),
     )
     readonly_fields = ("state_badge", "pool", "heartbeat_age", "last_heartbeat", "started_at",
                        "hostname", "pid", "incarnation", "slots_used", "running_runs",
-                       "queue_list", "stats_pretty", "models_held", "device_pretty",
-                       "node_type_list")
+                       "queue_list", "stats_pretty", "family_list", "models_held",
+                       "device_pretty", "node_type_list")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
         return super().get_queryset(request).select_related("pool")

@@ -84,6 +84,19 @@ def model_catalog() -> dict[str, list[str]]:
     return LiveFleet().catalog()
 
 
+def model_catalog_families() -> tuple[dict[str, list[str]],
+                                      dict[tuple[str, str], tuple[str, ...]]]:
+    """`model_catalog()`, and the families each held file's contents belong to (what the
+    importer needs), from one read of the fleet."""
+    fleet = LiveFleet()
+    families: dict[tuple[str, str], tuple[str, ...]] = {}
+    for worker in fleet.workers:
+        for entry in worker.model_files:
+            families.setdefault((entry["folder"], entry["name"]),
+                                tuple(entry.get("families") or ()))
+    return fleet.catalog(), families
+
+
 def queue_for(requirement: dict[str, Any]) -> str:
     """`LiveFleet.queue_for` on the fleet as it is now (no read when no model is needed)."""
     if not requirement.get("models"):

@@ -21,6 +21,7 @@ from workers.models.family import ROLES
 # Every id a file's family may take: the registered families, then those still to come.
 FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
                                "ltx2")
+SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 # Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).
 FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent"})
 
@@ -92,10 +93,45 @@ def graph_families_check(graph: GraphDoc, order: list[str],
 
     for node_id in order:
         of(node_id)
+    for node_id in order:
+        _encoder_count_check(graph, node_id, files)
     # A value's families narrow downstream (FLUX.1's VAE also serves Z-Image): the run's are
     # those of the last family-bound values, and of the params bound to one family.
     used = {f for n, c in carried.items() if n not in fed for f in c.families or ()}
     return used | {p.family for n in order for p in _bound_params(graph, n)}
+
+
+def _encoder_count_check(graph: GraphDoc, node_id: str,
+                         files: dict[tuple[str, str], ModelFile]) -> None:
+    """A text-encoder loader names as many files as its family has encoders (FLUX.1: CLIP-L and
+    T5, two files); GraphInvalid(`text_encoders`) naming the node otherwise, at submit rather
+    than as a load error on the worker. Files no family recognises constrain nothing."""
+    descriptor = descriptor_get(graph.nodes[node_id].type)
+    params = [p for p in (descriptor.params if descriptor else ()) if p.type == "model"
+              and p.options_from == "text_encoders" and not p.family]
+    names = [str(v) for p in params if (v := graph.nodes[node_id].params.get(p.name))]
+    held = [files.get(("text_encoders", name)) for name in dict.fromkeys(names)]
+    if not names or any(f is None or not f.families for f in held):
+        return
+    families = set.intersection(*(set(f.families) for f in held if f is not None))
+    wants = {f: info(f).text_encoders for f in sorted(families) if f in REGISTERED
+             and info(f).text_encoders}
+    distinct = len(held) == len(names)
+    if not wants or any(len(encoders) == len(names) and distinct for encoders in wants.values()):
+        return
+    family, encoders = next(iter(wants.items()))
+    raise GraphInvalid(
+        "text_encoders",
+        f"node {node_id!r} loads {len(names)} text encoder file(s) ({', '.join(names)}"
+        f"{'' if distinct else ': one file twice'}); {info(family).title} ({family}) needs "
+        f"{len(encoders)}: {' and '.join(encoders)}, one file each", node_id)
+
+
+def unrecognised(held: ModelFile) -> bool:
+    """A safetensors file (its header is readable without torch) that no registered family
+    recognises: a load of it can only fail. Pickled weights (.ckpt, .pt, .bin) and folders say
+    nothing until a family's loader opens them."""
+    return held.role is None and held.name.lower().endswith(SAFETENSORS_SUFFIXES)
 
 
 def _bound_params(graph: GraphDoc, node_id: str) -> list[Any]:
@@ -115,9 +151,14 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
         if param.type != "model" or not value:
             continue
         held = files.get((param.options_from or "", str(value)))
+        where = f"{param.options_from}/{value}"
+        if held is not None and not held.families and not param.family and unrecognised(held):
+            raise GraphInvalid(
+                "unsupported_family",
+                f"param {param.name!r}: {where} holds weights no model family this farm runs "
+                f"({', '.join(REGISTERED)}) recognises (or an unreadable file)", node_id)
         if held is None or not held.families:
             continue
-        where = f"{param.options_from}/{value}"
         if param.family and param.family not in held.families:
             raise GraphInvalid(
                 "model_family",

@@ -16,7 +16,8 @@ _height = Param("height", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
                 description="Image height in pixels (a multiple of 16).")
 _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
               description="Noise seed; the same seed gives the same image.")
-_steps = Param("steps", "int", 8, min=1, max=100, description="Denoising steps.")
+MAX_STEPS = 100
+_steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
 PARALLEL_CHOICES = ("auto", "off", "2", "4", "8")
@@ -145,6 +146,10 @@ MODELS = (
             _seed, _steps, _guidance,
             Param("denoise", "float", 1.0, min=0.0, max=1.0,
                   description="1.0 starts from noise; less keeps part of the input latent."),
+            Param("shift", "float", None, min=0.01, max=100.0,
+                  description="The sigma shift α of a flow-matching family: σ = α·t / (1 + "
+                  "(α − 1)·t) (ComfyUI's ModelSamplingSD3 / AuraFlow shift; ModelSamplingFlux's "
+                  "is e^shift). Unset: the family's default (Z-Image 3, FLUX.1 by resolution)."),
             _parallel,
         ),
     ),

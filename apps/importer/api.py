@@ -8,7 +8,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
-from apps.fleet.selectors import model_catalog
+from apps.fleet.selectors import model_catalog_families
 from apps.importer.report import ImportInvalid
 from apps.importer.schemas import ImportErrorOut, ImportOut
 from apps.importer.services import comfy_import, workflow_parse
@@ -32,7 +32,8 @@ def import_comfy(request: HttpRequest) -> Any:
     except RequestDataTooBig:
         raise ApiError(413, "too_large", "the workflow is larger than the upload limit") from None
     try:
-        imported = comfy_import(workflow=workflow_parse(body), catalog=model_catalog())
+        catalog, files = model_catalog_families()
+        imported = comfy_import(workflow=workflow_parse(body), catalog=catalog, files=files)
     except ImportInvalid as exc:
         return _invalid(request, exc)
     return imported.to_wire()

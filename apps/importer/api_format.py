@@ -9,21 +9,31 @@ report with its reason.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
+from apps.importer.comfy_families import (
+    FLUX_DEFAULT_GUIDANCE,
+    SAMPLER_PARAM_NODES,
+    Evidence,
+    flux_shift,
+    loader_evidence,
+)
 from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, RULES, UNSUPPORTED, Rule
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
+from workers.models.families import REGISTERED, info
 
 CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text"})
 
 # A LoadImage file name → the id of the asset it names for the caller, or None.
 AssetResolver = Callable[[str], str | None]
+# (folder, name) → the families that recognise a held model file (from its contents).
+FileFamilies = Mapping[tuple[str, str], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -52,20 +62,29 @@ class _State:
     mapped: dict[str, _Mapped] = field(default_factory=dict)
     unmapped: dict[str, str] = field(default_factory=dict)  # id → reason
     resolve_asset: AssetResolver | None = None
+    files: FileFamilies = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)  # node id → its family evidence
+    param_into: dict[str, list[str]] = field(default_factory=dict)  # FluxGuidance… → samplers
 
 
 def prompt_to_graph(
     prompt: dict[str, Any], *, catalog: dict[str, list[str]], report: Report,
-    resolve_asset: AssetResolver | None = None,
+    resolve_asset: AssetResolver | None = None, files: FileFamilies | None = None,
 ) -> tuple[GraphDoc, str]:
-    """Our graph and its target for a prompt; raises ImportInvalid when nothing can run.
+    """Our graph and its target for a prompt; raises ImportInvalid when nothing can run, or
+    `unsupported_family` when the workflow is for a model family this farm does not run.
     `resolve_asset` turns a LoadImage file name into the caller's asset id (the ComfyUI front
-    door's uploads); names it cannot resolve stay as they are, reported under `assets`."""
-    state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset)
+    door's uploads); names it cannot resolve stay as they are, reported under `assets`.
+    `files`: the families of the model files the fleet holds (their contents say them)."""
+    state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset,
+                   files=files or {})
+    _families_check(state)
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
     for node in state.mapped.values():
         _map_node(state, node)
+        if node.rule.type == "sample":
+            _sampler_family_params(state, node)
     kept, target = _outputs(state)
     graph = {nid: _spec(state.mapped[nid]) for nid in sorted(kept, key=id_order)}
     for nid in sorted(state.mapped, key=id_order):
@@ -74,6 +93,15 @@ def prompt_to_graph(
             report.mapped.append({"id": nid, "type": node.comfy_type, "as": node.rule.type})
         elif not _is_output(node):
             report.drop(nid, node.comfy_type, "not connected to an output that can run here")
+    for nid in sorted(state.nodes, key=id_order):
+        comfy_type = state.nodes[nid][0]
+        if comfy_type in SAMPLER_PARAM_NODES:
+            into = [s for s in state.param_into.get(nid, []) if s in kept]
+            if into:  # its effect is that sampler's param
+                report.mapped.append({"id": nid, "type": comfy_type, "as": "sample",
+                                      "into": into, "param": SAMPLER_PARAM_NODES[comfy_type][1]})
+            else:
+                report.drop(nid, comfy_type, "not connected to an output that can run here")
     return GraphDoc.model_validate({"nodes": graph}), target
 
 
@@ -113,6 +141,8 @@ def _classify(state: _State, node_id: str) -> None:
         state.unmapped[node_id] = why
     elif rule is not None:
         state.mapped[node_id] = _Mapped(node_id, comfy_type, rule)
+    elif comfy_type in SAMPLER_PARAM_NODES:
+        pass  # reported once the samplers they feed are known
     elif comfy_type in FOLDED:
         _, reason, check = FOLDED[comfy_type]
         state.report.drop(node_id, comfy_type, reason)
@@ -127,6 +157,162 @@ def _classify(state: _State, node_id: str) -> None:
             comfy_type, f"no node type on this farm does what {comfy_type} does")
     if node_id in state.unmapped:
         state.report.unmap(node_id, comfy_type, state.unmapped[node_id])
+
+
+# --- model families ---------------------------------------------------------------------------
+
+
+def _families_check(state: _State) -> None:
+    """Gather what each node says of the family the workflow needs (comfy_families); refuse
+    the workflow (`unsupported_family`, naming the node) when a node that feeds an output needs
+    a family this farm does not run: never a graph that fails on a worker."""
+    def families_of(folder: str, requested: str) -> tuple[str, ...] | None:
+        name, held = model_resolve(requested, state.catalog.get(folder, []))
+        return state.files.get((folder, name)) if held else None
+
+    for node_id in sorted(_feeding_outputs(state), key=id_order):
+        comfy_type, inputs = state.nodes[node_id]
+        evidence = loader_evidence(node_id, comfy_type, inputs, families_of)
+        if evidence is None:
+            continue
+        state.evidence[node_id] = evidence
+        if not any(f in REGISTERED for f in evidence.families):
+            needs = (f"the {' / '.join(evidence.families)} model family" if evidence.families
+                     else "a model family this farm does not run")
+            raise ImportInvalid(
+                "unsupported_family",
+                f"node {node_id} ({comfy_type}) needs {needs} ({evidence.why}); "
+                f"this farm runs {', '.join(REGISTERED)}", node_id)
+
+
+def _feeding_outputs(state: _State) -> set[str]:
+    """Nodes upstream of the workflow's ends (nodes nothing reads that read something: its
+    outputs, whatever their type); a loader nothing reads feeds nothing."""
+    read = {v.node for _, inputs in state.nodes.values() for v in inputs.values()
+            if isinstance(v, Link)}
+    ends = [nid for nid, (_, inputs) in state.nodes.items() if nid not in read
+            and any(isinstance(v, Link) for v in inputs.values())]
+    seen, queue = set(ends), deque(ends)
+    while queue:
+        for value in state.nodes[queue.popleft()][1].values():
+            if isinstance(value, Link) and value.node not in seen:
+                seen.add(value.node)
+                queue.append(value.node)
+    return seen
+
+
+def _upstream_family(state: _State, link: Any) -> str | None:
+    """The registered family the nearest node with evidence upstream of `link` names."""
+    if not isinstance(link, Link):
+        return None
+    seen, queue = {link.node}, deque([link.node])
+    while queue:
+        node_id = queue.popleft()
+        evidence = state.evidence.get(node_id)
+        if evidence is not None:
+            return next((f for f in evidence.families if f in REGISTERED), None)
+        for value in state.nodes[node_id][1].values():
+            if isinstance(value, Link) and value.node not in seen:
+                seen.add(value.node)
+                queue.append(value.node)
+    return None
+
+
+def sampler_family(state: _State, node_id: str) -> str | None:
+    """The family a sampler samples: its model's (the file's contents), else its prompt's
+    encoder's (the loader's `type`), else the workflow's one registered family."""
+    _, inputs = state.nodes[node_id]
+    for port in ("model", "positive"):
+        family = _upstream_family(state, inputs.get(port))
+        if family is not None:
+            return family
+    named = {f for e in state.evidence.values() for f in e.families if f in REGISTERED}
+    return named.pop() if len(named) == 1 else None
+
+
+def _folded_along(state: _State, link: Any) -> list[str]:
+    """The folded nodes a link passes through, nearest first."""
+    found: list[str] = []
+    while isinstance(link, Link) and len(found) <= len(state.nodes):
+        comfy_type, inputs = state.nodes[link.node]
+        if comfy_type not in FOLDED:
+            break
+        found.append(link.node)
+        link = inputs.get(FOLDED[comfy_type][0])
+    return found
+
+
+def _number(state: _State, value: Any) -> float | None:
+    """A widget's number, also when a constant node (PrimitiveInt, …) feeds it."""
+    if isinstance(value, Link):
+        comfy_type, inputs = state.nodes[value.node]
+        rule = RULES.get(comfy_type)
+        value = inputs.get("value") if rule is not None and rule.type in CONSTANT_TYPES else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _sampler_family_params(state: _State, node: _Mapped) -> None:
+    """What a sampler's family makes of ComfyUI's guidance and sigma shift: a guidance-distilled
+    family (FLUX.1) takes FluxGuidance's value as `guidance` (ComfyUI's 3.5 without one) and
+    ignores cfg; a CFG family keeps `guidance = cfg − 1` and ignores FluxGuidance. The
+    nearest ModelSamplingSD3 / AuraFlow / Flux on the model's path sets `shift`."""
+    _, inputs = state.nodes[node.id]
+    family = sampler_family(state, node.id)
+    on_prompt = [n for n in _folded_along(state, inputs.get("positive"))
+                 if state.nodes[n][0] == "FluxGuidance"]
+    on_model = [n for n in _folded_along(state, inputs.get("model"))
+                if state.nodes[n][0] in SAMPLER_PARAM_NODES]
+    distilled = (info(family).guidance == "distilled") if family in REGISTERED else bool(on_prompt)
+    name = info(family).title if family in REGISTERED else "this model"
+    if distilled:
+        guidance = _number(state, state.nodes[on_prompt[0]][1].get("guidance")) if on_prompt \
+            else FLUX_DEFAULT_GUIDANCE
+        if guidance is None:
+            state.report.warn(on_prompt[0], "FluxGuidance", "its guidance is fed by a node the "
+                              f"farm cannot read: {FLUX_DEFAULT_GUIDANCE} is used")
+            guidance = FLUX_DEFAULT_GUIDANCE
+        node.params["guidance"] = guidance
+        cfg = _number(state, inputs.get("cfg"))
+        if cfg is not None and cfg != 1.0:
+            state.report.warn(node.id, node.comfy_type, f"cfg {cfg:g} is ignored: {name} is "
+                              "guidance-distilled (one forward per step, no negative prompt); "
+                              f"its guidance is {guidance:g} (FluxGuidance)")
+    else:
+        for other in on_prompt:
+            state.report.warn(other, "FluxGuidance", f"guidance is ignored: {name} is not "
+                              "guidance-distilled; the sampler's cfg is its guidance")
+    for other in on_prompt[1:] if distilled else []:
+        state.report.warn(other, "FluxGuidance", f"overridden by FluxGuidance {on_prompt[0]}")
+    for param_node in on_prompt:
+        state.param_into.setdefault(param_node, []).append(node.id)
+    for index, param_node in enumerate(on_model):
+        state.param_into.setdefault(param_node, []).append(node.id)
+        if index:
+            state.report.warn(param_node, state.nodes[param_node][0],
+                              f"overridden by {state.nodes[on_model[0]][0]} {on_model[0]}")
+    if on_model:
+        shift = _shift_of(state, on_model[0])
+        if shift is not None:
+            node.params["shift"] = shift
+
+
+def _shift_of(state: _State, node_id: str) -> float | None:
+    """The `shift` α of a ModelSampling* node (ModelSamplingFlux: e^mu of its size)."""
+    comfy_type, inputs = state.nodes[node_id]
+    names = ("max_shift", "base_shift", "width", "height") if comfy_type == "ModelSamplingFlux" \
+        else ("shift",)
+    values = [_number(state, inputs.get(n)) for n in names]
+    if any(v is None for v in values):
+        missing = [n for n, v in zip(names, values, strict=True) if v is None]
+        state.report.warn(node_id, comfy_type, f"{', '.join(missing)} is not a number the farm "
+                          "can read: the family's default shift is used")
+        return None
+    if comfy_type == "ModelSamplingFlux":
+        max_shift, base_shift, width, height = (float(v or 0) for v in values)
+        return flux_shift(max_shift, base_shift, width, height)
+    return values[0]
 
 
 # --- mapping one node -------------------------------------------------------------------------

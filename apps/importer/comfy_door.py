@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from apps.accounts.selectors import visible_owner_ids
 from apps.accounts.watch import credential_kind_register
-from apps.fleet.selectors import model_catalog
+from apps.fleet.selectors import model_catalog_families
 from apps.graphs.nodes import MAX_PROMPT
 from apps.graphs.validation import GraphInvalid
 from apps.importer.api_format import AssetResolver
@@ -127,14 +127,19 @@ def comfy_prompt_queue(
     error shape, naming the node) when it cannot run here; nothing is stored then."""
     if body.prompt_id is not None and ComfyPrompt.objects.filter(pk=body.prompt_id).exists():
         raise _prompt_id_used(body.prompt_id)
+    # A node type the farm does not know is ComfyUI's `invalid_prompt`, wherever it is; unless
+    # the workflow is for a model family the farm does not run: that says more.
     unknown = unknown_refusal(body.prompt)
-    if unknown is not None:
-        raise unknown
     try:
-        imported = comfy_import(workflow=body.prompt, catalog=model_catalog(),
+        catalog, files = model_catalog_families()
+        imported = comfy_import(workflow=body.prompt, catalog=catalog, files=files,
                                 resolve_asset=asset_resolver(owner))
     except ImportInvalid as exc:
+        if unknown is not None and exc.code != "unsupported_family":
+            raise unknown from None
         raise import_refusal(exc, body.prompt) from None
+    if unknown is not None:
+        raise unknown
     kept = _kept_prompt(imported)
     try:
         # One commit for the run and its prompt: a prompt id never names a missing run.

@@ -13,11 +13,13 @@ Types that are folded away (`FOLDED`, `CUT`), UI-only (`UI_ONLY`) or known to be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.graphs.nodes import MAX_SEED
+from apps.graphs.nodes import MAX_SEED, MAX_STEPS
+from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 
 CONTROL = "control_after_generate"
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
@@ -39,6 +41,9 @@ WIDGETS: dict[str, tuple[str, ...]] = {
         "start_at_step", "end_at_step", "return_with_leftover_noise",
     ),
     "ModelSamplingAuraFlow": ("shift",),
+    "ModelSamplingSD3": ("shift",),
+    "ModelSamplingFlux": ("max_shift", "base_shift", "width", "height"),
+    "FluxGuidance": ("guidance",),
     "VAEDecode": (),
     "VAEEncode": (),
     "SaveImage": ("filename_prefix",),
@@ -60,10 +65,10 @@ REROUTE = "Reroute"
 PRIMITIVE_NODE = "PrimitiveNode"
 UI_ONLY = NOTE_TYPES | {REROUTE, PRIMITIVE_NODE}
 
-# Our sampler is Z-Image Turbo's flow-matching Euler on its own sigma schedule (shift 3).
+# Our sampler is flow-matching Euler on the family's own sigma schedule (ComfyUI's `simple`:
+# t = 1 − k/steps, then the shift; tests/workers/test_schedule_shift.py).
 OUR_SAMPLERS = frozenset({"euler"})
-OUR_SCHEDULERS = frozenset({"simple", "normal"})
-OUR_SHIFT = 3.0
+OUR_SCHEDULERS = frozenset({"simple"})
 RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
             "bicubic": "bicubic", "lanczos": "lanczos"}
 
@@ -135,24 +140,64 @@ def _sampler_names(values: dict[str, Any]) -> list[str]:
         found.append(f"sampler {sampler!r} is not on this farm: it samples with 'euler' "
                      "(flow matching)")
     if isinstance(scheduler, str) and scheduler not in OUR_SCHEDULERS:
-        found.append(f"scheduler {scheduler!r} is not on this farm: it uses Z-Image's flow-match "
-                     "schedule ('simple')")
+        found.append(f"scheduler {scheduler!r} is not on this farm: it uses the model family's "
+                     "flow-match schedule ('simple')")
     cfg = values.get("cfg")
     if isinstance(cfg, int | float) and cfg < 1:
         found.append(f"cfg {cfg} is below 1: guidance 0 (no CFG) is used")
     return found
 
 
+def tail_denoise(total: int, run: int) -> float:
+    """The `denoise` for which our sampler runs exactly the last `run` steps of a `total`-step
+    schedule. The flow families skip int(total − total·denoise) steps (diffusers' img2img
+    rounding), so run/total is nudged down by an ulp where float rounding would skip one step
+    too few (25 steps from step 11: 14/25 skips 10)."""
+    denoise = run / total
+    for _ in range(4):
+        if int(max(total - min(total * denoise, total), 0)) == total - run:
+            break
+        denoise = math.nextafter(denoise, 0.0)
+    return denoise
+
+
+def _ksampler_denoise(values: dict[str, Any]) -> dict[str, Any]:
+    """ComfyUI's KSampler `denoise` d < 1 runs `steps` steps: the last ones of a schedule of
+    int(steps / d) steps (comfy/samplers.py KSampler.set_steps). Ours runs the tail of its own
+    `steps`: the same sigmas once steps is the longer schedule and denoise its tail."""
+    steps, denoise = values.get("steps"), values.get("denoise")
+    if not isinstance(steps, int) or not isinstance(denoise, int | float) or steps < 1:
+        return {}
+    if not 0 < denoise <= 0.9999 or int(steps / denoise) > MAX_STEPS:
+        return {}
+    total = int(steps / denoise)
+    return {"steps": total, "denoise": tail_denoise(total, steps)}
+
+
+def _ksampler_denoise_range(values: dict[str, Any]) -> list[str]:
+    steps, denoise = values.get("steps"), values.get("denoise")
+    if (isinstance(steps, int) and isinstance(denoise, int | float) and 0 < denoise <= 0.9999
+            and steps >= 1 and int(steps / denoise) > MAX_STEPS):
+        return [f"denoise {denoise:g} of {steps} steps is a schedule of {int(steps / denoise)} "
+                f"steps in ComfyUI, more than the farm's {MAX_STEPS}: the last {denoise:g} of "
+                f"{steps} steps is sampled instead"]
+    return []
+
+
 def _advanced_denoise(values: dict[str, Any]) -> dict[str, Any]:
-    """KSamplerAdvanced's start step → our `denoise` (the fraction of the schedule run)."""
+    """KSamplerAdvanced's start step → our `denoise` (the tail of the schedule run)."""
     steps, start = values.get("steps"), values.get("start_at_step", 0)
     if isinstance(steps, int) and isinstance(start, int) and 0 < start < steps:
-        return {"denoise": (steps - start) / steps}
+        return {"denoise": tail_denoise(steps, steps - start)}
     return {}
 
 
 def _advanced_limits(values: dict[str, Any]) -> list[str]:
     found = []
+    steps, start = values.get("steps"), values.get("start_at_step", 0)
+    if isinstance(steps, int) and isinstance(start, int) and start >= steps > 0:
+        found.append(f"start_at_step {start} is past the last step: ComfyUI returns the latent "
+                     "unsampled; the farm samples every step")
     steps, end = values.get("steps"), values.get("end_at_step", 10000)
     if isinstance(steps, int) and isinstance(end, int) and end < steps:
         found.append(f"end_at_step {end} is ignored: the farm's sampler runs to the last step")
@@ -166,13 +211,6 @@ def _advanced_limits(values: dict[str, Any]) -> list[str]:
 def _area(values: dict[str, Any]) -> list[str]:
     if values.get("upscale_method") == "area":
         return ["upscale_method 'area' is approximated by 'bilinear'"]
-    return []
-
-
-def _shift(values: dict[str, Any]) -> list[str]:
-    shift = values.get("shift")
-    if isinstance(shift, int | float) and float(shift) != OUR_SHIFT:
-        return [f"shift {shift} is ignored: the farm's Z-Image schedule uses shift 3"]
     return []
 
 
@@ -203,17 +241,13 @@ RULES: dict[str, Rule] = {
     "CLIPLoader": Rule(
         "load/text-encoder", outputs=("encoder",),
         params={"clip_name": ParamMap("file", folder="text_encoders")},
-        warnings=(_differs("type", "lumina2", "the farm's text encoders are Z-Image's (Qwen3, "
-                                              "ComfyUI type 'lumina2')"),
-                  _differs("device", "default", _POLICY)),
+        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
     ),
     "DualCLIPLoader": Rule(  # FLUX.1's CLIP-L + T5: the family recognises each from its keys
         "load/text-encoder", outputs=("encoder",),
         params={"clip_name1": ParamMap("file", folder="text_encoders"),
                 "clip_name2": ParamMap("file_2", folder="text_encoders")},
-        warnings=(_differs("type", "flux", "the farm's two-encoder family is FLUX.1 (ComfyUI "
-                                           "type 'flux')"),
-                  _differs("device", "default", _POLICY)),
+        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
     ),
     "VAELoader": Rule(
         "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
@@ -231,7 +265,8 @@ RULES: dict[str, Rule] = {
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
         params={"seed": ParamMap("seed", _seed), **_SEED_AND_STEPS,
                 "denoise": ParamMap("denoise")},
-        warnings=(_sampler_names, _seed_range),
+        warnings=(_sampler_names, _seed_range, _ksampler_denoise_range),
+        derive=_ksampler_denoise,
     ),
     "KSamplerAdvanced": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
@@ -270,13 +305,12 @@ RULES: dict[str, Rule] = {
 }
 RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
 
-# Folded into their consumers: output 0 is the named input, unchanged on this farm.
+# Folded into their consumers: output 0 is the named input, unchanged on this farm. The nodes
+# of comfy_families.SAMPLER_PARAM_NODES (FluxGuidance, ModelSampling*) become a param of the
+# sampler downstream (api_format `_sampler_family_params`) and are reported as mapped into it.
 FOLDED: dict[str, tuple[str, str, Warn | None]] = {
-    "ModelSamplingAuraFlow": (
-        "model",
-        "folded into the sampler: the farm's Z-Image schedule already uses shift 3",
-        _shift,
-    ),
+    name: (port, f"folded into the sampler downstream as its {param!r}", None)
+    for name, (port, param) in SAMPLER_PARAM_NODES.items()
 }
 
 # Cut: consumers get the input unwired, which means the same thing on this farm.

@@ -11,6 +11,7 @@ import re
 import time
 from typing import Any
 
+from apps.importer.comfy_families import known_family_node
 from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, RULES, UNSUPPORTED
 from apps.importer.report import ImportInvalid
 
@@ -38,9 +39,11 @@ def now_ms() -> int:
 
 
 def known_type(class_type: str) -> bool:
-    """Whether the importer knows `class_type` at all (mapped, folded, cut or refused)."""
+    """Whether the importer knows `class_type` at all (mapped, folded, cut or refused; a node
+    of one model family: the import names the family when the farm does not run it)."""
     return (class_type in RULES or class_type in FOLDED or class_type in CUT
-            or class_type in NOTE_TYPES or class_type in UNSUPPORTED)
+            or class_type in NOTE_TYPES or class_type in UNSUPPORTED
+            or known_family_node(class_type))
 
 
 def class_of(prompt: dict[str, Any], node_id: str | None) -> str:

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, graph_validate
-from apps.importer.api_format import AssetResolver, prompt_to_graph
+from apps.importer.api_format import AssetResolver, FileFamilies, prompt_to_graph
 from apps.importer.report import ImportInvalid, Report
 from apps.importer.ui_format import Bounds, workflow_to_prompt
 from inline_farm.jsondoc import JsonUnreadable, json_parse
@@ -40,11 +40,14 @@ def workflow_parse(raw: bytes | str) -> Any:
 
 
 def comfy_import(
-    *, workflow: Any, catalog: dict[str, list[str]], resolve_asset: AssetResolver | None = None
+    *, workflow: Any, catalog: dict[str, list[str]], resolve_asset: AssetResolver | None = None,
+    files: FileFamilies | None = None,
 ) -> Imported:
     """Map `workflow` onto our graph and validate it. `catalog`: models folder → names the
     fleet holds (model names resolve against it; a name nobody holds is reported, not refused).
     `resolve_asset`: LoadImage file names → the caller's asset ids (see `prompt_to_graph`).
+    `files`: (folder, name) → the families of each held file (apps/fleet/selectors.py
+    `model_catalog_families`): a workflow for a family the farm does not run is refused.
 
     Raises ImportInvalid (with `.report` set) when the result cannot run: not a workflow, no
     output, a dangling link, an output that needs an unmapped node, or an invalid graph.
@@ -54,7 +57,7 @@ def comfy_import(
         try:
             prompt = _prompt_of(workflow, report)
             graph, target = prompt_to_graph(prompt, catalog=catalog, report=report,
-                                            resolve_asset=resolve_asset)
+                                            resolve_asset=resolve_asset, files=files)
         except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
             # A hand-edited or truncated file: say so instead of answering a 500.
             raise ImportInvalid("bad_workflow", f"the workflow is malformed ({type(exc).__name__}:"

@@ -25,8 +25,11 @@ FILES = {  # (folder, name): (family, role, families) as a worker's heartbeat re
     ("vae", "sdxl_vae.safetensors"): ("sdxl", "vae", ["sdxl"]),
     ("checkpoints", "sd_xl_base_1.0.safetensors"): ("sdxl", "checkpoint", ["sdxl"]),
     ("text_encoders", "t5xxl.safetensors"): ("flux1", "text_encoder", ["flux1"]),
+    ("text_encoders", "clip_l.safetensors"): ("flux1", "text_encoder", ["flux1"]),
     ("text_encoders", "qwen_3_4b"): ("zimage", "text_encoder", ["zimage"]),
     ("loras", "notes.ckpt"): (None, None, []),
+    ("diffusion_models", "wan2.1_t2v_1.3B.safetensors"): (None, None, []),  # no family's
+    ("diffusion_models", "sd15.ckpt"): (None, None, []),  # pickled: unreadable without torch
 }
 
 
@@ -45,14 +48,15 @@ def artist() -> Any:
     return get_user_model().objects.create(username="artist")
 
 
-def chain(model: str, vae: str, encoder: str) -> GraphDoc:
+def chain(model: str, vae: str, encoder: str, encoder_2: str | None = None) -> GraphDoc:
     def ref(node: str, port: str) -> dict[str, str]:
         return {"node": node, "port": port}
 
+    encoders = {"file": encoder, **({"file_2": encoder_2} if encoder_2 else {})}
     return GraphDoc.model_validate({"nodes": {
         "unet": {"type": "load/diffusion-model", "params": {"file": model}},
         "vae": {"type": "load/vae", "params": {"file": vae}},
-        "clip": {"type": "load/text-encoder", "params": {"file": encoder}},
+        "clip": {"type": "load/text-encoder", "params": encoders},
         "pos": {"type": "encode/text", "params": {"text": "a fox"},
                 "inputs": {"encoder": ref("clip", "encoder")}},
         "empty": {"type": "latent/empty", "params": {"width": 64, "height": 64}},
@@ -132,6 +136,46 @@ def test_an_sdxl_checkpoint_s_three_outputs_submit_and_a_flux_vae_after_it_is_re
     assert (error.code, error.node_id) == ("family_mismatch", "decode")
     assert "sdxl" in error.message and "flux1" in error.message
 
+def test_a_flux_graph_loading_one_text_encoder_file_is_refused_naming_the_loader(fleet, artist):
+    """FLUX.1 needs CLIP-L and T5: with T5 alone it failed on the worker, at load time."""
+    error = refusal(artist, chain("flux1-dev.safetensors", "ae.safetensors", "t5xxl.safetensors"))
+    assert (error.code, error.node_id) == ("text_encoders", "clip")
+    assert "CLIP-L and T5" in error.message and "t5xxl.safetensors" in error.message
+    run, created = run_submit(owner=artist, target="save", graph=chain(
+        "flux1-dev.safetensors", "ae.safetensors", "t5xxl.safetensors", "clip_l.safetensors"))
+    assert created and run.requirement["families"] == ["flux1"]
+
+
+def test_a_z_image_graph_loading_two_text_encoder_files_is_refused_naming_the_loader(fleet,
+                                                                                     artist):
+    twice = refusal(artist, chain("z_image_turbo.safetensors", "ae.safetensors", "qwen_3_4b",
+                                  "qwen_3_4b"))
+    assert (twice.code, twice.node_id) == ("text_encoders", "clip")
+    assert "one file twice" in twice.message and "Qwen3" in twice.message
+    error = refusal(artist, chain("z_image_turbo.safetensors", "ae.safetensors", "qwen_3_4b",
+                                  "t5xxl.safetensors"))
+    assert (error.code, error.node_id) == ("family_mismatch", "clip")  # a file of another family
+    assert "zimage" in error.message and "flux1" in error.message
+
+
+def test_a_flux_transformer_asked_to_sample_a_z_image_latent_is_refused_naming_both(fleet, artist):
+    graph = chain("flux1-dev.safetensors", "ae.safetensors", "t5xxl.safetensors",
+                  "clip_l.safetensors").model_dump()
+    graph["nodes"]["zvae"] = {"type": "load/vae", "params": {"file": "ae.safetensors"}}
+    graph["nodes"]["zunet"] = {"type": "load/diffusion-model",
+                               "params": {"file": "z_image_turbo.safetensors"}}
+    graph["nodes"]["zclip"] = {"type": "load/text-encoder", "params": {"file": "qwen_3_4b"}}
+    graph["nodes"]["zpos"] = {"type": "encode/text", "params": {"text": "x"},
+                              "inputs": {"encoder": {"node": "zclip", "port": "encoder"}}}
+    graph["nodes"]["zsample"] = {"type": "sample", "params": {"steps": 2}, "inputs": {
+        "model": {"node": "zunet", "port": "model"},
+        "positive": {"node": "zpos", "port": "conditioning"},
+        "latent": {"node": "empty", "port": "latent"}}}
+    graph["nodes"]["sample"]["inputs"]["latent"] = {"node": "zsample", "port": "latent"}
+    error = refusal(artist, GraphDoc.model_validate(graph))
+    assert (error.code, error.node_id) == ("family_mismatch", "sample")
+    assert "zimage" in error.message and "flux1" in error.message
+
 
 def client_for(user: Any) -> Client:
     from apps.accounts.services import token_create
@@ -165,3 +209,60 @@ def test_model_pickers_filter_by_family(fleet, artist):
 def test_the_workers_endpoint_lists_the_families_a_worker_holds(fleet, artist):
     items = client_for(artist).get("/v1/workers").json()["items"]
     assert items[0]["families"] == ["flux1", "sdxl", "zimage"]
+
+
+def test_the_admin_shows_the_families_a_worker_holds(fleet):
+    lead = get_user_model().objects.create_superuser("lead", "lead@example.com", "pw")
+    admin = Client()
+    admin.force_login(lead)
+    listing = admin.get("/admin/fleet/worker/").content.decode()
+    assert '<td class="field-family_list">flux1, sdxl, zimage</td>' in listing
+    page = admin.get(f"/admin/fleet/worker/{fleet.pk}/change/").content.decode()
+    assert "flux1, sdxl, zimage" in page
+
+
+WAN = {  # a Wan 2.1 text-to-video workflow's loaders and sampler, ComfyUI API format
+    "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors",
+                                                 "weight_dtype": "default"}},
+    "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8.safetensors",
+                                                 "type": "wan", "device": "default"}},
+    "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["2", 0]}},
+    "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 832, "height": 480,
+                                                              "length": 33, "batch_size": 1}},
+    "5": {"class_type": "KSampler", "inputs": {
+        "model": ["1", 0], "positive": ["3", 0], "negative": ["3", 0], "latent_image": ["4", 0],
+        "seed": 1, "steps": 30, "cfg": 6, "sampler_name": "uni_pc", "scheduler": "simple",
+        "denoise": 1}},
+    "6": {"class_type": "VAELoader", "inputs": {"vae_name": "wan_2.1_vae.safetensors"}},
+    "7": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}},
+    "8": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["7", 0], "fps": 16}},
+}
+
+
+def test_both_doors_refuse_a_workflow_of_a_family_the_farm_does_not_run(fleet, artist):
+    """/v1/import/comfy: 422 `unsupported_family` naming the node; ComfyUI's /prompt: its 400
+    with the node in `node_errors`, not `invalid_prompt` for the family's own node types."""
+    api = client_for(artist)
+    response = api.post("/v1/import/comfy", WAN, content_type="application/json")
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["nodeId"]) == ("unsupported_family", "2")
+    assert "wan model family" in error["message"]
+    door = api.post("/comfy/prompt", {"prompt": WAN, "client_id": "c"},
+                    content_type="application/json")
+    assert door.status_code == 400, door.content
+    entry = door.json()["node_errors"]["2"]
+    assert entry["class_type"] == "CLIPLoader"
+    assert entry["errors"][0]["type"] == "unsupported_family"
+    assert "wan model family" in entry["errors"][0]["message"]
+
+
+def test_a_held_safetensors_file_no_family_recognises_is_refused_at_submit(fleet, artist):
+    """Its load could only fail on the worker; a pickled file says nothing until loaded."""
+    error = refusal(artist, chain("wan2.1_t2v_1.3B.safetensors", "ae.safetensors", "qwen_3_4b"))
+    assert (error.code, error.node_id) == ("unsupported_family", "unet")
+    assert "diffusion_models/wan2.1_t2v_1.3B.safetensors" in error.message
+    assert "flux1, zimage" in error.message
+    _, created = run_submit(owner=artist, target="save",
+                            graph=chain("sd15.ckpt", "ae.safetensors", "qwen_3_4b"))
+    assert created

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.apps.importer.builder import Ui
 from tests.conftest import smoke_stack_reported
 from tests.livefarm import Client
 
@@ -72,18 +73,66 @@ def test_the_fleet_reports_each_flux_file_s_family_and_role(owner, flux):
     assert any("flux1" in w["families"] for w in workers)
 
 
-def test_a_flux_graph_renders_what_flux_pipeline_renders(owner, flux):
-    from workers.models.flux1.tiny import smoke_pipeline
-
-    body = graph(flux["model"], flux["vae"], [flux["text_encoder_2"], flux["text_encoder"]])
+def rendered(owner: Client, body: dict[str, Any]) -> np.ndarray:
     run = owner.wait_run(owner.post("/v1/runs", json=body).json()["runId"])
     assert run["status"] == "succeeded", run
     data = owner.get(f"/v1/takes/{run['takes'][0]['id']}/bytes").content
-    ours = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def flux_pipeline_pixels() -> np.ndarray:
+    from workers.models.flux1.tiny import smoke_pipeline
+
     theirs = smoke_pipeline()(PROMPT, width=W, height=H, num_inference_steps=STEPS,
                               guidance_scale=GUIDANCE,
                               generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
-    assert np.array_equal(ours, np.asarray(theirs.convert("RGB")))
+    return np.asarray(theirs.convert("RGB"))
+
+
+def test_a_flux_graph_renders_what_flux_pipeline_renders(owner, flux):
+    body = graph(flux["model"], flux["vae"], [flux["text_encoder_2"], flux["text_encoder"]])
+    assert np.array_equal(rendered(owner, body), flux_pipeline_pixels())
+
+
+def flux_dev_ui(flux: dict[str, str]) -> dict[str, Any]:
+    """FLUX.1 dev as ComfyUI's editor saves it: UNETLoader, DualCLIPLoader (type flux),
+    VAELoader; the prompt through FluxGuidance; KSampler at cfg 1 with its negative zeroed
+    out; EmptySD3LatentImage; VAEDecode; SaveImage."""
+    ui = Ui()
+    ui.add(1, "UNETLoader", [flux["model"], "default"], outputs=["MODEL"])
+    ui.add(2, "DualCLIPLoader", [flux["text_encoder"], flux["text_encoder_2"], "flux", "default"],
+           outputs=["CLIP"])
+    ui.add(3, "VAELoader", [flux["vae"]], outputs=["VAE"])
+    ui.add(4, "CLIPTextEncode", [PROMPT], inputs=[("clip", "CLIP")], outputs=["CONDITIONING"])
+    ui.add(5, "FluxGuidance", [GUIDANCE], inputs=[("conditioning", "CONDITIONING")],
+           outputs=["CONDITIONING"])
+    ui.add(6, "ConditioningZeroOut", [], inputs=[("conditioning", "CONDITIONING")],
+           outputs=["CONDITIONING"])
+    ui.add(7, "EmptySD3LatentImage", [W, H, 1], outputs=["LATENT"])
+    ui.add(8, "KSampler", [SEED, "fixed", STEPS, 1.0, "euler", "simple", 1.0],
+           inputs=[("model", "MODEL"), ("positive", "CONDITIONING"),
+                   ("negative", "CONDITIONING"), ("latent_image", "LATENT")], outputs=["LATENT"])
+    ui.add(9, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=["IMAGE"])
+    ui.add(10, "SaveImage", ["flux-dev"], inputs=[("images", "IMAGE")])
+    (ui.link(2, 0, 4, "clip").link(4, 0, 5, "conditioning").link(4, 0, 6, "conditioning")
+       .link(1, 0, 8, "model").link(5, 0, 8, "positive").link(6, 0, 8, "negative")
+       .link(7, 0, 8, "latent_image").link(8, 0, 9, "samples").link(3, 0, 9, "vae")
+       .link(9, 0, 10, "images"))
+    return ui.doc()
+
+
+def test_a_flux_dev_workflow_in_comfyuis_ui_format_imports_and_renders_flux_pipeline_pixels(
+        owner, flux):
+    response = owner.post("/v1/import/comfy", json=flux_dev_ui(flux))
+    assert response.status_code == 200, response.text
+    imported = response.json()
+    sampler = imported["graph"]["nodes"]["8"]
+    assert (sampler["params"]["guidance"], sampler["params"]["shift"]) == (GUIDANCE, None)
+    report = imported["report"]
+    assert not report["unmapped"] and not report["warnings"], report
+    assert {m["name"] for m in report["models"] if m["held"]} == set(flux.values())
+    body = {"graph": imported["graph"], "target": imported["target"]}
+    assert np.array_equal(rendered(owner, body), flux_pipeline_pixels())
 
 
 def test_a_flux_transformer_with_z_image_s_encoder_is_a_422_naming_the_node(owner, flux, zimage):

@@ -34,7 +34,8 @@ def flux_pipeline() -> Any:
     return smoke_pipeline()
 
 
-def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT) -> Any:
+def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT,
+          shift: float | None = None) -> Any:
     """load ×3 (T5 first, CLIP-L second: either order) → encode → empty → sample → decode."""
     def run(node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Any:
         return RUNNERS[node_type](ctx, params, inputs or {})
@@ -45,7 +46,7 @@ def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMP
                                         "file_2": names["text_encoder"]})["encoder"]
     positive = run("encode/text", {"text": prompt}, {"encoder": encoder})["conditioning"]
     empty = run("latent/empty", {"width": W, "height": H})["latent"]
-    params = {"seed": seed, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0}
+    params = {"seed": seed, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0, "shift": shift}
     latent = run("sample", params, {"model": model, "positive": positive, "latent": empty})["latent"]
     return latent, run("vae/decode", {}, {"vae": vae, "latent": latent})["image"]
 
@@ -76,6 +77,25 @@ def test_the_generic_nodes_paint_exactly_what_flux_pipeline_paints(flux_stack, m
     other = flux_pipeline(PROMPT, height=H, width=W, num_inference_steps=STEPS,
                           guidance_scale=1.0, generator=torch.Generator("cpu").manual_seed(7))
     assert png_bytes(image) != png_bytes(other.images[0])  # the guidance does reach the model
+
+
+def test_the_sample_node_s_shift_is_the_scheduler_s_static_shift(flux_stack, make_ctx):
+    """With `shift` α the generic nodes paint what FluxPipeline paints on a scheduler of static
+    shift α (tests/workers/test_schedule_shift.py: ComfyUI's ModelSampling* sigmas)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from workers.models.flux1.tiny import smoke_pipeline
+
+    models_dir, names = flux_stack
+    _, image = chain(make_ctx(models_dir=models_dir), names, shift=6.0)
+    pipe = smoke_pipeline()
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
+        pipe.scheduler.config, shift=6.0, use_dynamic_shifting=False)
+    reference = pipe(PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                     generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert png_bytes(image) == png_bytes(reference)
+    _, default = chain(make_ctx(models_dir=models_dir), names)
+    assert png_bytes(image) != png_bytes(default)
 
 
 def test_the_family_parts_reproduce_the_img2img_pipeline(flux_stack, cpu_policy):

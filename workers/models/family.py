@@ -81,6 +81,9 @@ class FamilyInfo:
       (`distilled`: FLUX.1 dev, one forward per step).
     - `nodes`: the package's modules that register the family's own node runners
       (`zimage/turbo`); their descriptors are in apps/graphs/nodes.py like every node's.
+    - `text_encoders`: the encoders a text-encoder loader of this family names, one file each
+      (FLUX.1: CLIP-L and T5); a loader naming another count is a 422 at submit. Empty: the
+      family's encoders come some other way (a checkpoint).
     """
 
     id: str
@@ -92,6 +95,7 @@ class FamilyInfo:
     activation_gb_per_mpx: float = 3.0
     nodes: tuple[str, ...] = ()  # modules of the package whose import registers node runners
     guidance: Literal["cfg", "distilled"] = "cfg"
+    text_encoders: tuple[str, ...] = ()
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch
@@ -134,7 +138,9 @@ class FamilyPlugin(Protocol):
     def schedule(self, steps: int, width: int, height: int, denoise: float,
                  shift: float | None = None) -> tuple[Tensor, Tensor]:
         """(sigmas [n + 1] ending in 0, timesteps [n]) of one job: a fresh scheduler per job.
-        `shift`: the family's sigma shift (None: its default; ignored by a family without)."""
+        `shift`: the sigma shift α of a flow family (σ = α·t / (1 + (α − 1)·t), ComfyUI's
+        ModelSamplingSD3 / AuraFlow `shift`); None: the family's default; a family without a
+        shift ignores it."""
 
     def renoise(self, init: Tensor, eps: Tensor, sigma: Tensor) -> Tensor:
         """Latents `init` noised to `sigma` with noise `eps` (img2img's start)."""

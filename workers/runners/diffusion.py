@@ -99,7 +99,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
             f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
             f"({model.family}) expects {shape} at {width}×{height}"
         )
-    sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise))
+    shift = None if params.get("shift") is None else float(params["shift"])
+    sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise,
+                                                        shift=shift))
     device = model.placement.device
 
     def start_latents() -> Any:

@@ -60,4 +60,5 @@ FAMILY = FamilyInfo(
     activation_gb=1.5,
     activation_gb_per_mpx=4.0,
     guidance="distilled",
+    text_encoders=("CLIP-L", "T5"),
 )

@@ -62,14 +62,23 @@ def scheduler_config() -> dict[str, Any]:
     return json.loads((CONFIGS / "scheduler" / "scheduler_config.json").read_text())
 
 
-def schedule(steps: int, width: int, height: int, denoise: float = 1.0) -> tuple[Any, Any]:
+def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
+             shift: float | None = None) -> tuple[Any, Any]:
     """(sigmas [n+1] ending in 0, timesteps [n]) float32 on CPU for one job; a fresh scheduler
-    per job. n = steps − the img2img pipeline's skipped steps for strength `denoise`."""
+    per job. n = steps − the img2img pipeline's skipped steps for strength `denoise`.
+
+    `shift` None: the pipeline's resolution-dependent shift (mu from the image's tokens). Else
+    the time shift α itself: σ = α·t / (1 + (α − 1)·t), which is ComfyUI's ModelSamplingSD3
+    `shift`, and its ModelSamplingFlux shift `mu` as α = e^mu (e^mu / (e^mu + 1/t − 1) is the
+    same curve)."""
     import numpy as np
     from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config())
+    config = scheduler_config()
+    if shift is not None:
+        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     cfg = scheduler.config
     mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
                          cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),

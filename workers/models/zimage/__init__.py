@@ -51,4 +51,5 @@ FAMILY = FamilyInfo(
     activation_gb=1.0,
     activation_gb_per_mpx=3.0,
     nodes=("turbo",),
+    text_encoders=("Qwen3",),
 )

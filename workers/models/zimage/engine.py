@@ -108,12 +108,14 @@ def first_step(steps: int, denoise: float) -> int:
 
 
 def sigma_schedule(
-    steps: int, width: int, height: int, denoise: float = 1.0
+    steps: int, width: int, height: int, denoise: float = 1.0, shift: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sigmas [n+1] ending in 0, timesteps [n]) float32 on CPU for one job.
 
     n = steps - first_step(steps, denoise). Computed by a fresh scheduler per job (the
-    scheduler object is stateful; jobs keep their own sigmas).
+    scheduler object is stateful; jobs keep their own sigmas). `shift` (None: the config's 3)
+    is the time shift α: σ = α·t / (1 + (α − 1)·t), as ComfyUI's ModelSamplingSD3 /
+    ModelSamplingAuraFlow `shift` sets it.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.z_image.pipeline_z_image import (
@@ -121,7 +123,10 @@ def sigma_schedule(
         get_default_z_image_sigmas,
     )
 
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config())
+    config = scheduler_config()
+    if shift is not None:
+        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     cfg = scheduler.config
     seq_len = (height // PIXEL_MULTIPLE) * (width // PIXEL_MULTIPLE)
     mu = calculate_shift(

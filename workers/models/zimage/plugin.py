@@ -31,9 +31,10 @@ def load_text_encoder(models_dir: Path, names: Sequence[str], policy: Any) -> Te
     return loading.load_text_encoder(models_dir, names[0], policy)
 
 
-def schedule(steps: int, width: int, height: int, denoise: float) -> tuple[Any, Any]:
-    """FlowMatchEuler, shift 3, Z-Image's default sigmas (engine.sigma_schedule)."""
-    return engine.sigma_schedule(steps, width, height, denoise)
+def schedule(steps: int, width: int, height: int, denoise: float,
+             shift: float | None = None) -> tuple[Any, Any]:
+    """FlowMatchEuler, shift 3 (or `shift`), Z-Image's default sigmas (engine.sigma_schedule)."""
+    return engine.sigma_schedule(steps, width, height, denoise, shift)
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.accounts.services import user_get_or_create
-from apps.fleet.selectors import model_catalog
+from apps.fleet.selectors import model_catalog_families
 from apps.graphs.validation import GraphInvalid
 from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import, workflow_parse
@@ -34,7 +34,8 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc}") from None
         try:
-            imported = comfy_import(workflow=workflow_parse(raw), catalog=model_catalog())
+            catalog, files = model_catalog_families()
+            imported = comfy_import(workflow=workflow_parse(raw), catalog=catalog, files=files)
         except ImportInvalid as exc:
             report = exc.report.to_wire() if exc.report is not None else None
             self.stdout.write(json.dumps({"error": _error(exc), "report": report}, indent=2))
