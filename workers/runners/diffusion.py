@@ -19,6 +19,7 @@ family's package and call the helpers below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,12 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
             f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
             f"({model.family}) expects {shape} at {width}×{height}"
         )
+    if params.get("sampler", "default") != "default" or params.get("scheduler",
+                                                                    "default") != "default":
+        out, _ = sample_with(ctx, model, positive, _negative_embeds(positive, negative, guidance),
+                             guidance, extra, latent, _ksampler_sigmas(params, model, latent),
+                             params.get("sampler", "default"), seed)
+        return {"latent": out}
     sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise))
     device = model.placement.device
 
@@ -108,6 +115,76 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance,
                       extra=extra)
     return {"latent": Latent(out, downscale=fmt.downscale)}
+
+
+def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning, negative: Any,
+                guidance: float, extra: dict[str, Any], latent: Latent, sigmas: Any,
+                sampler: str, seed: int | None) -> tuple[Latent, Latent]:
+    """Denoise `latent` with generic sampler `sampler` ("default": euler) over `sigmas` (a
+    `Sigmas` value), as ComfyUI's KSampler / SamplerCustomAdvanced do: the start is the
+    model sampling's noise scaling of `seed`'s noise (None: no noise) at σ₀, the sampler steps
+    on the family's `to_denoised`. Returns (the result, the last x0 estimate)."""
+    import torch
+
+    from workers.sampling.samplers import Stepper, eval_timesteps, plan
+
+    family, fmt = plugin(model.family), info(model.family).latent
+    _same_family(model, positive.encoder, "positive")
+    width, height = latent.pixel_size
+    shape = checked(lambda: fmt.shape(width, height))
+    if not latent.empty and tuple(latent.samples.shape) != shape:
+        raise NodeFailed(f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
+                         f"({model.family}) expects {shape} at {width}×{height}")
+    if not hasattr(family, "to_denoised"):
+        raise NodeFailed(f"{model.family} models have no generic samplers yet: use sampler "
+                         "\"default\"")
+    ms = family.model_sampling(width, height)
+    values = sigmas.values
+    if values is None:
+        from workers.sampling.schedulers import sigmas_for
+
+        values = checked(lambda: sigmas_for(ms, sigmas.scheduler, sigmas.steps, sigmas.denoise))
+    values = values.float().cpu()
+    name = "euler" if sampler == "default" else sampler
+    steps = checked(lambda: plan(name, values, ms))
+    stepper = Stepper(name, values, ms, seed or 0, family.to_denoised)
+    device = model.placement.device
+
+    def start() -> Any:
+        init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
+        eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if seed is not None
+               else torch.zeros(shape))
+        max_denoise = math.isclose(ms.sigma_max, float(values[0]), rel_tol=1e-05) or (
+            float(values[0]) > ms.sigma_max)
+        x = ms.noise_scaling(values[0], eps, init, max_denoise) if len(values) > 1 else init
+        return stepper.start(x.to(device))
+
+    x0 = on_device_thread(start)
+    if seed is not None:
+        ctx.note_lineage(seed=seed)
+    if len(values) <= 1:  # ComfyUI returns the latent as it is
+        return Latent(x0, downscale=fmt.downscale), Latent(x0, downscale=fmt.downscale)
+    out = denoise_job(ctx, model, x0, steps.sigmas, eval_timesteps(steps.sigmas, ms),
+                      positive.embeds, negative, guidance, extra=extra,
+                      advance=stepper.advance, step_done=steps.step_done)
+    if ms.const:  # CONST.inverse_noise_scaling
+        out = out / (1.0 - values[-1].to(out.device))
+    denoised = stepper.denoised if stepper.denoised is not None else out
+    return Latent(out, downscale=fmt.downscale), Latent(denoised, downscale=fmt.downscale)
+
+
+def _ksampler_sigmas(params: dict[str, Any], model: DiffusionModel, latent: Latent) -> Any:
+    """KSampler's sigmas: the named scheduler's (deferred to the latent's size), else the
+    family's own schedule."""
+    from workers.models.values import Sigmas
+
+    steps, denoise = int(params["steps"]), float(params["denoise"])
+    scheduler = params.get("scheduler", "default")
+    if scheduler != "default":
+        return Sigmas(scheduler=scheduler, steps=steps, denoise=denoise, model=model)
+    width, height = latent.pixel_size
+    own = checked(lambda: plugin(model.family).schedule(steps, width, height, denoise))
+    return Sigmas(values=own[0])
 
 
 @runner("vae/decode")
@@ -154,11 +231,13 @@ def denoise_job(
     guidance: float,
     preview: Vae | None = None,
     extra: dict[str, Any] | None = None,
+    **job_fields: Any,
 ) -> Any:
     """Submit one SampleJob to the model's step batcher; returns latents [1, C, h, w].
 
     With `preview` (the VAE that will decode the result), progress carries a small preview of
-    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step).
+    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step). `job_fields`:
+    more SampleJob fields (a generic sampler's `advance` and `step_done`).
     """
     import torch
 
@@ -174,6 +253,7 @@ def denoise_job(
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
         extra=extra or {},
+        **job_fields,
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
     from workers.parallel.worker import denoiser
@@ -204,7 +284,7 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
             # The device thread computes the pixels; the PNG is encoded here, on the slot's
             # thread, so no other slot's next step waits behind it.
             png = preview_png(on_device_thread(preview_pixels, vae, job.latents,
-                                               job.sigmas[done], job.velocity))
+                                               job.sigmas[job.step], job.velocity))
             last[0] = now
         ctx.progress(done, total, png, batch=job.batch)
 
