@@ -49,6 +49,7 @@ def test_an_unknown_sampler_name_is_unmapped_with_the_names_the_farm_has():
     api["s"]["inputs"]["sampler_name"] = "ddim"
     with pytest.raises(ImportInvalid) as err:  # the only output needs the unmapped node
         comfy_import(workflow=api, catalog=CATALOG)
+    assert err.value.report is not None
     report = err.value.report.to_wire()
     unmapped = next(e for e in report["unmapped"] if e["id"] == "s")
     assert "'ddim' is not on this farm" in unmapped["reason"]
