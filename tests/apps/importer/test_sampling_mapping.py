@@ -10,7 +10,7 @@ import pytest
 
 from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
-from tests.apps.importer.builder import CATALOG, workflow
+from tests.apps.importer.builder import CATALOG, Ui, workflow
 
 
 def custom_advanced(sigmas: str = "1, 0.6, 0.3, 0") -> dict[str, Any]:
@@ -67,3 +67,45 @@ def test_a_dpmpp_2m_karras_ksampler_keeps_its_names_and_unknown_ones_warn():
     warnings = [w["message"] for w in result.report.to_wire()["warnings"] if w["id"] == "57:3"]
     assert any("'ddim' is not on this farm" in w for w in warnings)
     assert any("'ddim_uniform' is not on this farm" in w for w in warnings)
+
+
+def test_object_info_describes_the_custom_sampling_types_as_comfyui_does():
+    from apps.importer.comfy_object_info import object_info
+
+    info = object_info(catalog=CATALOG, uploads=[])
+    advanced = info["SamplerCustomAdvanced"]
+    assert advanced["input"]["required"] == {
+        "noise": ["NOISE"], "guider": ["GUIDER"], "sampler": ["SAMPLER"], "sigmas": ["SIGMAS"],
+        "latent_image": ["LATENT"]}
+    assert advanced["output"] == ["LATENT", "LATENT"]
+    assert "dpmpp_2m_sde" in info["KSamplerSelect"]["input"]["required"]["sampler_name"][0]
+    assert "karras" in info["BasicScheduler"]["input"]["required"]["scheduler"][0]
+    assert info["SamplerCustom"]["input"]["required"]["add_noise"][0] == "BOOLEAN"
+    assert info["RandomNoise"]["input"]["required"]["noise_seed"][1]["control_after_generate"]
+
+
+def test_a_ui_workflow_with_sampler_custom_reads_its_widgets_in_comfyuis_order():
+    ui = Ui()
+    ui.add(1, "UNETLoader", ["z_image_turbo_bf16.safetensors", "default"], outputs=["MODEL"])
+    ui.add(2, "CLIPLoader", ["qwen_3_4b.safetensors", "lumina2", "default"], outputs=["CLIP"])
+    ui.add(3, "VAELoader", ["ae.safetensors"], outputs=["VAE"])
+    ui.add(5, "CLIPTextEncode", ["a fox"], inputs=[("clip", "CLIP")], outputs=["CONDITIONING"])
+    ui.add(7, "EmptySD3LatentImage", [512, 384, 1], outputs=["LATENT"])
+    ui.add(11, "KSamplerSelect", ["heun"], outputs=["SAMPLER"])
+    ui.add(12, "BasicScheduler", ["beta", 6, 0.8], inputs=[("model", "MODEL")],
+           outputs=["SIGMAS"])
+    ui.add(13, "SamplerCustom", [False, 99, "fixed", 2.5],
+           inputs=[("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                   ("sampler", "SAMPLER"), ("sigmas", "SIGMAS"), ("latent_image", "LATENT")],
+           outputs=["LATENT", "LATENT"])
+    ui.add(9, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=["IMAGE"])
+    ui.add(10, "SaveImage", ["fox"], inputs=[("images", "IMAGE")])
+    (ui.link(1, 0, 13, "model").link(1, 0, 12, "model").link(2, 0, 5, "clip")
+       .link(5, 0, 13, "positive").link(11, 0, 13, "sampler").link(12, 0, 13, "sigmas")
+       .link(7, 0, 13, "latent_image").link(13, 1, 9, "samples").link(3, 0, 9, "vae")
+       .link(9, 0, 10, "images"))
+    graph = comfy_import(workflow=ui.doc(), catalog=CATALOG).graph.model_dump()["nodes"]
+    assert graph["13"]["params"] == {"add_noise": False, "noise_seed": 99, "cfg": 2.5}
+    assert graph["12"]["params"] == {"scheduler": "beta", "steps": 6, "denoise": 0.8}
+    assert graph["11"]["params"] == {"sampler_name": "heun"}
+    assert graph["9"]["inputs"]["latent"] == {"node": "13", "port": "denoised"}
