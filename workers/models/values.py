@@ -91,10 +91,10 @@ class Latent:
 
 @dataclass(frozen=True, eq=False)
 class Noise:
-    """`noise` port: the start noise of a custom sampler (RandomNoise's seed; None: no noise,
-    ComfyUI's DisableNoise)."""
+    """`noise` port: a custom sampler's noise (RandomNoise's seed): its start noise and its
+    ancestral / SDE steps' noise."""
 
-    seed: int | None
+    seed: int
 
 
 @dataclass(frozen=True, eq=False)

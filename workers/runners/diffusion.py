@@ -92,11 +92,11 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
             f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
             f"({model.family}) expects {shape} at {width}×{height}"
         )
-    if params.get("sampler", "default") != "default" or params.get("scheduler",
-                                                                    "default") != "default":
+    sampler = params.get("sampler", "default")
+    if (sampler, params.get("scheduler", "default")) != ("default", "default"):
         out, _ = sample_with(ctx, model, positive, _negative_embeds(positive, negative, guidance),
                              guidance, extra, latent, _ksampler_sigmas(params, model, latent),
-                             params.get("sampler", "default"), seed)
+                             sampler, seed)
         return {"latent": out}
     sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise))
     device = model.placement.device
@@ -119,11 +119,12 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 
 def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning, negative: Any,
                 guidance: float, extra: dict[str, Any], latent: Latent, sigmas: Any,
-                sampler: str, seed: int | None) -> tuple[Latent, Latent]:
+                sampler: str, seed: int, add_noise: bool = True) -> tuple[Latent, Latent]:
     """Denoise `latent` with generic sampler `sampler` ("default": euler) over `sigmas` (a
-    `Sigmas` value), as ComfyUI's KSampler / SamplerCustomAdvanced do: the start is the
-    model sampling's noise scaling of `seed`'s noise (None: no noise) at σ₀, the sampler steps
-    on the family's `to_denoised`. Returns (the result, the last x0 estimate)."""
+    `Sigmas` value), as ComfyUI's KSampler / SamplerCustom(Advanced) do: the start is the
+    model sampling's noise scaling of `seed`'s noise (zeros without `add_noise`) at σ₀; the
+    sampler's own noise (ancestral, SDE) is drawn from `seed` too; it steps on the family's
+    `to_denoised`. Returns (the result, the last x0 estimate)."""
     import torch
 
     from workers.sampling.samplers import Stepper, eval_timesteps, plan
@@ -147,12 +148,12 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     values = values.float().cpu()
     name = "euler" if sampler == "default" else sampler
     steps = checked(lambda: plan(name, values, ms))
-    stepper = Stepper(name, values, ms, seed or 0, family.to_denoised)
+    stepper = Stepper(name, values, ms, seed, family.to_denoised)
     device = model.placement.device
 
     def start() -> Any:
         init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
-        eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if seed is not None
+        eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if add_noise
                else torch.zeros(shape))
         max_denoise = math.isclose(ms.sigma_max, float(values[0]), rel_tol=1e-05) or (
             float(values[0]) > ms.sigma_max)
@@ -160,8 +161,7 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
         return stepper.start(x.to(device))
 
     x0 = on_device_thread(start)
-    if seed is not None:
-        ctx.note_lineage(seed=seed)
+    ctx.note_lineage(seed=seed)
     if len(values) <= 1:  # ComfyUI returns the latent as it is
         return Latent(x0, downscale=fmt.downscale), Latent(x0, downscale=fmt.downscale)
     out = denoise_job(ctx, model, x0, steps.sigmas, eval_timesteps(steps.sigmas, ms),

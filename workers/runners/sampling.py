@@ -92,11 +92,11 @@ def sampler_custom(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, A
                     expect(inputs, "positive", Conditioning), inputs.get("negative"),
                     float(params["cfg"]))
     seed = int(inputs.get("seed", params["noise_seed"]))
-    return _custom(ctx, guider, seed if params["add_noise"] else None, inputs)
+    return _custom(ctx, guider, seed, inputs, add_noise=bool(params["add_noise"]))
 
 
-def _custom(ctx: NodeContext, guider: Guider, seed: int | None,
-            inputs: dict[str, Any]) -> dict[str, Any]:
+def _custom(ctx: NodeContext, guider: Guider, seed: int, inputs: dict[str, Any], *,
+            add_noise: bool = True) -> dict[str, Any]:
     sampler = expect(inputs, "sampler", SamplerChoice)
     sigmas = expect(inputs, "sigmas", Sigmas)
     latent = expect(inputs, "latent", Latent)
@@ -106,7 +106,7 @@ def _custom(ctx: NodeContext, guider: Guider, seed: int | None,
     guidance, extra = _guidance(guider)
     negative = _negative_embeds(guider.positive, guider.negative, guidance)
     out, denoised = sample_with(ctx, guider.model, guider.positive, negative, guidance, extra,
-                                latent, sigmas, sampler.name, seed)
+                                latent, sigmas, sampler.name, seed, add_noise)
     return {"latent": out, "denoised": denoised}
 
 

@@ -35,8 +35,8 @@ class SampleJob:
       (workers/sampling/samplers.py), the steps complete after each evaluation; `sigmas` /
       `timesteps` then list every evaluation and `step` counts evaluations. None: one
       evaluation per step.
-    - `on_progress(done, total)` (in steps) and `check_cancelled()` are called by the job's own thread
-      after each step; `check_cancelled` raises (RunCancelled) to stop before the next step.
+    - `on_progress(done, total)` (in steps) is called by the job's own thread after each step,
+      `check_cancelled()` after each evaluation; it raises (RunCancelled) to stop before the next.
     """
 
     latents: Tensor
