@@ -146,10 +146,10 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
 
         values = checked(lambda: sigmas_for(ms, sigmas.scheduler, sigmas.steps, sigmas.denoise))
     values = values.float().cpu()
+    if len(values) == 0:
+        raise NodeFailed("the sigmas are empty")
     name = "euler" if sampler == "default" else sampler
-    steps = checked(lambda: plan(name, values, ms))
     stepper = Stepper(name, values, ms, seed, family.to_denoised)
-    device = model.placement.device
 
     def start() -> Any:
         init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
@@ -157,20 +157,19 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
                else torch.zeros(shape))
         max_denoise = math.isclose(ms.sigma_max, float(values[0]), rel_tol=1e-05) or (
             float(values[0]) > ms.sigma_max)
-        x = ms.noise_scaling(values[0], eps, init, max_denoise) if len(values) > 1 else init
-        return stepper.start(x.to(device))
+        return ms.noise_scaling(values[0], eps, init, max_denoise).to(model.placement.device)
 
-    x0 = on_device_thread(start)
+    x = on_device_thread(start)
     ctx.note_lineage(seed=seed)
-    if len(values) <= 1:  # ComfyUI returns the latent as it is
-        return Latent(x0, downscale=fmt.downscale), Latent(x0, downscale=fmt.downscale)
-    out = denoise_job(ctx, model, x0, steps.sigmas, eval_timesteps(steps.sigmas, ms),
-                      positive.embeds, negative, guidance, extra=extra,
-                      advance=stepper.advance, step_done=steps.step_done)
-    if ms.const:  # CONST.inverse_noise_scaling
-        out = out / (1.0 - values[-1].to(out.device))
-    denoised = stepper.denoised if stepper.denoised is not None else out
-    return Latent(out, downscale=fmt.downscale), Latent(denoised, downscale=fmt.downscale)
+    if len(values) > 1:  # one sigma: no step, the noised latent comes back (as ComfyUI's)
+        steps = checked(lambda: plan(name, values, ms))
+        x = denoise_job(ctx, model, on_device_thread(stepper.start, x), steps.sigmas,
+                        eval_timesteps(steps.sigmas, ms), positive.embeds, negative, guidance,
+                        extra=extra, advance=stepper.advance, step_done=steps.step_done)
+    if ms.const and values[-1] < 1:  # CONST.inverse_noise_scaling (σ 1 would divide by 0)
+        x = x / (1.0 - values[-1].to(x.device))
+    denoised = stepper.denoised if stepper.denoised is not None else x
+    return Latent(x, downscale=fmt.downscale), Latent(denoised, downscale=fmt.downscale)
 
 
 def _ksampler_sigmas(params: dict[str, Any], model: DiffusionModel, latent: Latent) -> Any:

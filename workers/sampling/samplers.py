@@ -377,21 +377,15 @@ assert set(SAMPLER_FUNCTIONS) == set(SAMPLERS), "apps/graphs/nodes.py SAMPLERS n
 # --- a job's sampler, stepped by the batcher ---------------------------------------------------
 
 
-def seeded_noise(seed: int) -> Noise:
+def seeded_noise(seed: int, like: torch.Tensor) -> Noise:
     """ComfyUI's default_noise_sampler on CPU: `randn(x.size())` from a CPU generator seeded
-    seed + 1, moved to x's device. Bound to one job (the first call fixes the shape)."""
+    seed + 1, moved to x's device (the same draws whatever the device)."""
     generator = torch.Generator("cpu").manual_seed(seed + 1)
-    shape: list[Any] = []
+    size, dtype, device = like.size(), like.dtype, like.device
 
     def noise(sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
-        assert shape, "bind the noise to a latent first"
-        size, dtype, device = shape
         return torch.randn(size, dtype=dtype, generator=generator).to(device)
 
-    def bind(x: torch.Tensor) -> None:
-        shape[:] = [x.size(), x.dtype, x.device]
-
-    noise.bind = bind  # type: ignore[attr-defined]
     return noise
 
 
@@ -448,8 +442,7 @@ class Stepper:
     _done: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def start(self, x: torch.Tensor) -> torch.Tensor:
-        noise = seeded_noise(self.seed)
-        noise.bind(x)  # type: ignore[attr-defined]
+        noise = seeded_noise(self.seed, x)
         # The sigmas stay on the CPU (0-d tensors mix with any device's), so the generator
         # computes each evaluation's σ exactly as `plan` did.
         self._run = SAMPLER_FUNCTIONS[self.name](x, self.sigmas.float().cpu(),
