@@ -136,7 +136,7 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     if not latent.empty and tuple(latent.samples.shape) != shape:
         raise NodeFailed(f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
                          f"({model.family}) expects {shape} at {width}×{height}")
-    if not hasattr(family, "to_denoised"):
+    if not (hasattr(family, "to_denoised") and hasattr(family, "model_sampling")):
         raise NodeFailed(f"{model.family} models have no generic samplers yet: use sampler "
                          "\"default\"")
     ms = family.model_sampling(width, height)
