@@ -22,7 +22,7 @@ from workers.models.family import ROLES
 FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
                                "ltx2")
 # Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).
-FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent"})
+FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent", "guider", "sigmas"})
 
 __all__ = ["FAMILY_IDS", "REGISTERED", "ROLES", "ModelFile", "activation_for",
            "fleet_files", "graph_families_check"]

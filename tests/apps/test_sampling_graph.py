@@ -31,7 +31,7 @@ def custom_graph(**changes: dict[str, Any]) -> dict[str, Any]:
             "latent": {"node": "l", "port": "latent"}}},
     }
     for node, change in changes.items():
-        nodes[node] = {**nodes[node], **change}
+        nodes[node] = {**nodes.get(node, {}), **change}
     return nodes
 
 
@@ -64,3 +64,21 @@ def test_a_custom_sampler_without_its_guider_names_the_missing_input():
 def test_a_name_the_farm_lacks_is_refused_naming_the_node(node, params):
     err = refusal(custom_graph(**{node: {"params": params}}))
     assert err.node_id == node and next(iter(params.values())) in err.message
+
+
+def test_a_guider_and_sigmas_of_two_families_are_a_family_mismatch_at_the_custom_sampler():
+    from apps.graphs.families import ModelFile, graph_families_check
+    from apps.graphs.validation import closure_order
+
+    files = {("diffusion_models", name): ModelFile("diffusion_models", name, family,
+                                                   "transformer", (family,), 1)
+             for name, family in (("z.safetensors", "zimage"), ("f.safetensors", "flux1"))}
+    nodes = custom_graph(f={"type": "load/diffusion-model", "params": {"file": "f.safetensors"}},
+                         k={"inputs": {"model": {"node": "f", "port": "model"}}})
+    doc = graph_validate(GraphDoc.model_validate({"nodes": nodes}), target="c")
+    with pytest.raises(GraphInvalid) as err:
+        graph_families_check(doc, closure_order(doc, "c"), files)
+    assert (err.value.code, err.value.node_id) == ("family_mismatch", "c")
+    assert "zimage" in err.value.message and "flux1" in err.value.message
+    same = graph_validate(GraphDoc.model_validate({"nodes": custom_graph()}), target="c")
+    assert graph_families_check(same, closure_order(same, "c"), files) == {"zimage"}
