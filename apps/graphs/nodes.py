@@ -146,7 +146,8 @@ MODELS = (
                   description="1.0 starts from noise; less keeps part of the input latent."),
             _parallel,
             Param("sampler", "enum", "default", choices=("default", *SAMPLERS),
-                  description="A ComfyUI sampler, or the family's own (\"default\")."),
+                  description="A ComfyUI sampler, or the family's own (\"default\"; euler "
+                  "when a named scheduler is chosen)."),
             Param("scheduler", "enum", "default", choices=("default", *SCHEDULERS),
                   description="A ComfyUI scheduler over the model's sigmas, or the family's "
                   "own schedule (\"default\")."),
