@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.workers import comfy_reference as ref
+from tests.workers.helpers import wait_for
 from tests.workers.test_step_batcher import run_in_threads
 from workers.models.zimage import engine, loading, plugin
 from workers.sampling import SampleJob, StepBatcher
@@ -106,10 +107,12 @@ def test_four_samplers_share_forwards_and_match_their_solo_runs(model, caption):
     sizes: list[int] = []
 
     def predict(jobs):
+        if not sizes:  # the jobs meet by this condition, whatever the threads' timing
+            wait_for(lambda: len(shared._active) == len(names), 30, "all jobs inside")
         sizes.append(len(jobs))
         return engine.predict_velocity(model.transformer, jobs)
 
-    shared = StepBatcher(predict, gather_seconds=5.0)  # waits for every job: they meet
+    shared = StepBatcher(predict, gather_seconds=60)  # then waits for every running job
     jobs = [sampler_job(n, sigmas, ms, i, caption) for i, n in enumerate(names)]
     results, errors = run_in_threads(shared, jobs)
     assert errors == [None] * 4
