@@ -160,8 +160,10 @@ def test_karras_and_exponential_span_the_model_sigmas():
 def test_beta_scheduler_reads_the_table_at_the_beta_quantiles():
     assert abs(beta_cdf(beta_ppf(0.3, 0.6, 0.6), 0.6, 0.6) - 0.3) < 1e-12
     assert abs(beta_ppf(0.5, 0.6, 0.6) - 0.5) < 1e-12  # symmetric
-    # I_x(1, 1) = x and I_x(2, 1) = x² (closed forms)
+    # I_x(1, 1) = x, I_x(2, 1) = x², I_x(½, ½) = (2/π)·asin(√x) (closed forms; a < 1 too)
     assert abs(beta_ppf(0.25, 1, 1) - 0.25) < 1e-12 and abs(beta_ppf(0.25, 2, 1) - 0.5) < 1e-12
+    for x in (0.01, 0.3, 0.77, 0.999):
+        assert abs(beta_cdf(x, 0.5, 0.5) - 2 / math.pi * math.asin(math.sqrt(x))) < 1e-12
     ms = FlowSampling(3.0)
     table = ms.sigmas
     sigmas = calculate_sigmas(ms, "beta", 5)
