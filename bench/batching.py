@@ -216,7 +216,8 @@ def sdxl_pipeline() -> Any:
 
     parts = build_tiny_components(0)
     torch.manual_seed(0)
-    parts["unet"] = UNet2DConditionModel(**{**UNET_CONFIG, **SDXL_MID}).eval()
+    unet: Any = UNet2DConditionModel(**{**UNET_CONFIG, **SDXL_MID})
+    parts["unet"] = unet.eval()
     pipe: Any = StableDiffusionXLPipeline(**parts, add_watermarker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe

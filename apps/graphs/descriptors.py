@@ -18,7 +18,8 @@ STRING_TYPES = frozenset({"string", "enum", "asset", "model"})
 
 # Port kinds. An output feeds an input only when the kinds are equal.
 PORT_KINDS = frozenset(
-    {"image", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int", "float"}
+    {"image", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int", "float",
+     "noise", "sampler", "sigmas", "guider"}
 )
 
 

@@ -23,7 +23,7 @@ FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image",
                                "ltx2")
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 # Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).
-FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent"})
+FAMILY_KINDS = frozenset({"model", "vae", "text-encoder", "conditioning", "latent", "guider", "sigmas"})
 
 __all__ = ["FAMILY_IDS", "REGISTERED", "ROLES", "ModelFile", "activation_for",
            "fleet_files", "graph_families_check"]

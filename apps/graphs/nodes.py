@@ -21,6 +21,12 @@ _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising s
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
 PARALLEL_CHOICES = ("auto", "off", "2", "4", "8")
+# The generic samplers and schedulers (workers/sampling/samplers.py, schedulers.py: ComfyUI's
+# names); "default" is the family's own (its diffusers pipeline's scheduler).
+SAMPLERS = ("euler", "euler_ancestral", "heun", "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_sde",
+            "res_multistep", "uni_pc", "lcm")
+SCHEDULERS = ("simple", "normal", "karras", "exponential", "sgm_uniform", "beta")
+MAX_SIGMAS = 2000  # characters of a ManualSigmas list
 _parallel = Param("parallel", "enum", "auto", choices=PARALLEL_CHOICES,
                   description="Split one image's denoise over a multi-GPU worker group: a group "
                   "size (\"2\": the xfuser.2 queue), \"off\" (one GPU), or \"auto\" (a group "
@@ -151,6 +157,12 @@ MODELS = (
                   "(α − 1)·t) (ComfyUI's ModelSamplingSD3 / AuraFlow shift; ModelSamplingFlux's "
                   "is e^shift). Unset: the family's default (Z-Image 3, FLUX.1 by resolution)."),
             _parallel,
+            Param("sampler", "enum", "default", choices=("default", *SAMPLERS),
+                  description="A ComfyUI sampler, or the family's own (\"default\"; euler "
+                  "when a named scheduler is chosen)."),
+            Param("scheduler", "enum", "default", choices=("default", *SCHEDULERS),
+                  description="A ComfyUI scheduler over the model's sigmas, or the family's "
+                  "own schedule (\"default\")."),
         ),
     ),
     NodeDescriptor(
@@ -190,4 +202,77 @@ MODELS = (
     ),
 )
 
-ALL_NODES: tuple[NodeDescriptor, ...] = SOURCES + IMAGE + MODELS
+_noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",
+                    description="Noise seed; the same seed gives the same image.")
+_cfg = Param("cfg", "float", 1.0, min=0.0, max=100.0,
+             description="ComfyUI's CFG scale: 1 is one forward per step (no negative).")
+_latent_outputs = (Port("latent", "latent"), Port("denoised", "latent"))
+
+# Sampling as parts (ComfyUI's custom sampling): what `sample` is made of.
+SAMPLING = (
+    NodeDescriptor(
+        "sampling/noise", "Random noise", "sampling",
+        inputs=(Port("seed", "int", required=False),),
+        outputs=(Port("noise", "noise"),),
+        params=(_noise_seed,),
+        description="Seeded start noise (ComfyUI's RandomNoise).",
+    ),
+    NodeDescriptor(
+        "sampling/sampler", "Sampler", "sampling",
+        outputs=(Port("sampler", "sampler"),),
+        params=(Param("sampler_name", "enum", "euler", choices=SAMPLERS),),
+        description="A sampler by name (ComfyUI's KSamplerSelect).",
+    ),
+    NodeDescriptor(
+        "sampling/scheduler", "Scheduler", "sampling",
+        inputs=(Port("model", "model"),),
+        outputs=(Port("sigmas", "sigmas"),),
+        params=(Param("scheduler", "enum", "simple", choices=SCHEDULERS),
+                Param("steps", "int", 20, min=1, max=100),
+                Param("denoise", "float", 1.0, min=0.0, max=1.0)),
+        description="A named scheduler's sigmas over the model's own (ComfyUI's BasicScheduler).",
+    ),
+    NodeDescriptor(
+        "sampling/manual-sigmas", "Manual sigmas", "sampling",
+        outputs=(Port("sigmas", "sigmas"),),
+        params=(Param("sigmas", "string", "1, 0.5", max_length=MAX_SIGMAS,
+                      description="Numbers separated by commas or spaces, from the first "
+                      "sigma to the last."),),
+        description="Sigmas written by hand (ComfyUI's ManualSigmas).",
+    ),
+    NodeDescriptor(
+        "sampling/guider", "Basic guider", "sampling",
+        inputs=(Port("model", "model"), Port("conditioning", "conditioning")),
+        outputs=(Port("guider", "guider"),),
+        description="The model with one conditioning, no CFG (ComfyUI's BasicGuider).",
+    ),
+    NodeDescriptor(
+        "sampling/cfg-guider", "CFG guider", "sampling",
+        inputs=(Port("model", "model"), Port("positive", "conditioning"),
+                Port("negative", "conditioning", required=False)),
+        outputs=(Port("guider", "guider"),),
+        params=(_cfg,),
+        description="Classifier-free guidance (ComfyUI's CFGGuider); an unwired negative is "
+        "the empty prompt's.",
+    ),
+    NodeDescriptor(
+        "sampling/custom-advanced", "Custom sampler (advanced)", "sampling",
+        inputs=(Port("noise", "noise"), Port("guider", "guider"), Port("sampler", "sampler"),
+                Port("sigmas", "sigmas"), Port("latent", "latent")),
+        outputs=_latent_outputs,
+        description="Denoise with the given parts (ComfyUI's SamplerCustomAdvanced); "
+        "`denoised` is the last x0 estimate.",
+    ),
+    NodeDescriptor(
+        "sampling/custom", "Custom sampler", "sampling",
+        inputs=(Port("model", "model"), Port("positive", "conditioning"),
+                Port("negative", "conditioning", required=False), Port("sampler", "sampler"),
+                Port("sigmas", "sigmas"), Port("latent", "latent"),
+                Port("seed", "int", required=False)),
+        outputs=_latent_outputs,
+        params=(Param("add_noise", "bool", True), _noise_seed, _cfg),
+        description="Denoise with a sampler and sigmas (ComfyUI's SamplerCustom).",
+    ),
+)
+
+ALL_NODES: tuple[NodeDescriptor, ...] = SOURCES + IMAGE + MODELS + SAMPLING

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.graphs.nodes import MAX_SEED, MAX_STEPS
+from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 
 CONTROL = "control_after_generate"
@@ -44,6 +44,14 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ModelSamplingSD3": ("shift",),
     "ModelSamplingFlux": ("max_shift", "base_shift", "width", "height"),
     "FluxGuidance": ("guidance",),
+    "RandomNoise": ("noise_seed", CONTROL),
+    "KSamplerSelect": ("sampler_name",),
+    "BasicScheduler": ("scheduler", "steps", "denoise"),
+    "ManualSigmas": ("sigmas",),
+    "BasicGuider": (),
+    "CFGGuider": ("cfg",),
+    "SamplerCustomAdvanced": (),
+    "SamplerCustom": ("add_noise", "noise_seed", CONTROL, "cfg"),
     "VAEDecode": (),
     "VAEEncode": (),
     "SaveImage": ("filename_prefix",),
@@ -65,10 +73,9 @@ REROUTE = "Reroute"
 PRIMITIVE_NODE = "PrimitiveNode"
 UI_ONLY = NOTE_TYPES | {REROUTE, PRIMITIVE_NODE}
 
-# Our sampler is flow-matching Euler on the family's own sigma schedule (ComfyUI's `simple`:
-# t = 1 − k/steps, then the shift; tests/workers/test_schedule_shift.py).
-OUR_SAMPLERS = frozenset({"euler"})
-OUR_SCHEDULERS = frozenset({"simple"})
+# The generic samplers and schedulers (apps/graphs/nodes.py); any other name keeps the family's own.
+OUR_SAMPLERS = frozenset(SAMPLERS)
+OUR_SCHEDULERS = frozenset(SCHEDULERS)
 RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
             "bicubic": "bicubic", "lanczos": "lanczos"}
 
@@ -137,11 +144,11 @@ def _sampler_names(values: dict[str, Any]) -> list[str]:
     found = []
     sampler, scheduler = values.get("sampler_name"), values.get("scheduler")
     if isinstance(sampler, str) and sampler not in OUR_SAMPLERS:
-        found.append(f"sampler {sampler!r} is not on this farm: it samples with 'euler' "
-                     "(flow matching)")
+        found.append(f"sampler {sampler!r} is not on this farm: it samples with the model "
+                     "family's own sampler")
     if isinstance(scheduler, str) and scheduler not in OUR_SCHEDULERS:
         found.append(f"scheduler {scheduler!r} is not on this farm: it uses the model family's "
-                     "flow-match schedule ('simple')")
+                     "own schedule")
     cfg = values.get("cfg")
     if isinstance(cfg, int | float) and cfg < 1:
         found.append(f"cfg {cfg} is below 1: guidance 0 (no CFG) is used")
@@ -184,6 +191,32 @@ def _ksampler_denoise_range(values: dict[str, Any]) -> list[str]:
     return []
 
 
+def _advanced_sampler_names(values: dict[str, Any]) -> list[str]:
+    """KSamplerAdvanced keeps the family's own sampler and schedule: name what it ignores."""
+    found = [f"{widget} {values[widget]!r} is ignored: KSamplerAdvanced samples with the model "
+             "family's own sampler and schedule" for widget in ("sampler_name", "scheduler")
+             if isinstance(values.get(widget), str)]
+    cfg = values.get("cfg")
+    if isinstance(cfg, int | float) and cfg < 1:
+        found.append(f"cfg {cfg} is below 1: guidance 0 (no CFG) is used")
+    return found
+
+
+def _ours(names: frozenset[str]) -> Callable[[Any], Any]:
+    """A ComfyUI sampler / scheduler name → ours; a name the farm lacks → "default" (warned)."""
+    return lambda name: name if name in names else "default"
+
+
+def _unknown(widget: str, names: frozenset[str]) -> Callable[[dict[str, Any]], str | None]:
+    def check(values: dict[str, Any]) -> str | None:
+        value = values.get(widget)
+        if isinstance(value, str) and value not in names:
+            return f"{widget} {value!r} is not on this farm (it has {', '.join(sorted(names))})"
+        return None
+
+    return check
+
+
 def _advanced_denoise(values: dict[str, Any]) -> dict[str, Any]:
     """KSamplerAdvanced's start step → our `denoise` (the tail of the schedule run)."""
     steps, start = values.get("steps"), values.get("start_at_step", 0)
@@ -224,6 +257,8 @@ def _zero_side(values: dict[str, Any]) -> str | None:
 # --- the mapping ------------------------------------------------------------------------------
 
 _SEED_AND_STEPS = {"steps": ParamMap("steps"), "cfg": ParamMap("guidance", cfg_to_guidance)}
+_SAMPLER_NAMES = {"sampler_name": ParamMap("sampler", _ours(OUR_SAMPLERS)),
+                  "scheduler": ParamMap("scheduler", _ours(OUR_SCHEDULERS))}
 _SAMPLER_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
                    "latent_image": "latent"}
 _POLICY = "the farm's device policy chooses devices and dtypes"
@@ -263,7 +298,7 @@ RULES: dict[str, Rule] = {
     ),
     "KSampler": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
-        params={"seed": ParamMap("seed", _seed), **_SEED_AND_STEPS,
+        params={"seed": ParamMap("seed", _seed), **_SEED_AND_STEPS, **_SAMPLER_NAMES,
                 "denoise": ParamMap("denoise")},
         warnings=(_sampler_names, _seed_range, _ksampler_denoise_range),
         derive=_ksampler_denoise,
@@ -271,7 +306,49 @@ RULES: dict[str, Rule] = {
     "KSamplerAdvanced": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
         params={"noise_seed": ParamMap("seed", _seed), **_SEED_AND_STEPS},
-        warnings=(_sampler_names, _seed_range, _advanced_limits), derive=_advanced_denoise,
+        warnings=(_advanced_sampler_names, _seed_range, _advanced_limits),
+        derive=_advanced_denoise,
+    ),
+    "RandomNoise": Rule(
+        "sampling/noise", outputs=("noise",), params={"noise_seed": ParamMap("noise_seed", _seed)},
+        warnings=(_seed_range,),
+    ),
+    "KSamplerSelect": Rule(
+        "sampling/sampler", outputs=("sampler",), params={"sampler_name": ParamMap("sampler_name")},
+        refuse=_unknown("sampler_name", OUR_SAMPLERS),
+    ),
+    "BasicScheduler": Rule(
+        "sampling/scheduler", inputs={"model": "model"}, outputs=("sigmas",),
+        params={"scheduler": ParamMap("scheduler"), "steps": ParamMap("steps"),
+                "denoise": ParamMap("denoise")},
+        refuse=_unknown("scheduler", OUR_SCHEDULERS),
+    ),
+    "ManualSigmas": Rule(
+        "sampling/manual-sigmas", outputs=("sigmas",), params={"sigmas": ParamMap("sigmas")},
+    ),
+    "BasicGuider": Rule(
+        "sampling/guider", inputs={"model": "model", "conditioning": "conditioning"},
+        outputs=("guider",),
+    ),
+    "CFGGuider": Rule(
+        "sampling/cfg-guider",
+        inputs={"model": "model", "positive": "positive", "negative": "negative"},
+        outputs=("guider",), params={"cfg": ParamMap("cfg")},
+    ),
+    "SamplerCustomAdvanced": Rule(
+        "sampling/custom-advanced",
+        inputs={"noise": "noise", "guider": "guider", "sampler": "sampler", "sigmas": "sigmas",
+                "latent_image": "latent"},
+        outputs=("latent", "denoised"),
+    ),
+    "SamplerCustom": Rule(
+        "sampling/custom",
+        inputs={"model": "model", "positive": "positive", "negative": "negative",
+                "sampler": "sampler", "sigmas": "sigmas", "latent_image": "latent"},
+        outputs=("latent", "denoised"),
+        params={"add_noise": ParamMap("add_noise", bool), "noise_seed": ParamMap("noise_seed", _seed),
+                "cfg": ParamMap("cfg")},
+        warnings=(_seed_range,),
     ),
     "VAEDecode": Rule("vae/decode", inputs={"samples": "latent", "vae": "vae"}, outputs=("image",)),
     "VAEEncode": Rule("vae/encode", inputs={"pixels": "image", "vae": "vae"}, outputs=("latent",)),

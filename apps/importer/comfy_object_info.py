@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from apps.graphs.descriptors import Param, Port
+from apps.graphs.nodes import SAMPLERS, SCHEDULERS
 from apps.graphs.registry import descriptor_get
 from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
 
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
-         "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING"}
+         "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
+         "noise": "NOISE", "sampler": "SAMPLER", "sigmas": "SIGMAS", "guider": "GUIDER"}
 
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
 SPECS: dict[str, list[Any]] = {
@@ -24,8 +26,8 @@ SPECS: dict[str, list[Any]] = {
     "device": [["default", "cpu"], {"advanced": True}],
     "batch_size": ["INT", {"default": 1, "min": 1, "max": 4096}],
     "cfg": ["FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}],
-    "sampler_name": [["euler"]],
-    "scheduler": [["simple", "normal"]],
+    "sampler_name": [list(SAMPLERS)],
+    "scheduler": [list(SCHEDULERS)],
     "upscale_method": [list(RESAMPLE)],
     "crop": [["disabled", "center"]],
     "add_noise": [["enable", "disable"]],
@@ -34,6 +36,9 @@ SPECS: dict[str, list[Any]] = {
     "end_at_step": ["INT", {"default": 10000, "min": 0, "max": 10000}],
     "filename_prefix": ["STRING", {"default": "ComfyUI"}],
     "text": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+}
+TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares otherwise
+    ("SamplerCustom", "add_noise"): ["BOOLEAN", {"default": True}],
 }
 SEEDS = {"seed", "noise_seed"}
 DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
@@ -71,7 +76,8 @@ def _mapped(name: str, rule: Rule, catalog: dict[str, list[str]],
             continue
         mapping = rule.params.get(widget)
         param = descriptor.param(mapping.name) if mapping is not None else None
-        required[widget] = _widget(widget, param, catalog, uploads)
+        required[widget] = TYPE_SPECS.get((name, widget)) or _widget(widget, param, catalog,
+                                                                      uploads)
     outputs = [_kind(descriptor.output(p)) if p else "MASK" for p in rule.outputs]
     return _info(name, {"required": required}, outputs, outputs, descriptor.category,
                  output_node=descriptor.produces_takes)

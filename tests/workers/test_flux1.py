@@ -35,7 +35,7 @@ def flux_pipeline() -> Any:
 
 
 def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT,
-          shift: float | None = None) -> Any:
+          shift: float | None = None, **sample_params: Any) -> Any:
     """load ×3 (T5 first, CLIP-L second: either order) → encode → empty → sample → decode."""
     def run(node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Any:
         return RUNNERS[node_type](ctx, params, inputs or {})
@@ -46,7 +46,8 @@ def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMP
                                         "file_2": names["text_encoder"]})["encoder"]
     positive = run("encode/text", {"text": prompt}, {"encoder": encoder})["conditioning"]
     empty = run("latent/empty", {"width": W, "height": H})["latent"]
-    params = {"seed": seed, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0, "shift": shift}
+    params = {"seed": seed, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0, "shift": shift,
+              **sample_params}
     latent = run("sample", params, {"model": model, "positive": positive, "latent": empty})["latent"]
     return latent, run("vae/decode", {}, {"vae": vae, "latent": latent})["image"]
 
@@ -148,6 +149,19 @@ def test_eight_concurrent_runs_share_forwards_and_each_matches_its_solo_run(flux
     assert max(batches) > 1
     for seed in range(8):
         assert torch.allclose(results[seed], solo[seed], atol=1e-4), seed
+
+
+def test_the_generic_euler_on_the_familys_sigmas_is_the_pipelines_sampler(flux_stack, make_ctx):
+    """FLUX.1's to_denoised and timesteps: ComfyUI's euler over the family's own sigmas is its
+    FlowMatchEuler within rounding; a ComfyUI scheduler (FLUX's resolution shift) differs."""
+    models_dir, names = flux_stack
+    ctx = make_ctx(models_dir=models_dir)
+    own, _ = chain(ctx, names)
+    generic, _ = chain(ctx, names, sampler="euler")
+    assert torch.allclose(own.samples, generic.samples, atol=1e-5, rtol=0)
+    karras, _ = chain(ctx, names, sampler="dpmpp_2m", scheduler="karras")
+    assert torch.isfinite(karras.samples).all()
+    assert (karras.samples - own.samples).abs().max() > 1e-2
 
 
 def test_a_flux_conditioning_fed_to_a_z_image_model_fails_naming_both(flux_stack, smoke_stack,

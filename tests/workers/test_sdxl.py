@@ -216,3 +216,42 @@ def test_the_original_layout_is_what_diffusers_own_converters_read():
 def _prefixed(state: dict[str, Any]) -> dict[str, Any]:
     return {(k if k.startswith(("text_model.", "text_projection")) else f"text_model.{k}"): v
             for k, v in state.items()}
+
+
+@pytest.mark.parametrize("prediction", PREDICTIONS)
+@pytest.mark.parametrize("name", ["euler", "euler_ancestral", "heun", "dpmpp_2m"])
+def test_comfyui_s_samplers_on_sdxl_step_on_its_to_denoised_as_comfyui_does(sdxl_stack, cpu_policy,
+                                                                           prediction, name):
+    """The generic samplers (workers/sampling/samplers.py) on SDXL's UNet, eps and v-prediction:
+    ComfyUI's ModelSamplingDiscrete (karras over its β table, the nearest training timestep)
+    and its algorithm, transcribed in tests/workers/comfy_reference.py, on the same denoiser."""
+    from tests.workers import comfy_reference as ref
+    from workers.models.sdxl import engine, plugin
+    from workers.sampling import SampleJob, StepBatcher
+    from workers.sampling.samplers import Stepper, eval_timesteps, plan
+    from workers.sampling.schedulers import calculate_sigmas
+
+    models_dir, names = sdxl_stack
+    model, encoder, _ = plugin.load_checkpoint(models_dir, names[prediction], cpu_policy)
+    positive, negative = engine.encode_prompts(encoder, [PROMPT, NEGATIVE])
+    ms = plugin.model_sampling(W, H)
+    sigmas, seed = calculate_sigmas(ms, "karras", 4), 7
+    eps = torch.randn((1, 4, H // 8, W // 8), generator=torch.Generator().manual_seed(seed))
+    x = ms.noise_scaling(sigmas[0], eps, torch.zeros(1), True)
+
+    def denoiser(latents: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        sigma = sigma.reshape(()).float()
+        job = SampleJob(latents, torch.stack([sigma, torch.tensor(0.0)]),
+                        ms.model_timestep(sigma).reshape(1), positive, negative=negative,
+                        guidance=GUIDANCE)
+        return plugin.to_denoised(job, engine.predict(model.transformer, [job])[0])
+
+    steps = plan(name, sigmas, ms)
+    stepper = Stepper(name, sigmas, ms, seed, plugin.to_denoised)
+    job = SampleJob(stepper.start(x), steps.sigmas, eval_timesteps(steps.sigmas, ms), positive,
+                    negative=negative, guidance=GUIDANCE, advance=stepper.advance,
+                    step_done=steps.step_done)
+    ours = StepBatcher(lambda jobs: engine.predict(model.transformer, jobs)).run(job)
+    theirs = ref.REFERENCE[name](denoiser, x, sigmas, ms, ref.default_noise_sampler(x, seed))
+    assert torch.isfinite(ours).all()
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()

@@ -148,6 +148,16 @@ class FamilyPlugin(Protocol):
     def predict(self, transformer: Any, jobs: list[Any]) -> list[Tensor]:
         """One denoiser forward over `jobs` (SampleJobs of any runs); each job's velocity."""
 
+    def to_denoised(self, job: Any, output: Tensor) -> Tensor:
+        """The x0 estimate ("denoised", in the sampler's σ space) from `predict`'s output for
+        `job` at `job.sigmas[job.step]`: what the generic samplers
+        (workers/sampling/samplers.py) step on."""
+
+    def model_sampling(self, width: int, height: int, shift: float | None = None) -> Any:
+        """ComfyUI's model sampling of the family's denoiser (workers/sampling/schedulers.py:
+        `FlowSampling` or `DiscreteSampling`): the σ table the named schedulers read, σ ↔
+        timestep, noise scaling. `shift`: a flow family's sigma shift (None: its default)."""
+
     def encode_image(self, vae: Any, image: Any, generator: Any = None) -> Tensor:
         """Latents [1, C, H/d, W/d] float32 of an RGB image."""
 

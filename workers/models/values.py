@@ -84,3 +84,45 @@ class Latent:
     def pixel_size(self) -> tuple[int, int]:
         """(width, height) in pixels."""
         return self.samples.shape[-1] * self.downscale, self.samples.shape[-2] * self.downscale
+
+
+# --- sampling as parts (ComfyUI's NOISE, SAMPLER, SIGMAS, GUIDER) --------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Noise:
+    """`noise` port: a custom sampler's noise (RandomNoise's seed): its start noise and its
+    ancestral / SDE steps' noise."""
+
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class SamplerChoice:
+    """`sampler` port: a generic sampler by name (workers/sampling/samplers.py SAMPLERS)."""
+
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class Sigmas:
+    """`sigmas` port: a schedule. Either explicit `values` ([n + 1] float32, ManualSigmas), or
+    a named scheduler over `model`'s sampling, resolved at the sampler once the latent's size
+    is known (FLUX.1's shift depends on it)."""
+
+    values: Tensor = None
+    scheduler: str = ""
+    steps: int = 0
+    denoise: float = 1.0
+    model: DiffusionModel | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Guider:
+    """`guider` port: the model and conditioning a custom sampler denoises with; `cfg` ≤ 1 is
+    one forward per step (BasicGuider), above it classifier-free guidance with `negative`."""
+
+    model: DiffusionModel
+    positive: Conditioning
+    negative: Conditioning | None = None
+    cfg: float = 1.0

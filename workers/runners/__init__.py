@@ -2,7 +2,9 @@
 registered model family's own nodes (workers/models/families.py)."""
 
 from workers.models.families import import_node_runners
-from workers.runners import diffusion, image  # noqa: F401 — importing registers the runners
+
+# Importing a runner module registers its runners.
+from workers.runners import diffusion, image, sampling  # noqa: F401
 from workers.runners.base import RUNNERS, NodeContext, NodeFailed, RunCancelled, runner
 
 import_node_runners()

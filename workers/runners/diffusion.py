@@ -19,6 +19,7 @@ family's package and call the helpers below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,12 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
             f"({model.family}) expects {shape} at {width}×{height}"
         )
     shift = None if params.get("shift") is None else float(params["shift"])
+    sampler = params.get("sampler", "default")
+    if (sampler, params.get("scheduler", "default")) != ("default", "default"):
+        out, _ = sample_with(ctx, model, positive, _negative_embeds(positive, negative, guidance),
+                             guidance, extra, latent, _ksampler_sigmas(params, model, latent),
+                             sampler, seed, shift=shift)
+        return {"latent": out}
     sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise,
                                                         shift=shift))
     device = model.placement.device
@@ -119,6 +126,89 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance,
                       extra=extra)
     return {"latent": Latent(out, downscale=fmt.downscale)}
+
+
+def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning, negative: Any,
+                guidance: float, extra: dict[str, Any], latent: Latent, sigmas: Any,
+                sampler: str, seed: int, add_noise: bool = True,
+                shift: float | None = None) -> tuple[Latent, Latent]:
+    """Denoise `latent` with generic sampler `sampler` ("default": euler) over `sigmas` (a
+    `Sigmas` value), as ComfyUI's KSampler / SamplerCustom(Advanced) do: the start is the
+    model sampling's noise scaling of `seed`'s noise (zeros without `add_noise`) at σ₀; the
+    sampler's own noise (ancestral, SDE) is drawn from `seed` too; it steps on the family's
+    `to_denoised`; `shift`: the family's sigma shift (None: its default). Returns (the result,
+    the last x0 estimate)."""
+    import torch
+
+    from workers.sampling.samplers import Stepper, eval_timesteps, plan
+
+    family, fmt = plugin(model.family), info(model.family).latent
+    _same_family(model, positive.encoder, "positive")
+    width, height = latent.pixel_size
+    shape = checked(lambda: fmt.shape(width, height))
+    if not latent.empty and tuple(latent.samples.shape) != shape:
+        raise NodeFailed(f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
+                         f"({model.family}) expects {shape} at {width}×{height}")
+    if not (hasattr(family, "to_denoised") and hasattr(family, "model_sampling")):
+        raise NodeFailed(f"{model.family} models have no generic samplers yet: use sampler "
+                         "\"default\"")
+    ms = family.model_sampling(width, height, shift=shift)
+    values = sigmas.values
+    if values is None:
+        from workers.sampling.schedulers import sigmas_for
+
+        values = checked(lambda: sigmas_for(ms, sigmas.scheduler, sigmas.steps, sigmas.denoise))
+    values = values.float().cpu()
+    if len(values) == 0:
+        raise NodeFailed("the sigmas are empty")
+    name = "euler" if sampler == "default" else sampler
+    stepper = Stepper(name, values, ms, seed, family.to_denoised)
+
+    def start() -> Any:
+        init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
+        eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if add_noise
+               else torch.zeros(shape))
+        max_denoise = math.isclose(ms.sigma_max, float(values[0]), rel_tol=1e-05) or (
+            float(values[0]) > ms.sigma_max)
+        return ms.noise_scaling(values[0], eps, init, max_denoise).to(model.placement.device)
+
+    x = on_device_thread(start)
+    ctx.note_lineage(seed=seed)
+    if len(values) > 1:  # one sigma: no step, the noised latent comes back (as ComfyUI's)
+        steps = checked(lambda: plan(name, values, ms))
+        x = denoise_job(ctx, model, on_device_thread(stepper.start, x), steps.sigmas,
+                        eval_timesteps(steps.sigmas, ms), positive.embeds, negative, guidance,
+                        extra=extra, advance=stepper.advance, step_done=steps.step_done)
+    if ms.const and values[-1] < 1:  # CONST.inverse_noise_scaling (σ 1 would divide by 0)
+        x = x / (1.0 - values[-1].to(x.device))
+    denoised = stepper.denoised if stepper.denoised is not None else x
+    return Latent(x, downscale=fmt.downscale), Latent(denoised, downscale=fmt.downscale)
+
+
+def _ksampler_sigmas(params: dict[str, Any], model: DiffusionModel, latent: Latent) -> Any:
+    """The `sample` node's sigmas for a named scheduler (else the family's own schedule), with
+    the node's meaning of `steps` and `denoise` (the family's img2img: the last
+    steps·denoise of a `steps` schedule; the importer maps ComfyUI's KSampler denoise to it)."""
+    from workers.models.values import Sigmas
+    from workers.sampling.schedulers import sigmas_for
+
+    steps, denoise = int(params["steps"]), float(params["denoise"])
+    scheduler = params.get("scheduler", "default")
+    shift = None if params.get("shift") is None else float(params["shift"])
+    width, height = latent.pixel_size
+    family = plugin(model.family)
+    if scheduler == "default":
+        own = checked(lambda: family.schedule(steps, width, height, denoise, shift=shift))
+        return Sigmas(values=own[0])
+    if not hasattr(family, "model_sampling"):
+        raise NodeFailed(f"{model.family} models have no generic schedulers yet: use scheduler "
+                         "\"default\"")
+    skip = int(max(steps - min(steps * denoise, steps), 0))
+    if steps - skip < 1:
+        raise NodeFailed(f"denoise {denoise} of {steps} steps leaves no step to run; raise "
+                         "denoise or steps")
+    ms = family.model_sampling(width, height, shift=shift)
+    return Sigmas(values=checked(lambda: sigmas_for(ms, scheduler, steps))[skip:])
 
 
 @runner("vae/decode")
@@ -165,11 +255,13 @@ def denoise_job(
     guidance: float,
     preview: Vae | None = None,
     extra: dict[str, Any] | None = None,
+    **job_fields: Any,
 ) -> Any:
     """Submit one SampleJob to the model's step batcher; returns latents [1, C, h, w].
 
     With `preview` (the VAE that will decode the result), progress carries a small preview of
-    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step).
+    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step). `job_fields`:
+    more SampleJob fields (a generic sampler's `advance` and `step_done`).
     """
     import torch
 
@@ -185,7 +277,8 @@ def denoise_job(
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
         extra=extra or {},
-        advance=getattr(plugin(model.family), "advance", None),  # optional: else flow Euler
+        # the family's own step (optional: else flow Euler) unless a generic sampler's is given
+        **{"advance": getattr(plugin(model.family), "advance", None), **job_fields},
     )
     job.on_progress = _progress_reporter(ctx, job, preview)
     from workers.parallel.worker import denoiser
@@ -216,7 +309,7 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
             # The device thread computes the pixels; the PNG is encoded here, on the slot's
             # thread, so no other slot's next step waits behind it.
             png = preview_png(on_device_thread(preview_pixels, vae, job.latents,
-                                               job.sigmas[done], job.velocity))
+                                               job.sigmas[job.step], job.velocity))
             last[0] = now
         ctx.progress(done, total, png, batch=job.batch)
 

@@ -103,7 +103,9 @@ class StepBatcher:
     def run(self, job: SampleJob) -> Tensor:
         """Denoise `job` to the end and return its latents [1, C, H, W] float32.
 
-        Calls `job.on_progress(done, total)` then `job.check_cancelled()` after every step;
+        Calls `job.on_progress(done, total)` after every step (`job.progress`: a sampler's
+        extra evaluations within a step report nothing) and `job.check_cancelled()` after every
+        evaluation;
         an exception from either (RunCancelled) or the job's own forward error propagates here.
         """
         job.check_cancelled()
@@ -111,11 +113,15 @@ class StepBatcher:
             self._active.add(job)
             self._wake[job] = threading.Condition(self._lock)
         try:
+            reported = 0
             while not job.done:
                 self._await_step(job)
                 if job.error is not None:
                     raise job.error
-                job.on_progress(job.step, job.total)
+                done, total = job.progress
+                if done != reported or job.done:  # a step's extra evaluations report nothing
+                    job.on_progress(done, total)
+                    reported = done
                 job.check_cancelled()
             return job.latents
         finally:

@@ -31,8 +31,12 @@ class SampleJob:
     - `advance(job, output)`: this job's own scheduler step, the next latents from the model's
       output for it (None: flow-matching Euler, `x + (σ_next − σ)·v`). The batcher batches the
       forward only; a family whose scheduler keeps state gives each job its own.
-    - `on_progress(done, total)` and `check_cancelled()` are called by the job's own thread
-      after each step; `check_cancelled` raises (RunCancelled) to stop before the next step.
+    - `step_done`: for a sampler that evaluates the model more than once per step
+      (workers/sampling/samplers.py), the steps complete after each evaluation; `sigmas` /
+      `timesteps` then list every evaluation and `step` counts evaluations. None: one
+      evaluation per step.
+    - `on_progress(done, total)` (in steps) is called by the job's own thread after each step,
+      `check_cancelled()` after each evaluation; it raises (RunCancelled) to stop before the next.
     """
 
     latents: Tensor
@@ -45,7 +49,8 @@ class SampleJob:
     check_cancelled: Callable[[], None] = _never_cancelled
     extra: dict[str, Any] = field(default_factory=dict)
     advance: Callable[[SampleJob, Tensor], Tensor] | None = field(default=None, repr=False)
-    step: int = 0  # steps done so far; the batcher advances it
+    step_done: tuple[int, ...] | None = None
+    step: int = 0  # evaluations done so far; the batcher advances it
     batch: int = 0  # how many jobs shared the forward that made the last step
     velocity: Tensor | None = field(default=None, repr=False)  # the last step's v (previews)
     error: BaseException | None = field(default=None, repr=False)
@@ -58,12 +63,21 @@ class SampleJob:
             )
         if self.guidance > 0 and self.negative is None:
             raise ValueError("guidance > 0 needs negative embeddings (use the empty prompt's)")
+        if self.step_done is not None and len(self.step_done) != len(self.timesteps):
+            raise ValueError("step_done needs one entry per evaluation")
         if self.latents.ndim != 4 or self.latents.shape[0] != 1:
             raise ValueError(f"job latents must be [1, C, H, W], got {tuple(self.latents.shape)}")
 
     @property
     def total(self) -> int:
         return len(self.timesteps)
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(steps done, steps in all): evaluations, unless `step_done` maps them to steps."""
+        if self.step_done is None:
+            return self.step, self.total
+        return (self.step_done[self.step - 1] if self.step else 0), self.step_done[-1]
 
     @property
     def items(self) -> int:

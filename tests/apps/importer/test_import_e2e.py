@@ -57,7 +57,7 @@ def pixels_of(client, run: dict[str, Any]) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def test_both_formats_import_to_one_graph_that_renders_the_pipelines_pixels(owner, stack):
+def test_both_formats_import_to_one_graph_that_renders_comfyuis_pixels(owner, stack):
     ui, api = post_workflow(owner, smoke_ui(stack)), post_workflow(owner, smoke_api(stack))
     assert ui.status_code == api.status_code == 200, ui.text + api.text
     ui_body, api_body = ui.json(), api.json()
@@ -68,7 +68,8 @@ def test_both_formats_import_to_one_graph_that_renders_the_pipelines_pixels(owne
     submitted = owner.post("/v1/runs", json={"graph": ui_body["graph"], "target": "9"})
     assert submitted.status_code == 201, submitted.text
     run = owner.wait_run(submitted.json()["runId"])
-    assert np.array_equal(pixels_of(owner, run), reference())
+    # The template's KSampler: res_multistep over simple sigmas, as ComfyUI renders it.
+    assert np.array_equal(pixels_of(owner, run), comfy_pixels("res_multistep", "simple"))
 
 
 def test_a_model_nobody_holds_is_reported_with_its_folder(owner, stack):
@@ -113,4 +114,79 @@ def test_farm_import_run_imports_and_submits_in_one_go(owner, stack, db_access, 
     body = json.loads(out.getvalue())
     assert body["target"] == "9" and body["report"]["format"] == "ui"
     run = owner.wait_run(body["runId"])
-    assert np.array_equal(pixels_of(owner, run), reference())
+    assert np.array_equal(pixels_of(owner, run), comfy_pixels("res_multistep", "simple"))
+
+
+def custom_sampling_api(stack: dict[str, str], sigmas: str) -> dict[str, Any]:
+    """The template with its KSampler replaced by ComfyUI's custom-sampling parts: RandomNoise,
+    BasicGuider, KSamplerSelect (euler), ManualSigmas, SamplerCustomAdvanced."""
+    doc = smoke_api(stack)
+    del doc["57:3"], doc["57:33"]
+    doc.update({
+        "n": {"class_type": "RandomNoise", "inputs": {"noise_seed": SEED}},
+        "g": {"class_type": "BasicGuider", "inputs": {"model": ["57:11", 0],
+                                                      "conditioning": ["57:27", 0]}},
+        "s": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}},
+        "m": {"class_type": "ManualSigmas", "inputs": {"sigmas": sigmas}},
+        "c": {"class_type": "SamplerCustomAdvanced",
+              "inputs": {"noise": ["n", 0], "guider": ["g", 0], "sampler": ["s", 0],
+                         "sigmas": ["m", 0], "latent_image": ["57:13", 0]}},
+    })
+    doc["57:8"]["inputs"]["samples"] = ["c", 0]
+    return doc
+
+
+def comfy_pixels(sampler: str, scheduler: str) -> np.ndarray:
+    """ComfyUI's `sampler` over its `scheduler`'s sigmas (tests/workers/comfy_reference.py) on
+    the smoke pipeline's own modules (Z-Image: shift 3), decoded by its VAE."""
+    import torch
+
+    from tests.workers import comfy_reference as ref
+    from workers.device.policy import Placement
+    from workers.models.values import TextEncoder, Vae
+    from workers.models.zimage import engine, plugin
+    from workers.models.zimage.tiny import smoke_pipeline
+    from workers.sampling import SampleJob
+    from workers.sampling.schedulers import FlowSampling, calculate_sigmas
+
+    pipe, cpu = smoke_pipeline(), Placement("cpu", "float32")
+    caption = engine.encode_prompt(TextEncoder("", "", pipe.text_encoder, pipe.tokenizer, cpu),
+                                   PROMPT)
+
+    def model(x: Any, sigma: Any) -> Any:
+        sigma = sigma.reshape(()).float()
+        job = SampleJob(x, torch.stack([sigma, torch.tensor(0.0)]), (sigma * 1000).reshape(1),
+                        caption)
+        return plugin.to_denoised(job, engine.predict_velocity(pipe.transformer, [job])[0])
+
+    ms = FlowSampling(3.0)
+    noise = engine.noise(engine.latent_shape(W, H), torch.Generator("cpu").manual_seed(SEED), "cpu")
+    with torch.no_grad():
+        x = ref.REFERENCE[sampler](model, noise, calculate_sigmas(ms, scheduler, STEPS), ms,
+                                   ref.default_noise_sampler(noise, SEED))
+        image = engine.decode_latents(Vae("", "", pipe.vae, cpu), x)
+    return np.asarray(image.convert("RGB"))
+
+
+def submit_and_wait(client: Any, graph: dict[str, Any]) -> dict[str, Any]:
+    submitted = client.post("/v1/runs", json={"graph": graph, "target": "9"})
+    assert submitted.status_code == 201, submitted.text
+    return client.wait_run(submitted.json()["runId"])
+
+
+def test_custom_sampling_and_a_dpmpp_2m_karras_ksampler_import_and_render(owner, stack):
+    """ManualSigmas listing the family's own sigmas with euler is the pipeline's image (within
+    rounding); a dpmpp_2m karras KSampler is ComfyUI's dpmpp_2m over karras sigmas."""
+    from workers.models.zimage import engine
+
+    own = engine.sigma_schedule(STEPS, W, H)[0]
+    custom = post_workflow(owner, custom_sampling_api(stack, ", ".join(repr(float(s)) for s in own)))
+    api = smoke_api(stack)
+    api["57:3"]["inputs"].update(sampler_name="dpmpp_2m", scheduler="karras")
+    ksampler = post_workflow(owner, api)
+    assert custom.status_code == ksampler.status_code == 200, custom.text + ksampler.text
+    custom_run, ksampler_run = (submit_and_wait(owner, body.json()["graph"])
+                                for body in (custom, ksampler))  # one by one: none batched
+    diff = np.abs(pixels_of(owner, custom_run).astype(int) - reference().astype(int))
+    assert diff.max() <= 1
+    assert np.array_equal(pixels_of(owner, ksampler_run), comfy_pixels("dpmpp_2m", "karras"))

@@ -41,7 +41,9 @@ def test_both_formats_of_the_z_image_turbo_workflow_import_to_the_same_graph():
     graph = nodes(ui)
     assert graph["57:3"]["type"] == "sample"
     assert graph["57:3"]["params"] == {"seed": 42, "steps": 8, "guidance": 0.0, "denoise": 1.0,
-                                       "shift": 3.0, "parallel": "auto"}  # ModelSamplingAuraFlow
+                                       "shift": 3.0, "parallel": "auto",
+                                           "sampler": "res_multistep",
+                                       "scheduler": "simple"}  # ModelSamplingAuraFlow
     assert graph["57:3"]["inputs"]["model"] == {"node": "57:28", "port": "model"}
     assert "negative" not in graph["57:3"]["inputs"]
     assert graph["57:30"]["params"] == {"file": "qwen_3_4b", "file_2": None}  # the folder model
@@ -60,8 +62,7 @@ def test_the_report_lists_every_node_once_with_its_reason():
     assert entry(result["mapped"], "57:11") == {"id": "57:11", "type": "ModelSamplingAuraFlow",
                                                 "as": "sample", "into": ["57:3"], "param": "shift"}
     assert "negative" in entry(result["dropped"], "57:33")["reason"]
-    sampler = entry(result["warnings"], "57:3")
-    assert sampler["type"] == "KSampler" and "res_multistep" in sampler["message"]
+    assert not [w for w in result["warnings"] if w["id"] == "57:3"]  # res_multistep is honoured
 
 
 def test_a_model_the_fleet_does_not_hold_is_reported_with_its_folder():
@@ -89,14 +90,18 @@ def test_model_names_resolve_against_the_catalog():
 def test_widgets_follow_the_real_order_skipping_control_after_generate():
     graph = nodes(imported(turbo_ui(ksampler=[7, "fixed", 5, 3.5, "euler", "simple", 0.5]).doc()))
     assert graph["8"]["params"] == {"seed": 7, "steps": 10, "guidance": 2.5, "denoise": 0.5,
-                                    "shift": 3.0, "parallel": "auto"}  # ComfyUI's denoise
+                                    "shift": 3.0, "parallel": "auto",
+        "sampler": "euler",
+                                       "scheduler": "simple"}  # ComfyUI's denoise
     assert graph["7"]["params"] == {"width": 512, "height": 384}
 
 
 def test_a_save_without_the_control_value_reads_the_same():
     graph = nodes(imported(turbo_ui(ksampler=[7, 5, 3.5, "euler", "simple", 0.5]).doc()))
     assert graph["8"]["params"] == {"seed": 7, "steps": 10, "guidance": 2.5, "denoise": 0.5,
-                                    "shift": 3.0, "parallel": "auto"}  # ComfyUI's denoise
+                                    "shift": 3.0, "parallel": "auto",
+        "sampler": "euler",
+                                       "scheduler": "simple"}  # ComfyUI's denoise
 
 
 def test_a_converted_widget_keeps_its_slot_and_takes_the_linked_value():
@@ -280,7 +285,9 @@ def test_ksampler_advanced_start_step_becomes_denoise():
                          "end_at_step": 10000, "return_with_leftover_noise": "disable"}
     graph = nodes(imported(api))
     assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 0.75,
-                                       "shift": 3.0, "parallel": "auto"}
+                                       "shift": 3.0, "parallel": "auto",
+                                           "sampler": "default",
+                                       "scheduler": "default"}
 
 
 def test_a_comfy_seed_beyond_what_json_holds_wraps_around_with_a_warning():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from workers.models.sdxl import tiny
 from workers.models.sdxl.engine import (
@@ -24,8 +25,16 @@ from workers.models.sdxl.loading import (
 )
 
 __all__ = ["advance", "decode_latents_batch", "encode_image", "encode_prompts", "init_noise",
-           "load_checkpoint", "load_diffusion_model", "load_text_encoder", "load_vae", "predict",
-           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "load_checkpoint", "load_diffusion_model", "load_text_encoder", "load_vae",
+           "model_sampling", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    """ComfyUI's ModelSamplingDiscrete (SD/SDXL's scaled-linear β table; eps and v-prediction
+    share it: `to_denoised` tells them apart). SDXL has no shift: `shift` is ignored."""
+    from workers.sampling.schedulers import DiscreteSampling
+
+    return DiscreteSampling()
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:

@@ -21,7 +21,10 @@ from workers.models.zimage.engine import predict_velocity as predict
 from workers.models.zimage.loading import load_diffusion_model, load_vae
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
-           "load_text_encoder", "load_vae", "predict", "renoise", "schedule", "write_tiny_stack"]
+           "load_text_encoder", "load_vae", "model_sampling", "predict", "renoise", "schedule",
+           "to_denoised", "write_tiny_stack"]
+
+SHIFT = 3.0  # ComfyUI's ModelSamplingAuraFlow for Z-Image (the scheduler config's shift)
 
 
 def load_text_encoder(models_dir: Path, names: Sequence[str], policy: Any) -> TextEncoder:
@@ -39,3 +42,15 @@ def schedule(steps: int, width: int, height: int, denoise: float,
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
     return tiny.write_smoke_stack(models_dir)
+
+
+def to_denoised(job: Any, output: Any) -> Any:
+    """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
+    return job.latents - job.sigmas[job.step] * output
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    """ComfyUI's model sampling for Z-Image: discrete flow, shift 3 unless given."""
+    from workers.sampling.schedulers import FlowSampling
+
+    return FlowSampling(SHIFT if shift is None else float(shift))
