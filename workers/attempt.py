@@ -103,7 +103,8 @@ def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None) -> Non
         if keep is not None:
             keep.claim = None  # a try that failed may have claimed in its rolled-back transaction
         return run_finish(claim=claim, status=outcome.status, error=outcome.error,
-                          events=outcome.events, takes=outcome.takes, next_run=keep)
+                          events=outcome.events, takes=outcome.takes, next_run=keep,
+                          values=outcome.values)
 
     _patiently(finish)
 

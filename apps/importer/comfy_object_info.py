@@ -15,7 +15,8 @@ from apps.graphs.registry import descriptor_get
 from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
 
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
-         "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING"}
+         "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
+         "bool": "BOOLEAN", "mask": "MASK"}
 
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
 SPECS: dict[str, list[Any]] = {

@@ -1,4 +1,5 @@
-"""Runners for the source nodes and the Pillow image vocabulary (load, resize, crop, save)."""
+"""Runners for the source nodes and the Pillow image vocabulary (load, crop, save); the other
+image operations are in workers/runners/image_ops.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,6 @@ from typing import Any
 from PIL import Image
 
 from workers.runners.base import NodeContext, NodeFailed, runner
-
-_RESAMPLE = {
-    "lanczos": Image.Resampling.LANCZOS,
-    "bicubic": Image.Resampling.BICUBIC,
-    "bilinear": Image.Resampling.BILINEAR,
-    "nearest": Image.Resampling.NEAREST,
-}
 
 
 @runner("input/text")
@@ -43,12 +37,6 @@ def image_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     return {"image": _asset_image(params["asset"])}
 
 
-@runner("image/resize")
-def image_resize(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    size = (params["width"], params["height"])
-    return {"image": inputs["image"].resize(size, _RESAMPLE[params["method"]])}
-
-
 @runner("image/crop")
 def image_crop(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     image: Image.Image = inputs["image"]
@@ -62,7 +50,9 @@ def image_crop(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
 
 @runner("image/save")
 def image_save(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    ctx.keep_take(inputs["image"], label=params["label"])
+    # .get: a graph stored before `format` existed has none (its takes are PNG)
+    ctx.keep_take(inputs["image"], format=params.get("format", "png"),
+                  quality=params.get("quality", 90), label=params["label"])
     return {}
 
 
