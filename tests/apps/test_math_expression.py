@@ -10,8 +10,8 @@ import pytest
 from apps.graphs.mathexpr import ExpressionError, expression_evaluate
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, graph_validate
-from workers.runners.base import RUNNERS, NodeFailed
 from workers.runners import logic  # noqa: F401  (registers the runners)
+from workers.runners.base import RUNNERS, NodeFailed
 
 
 @pytest.mark.parametrize(("expression", "names", "result"), [
