@@ -384,8 +384,8 @@ def _switch_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
 def _preview_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
     kind = kind_of("source")
     if kind not in VALUE_KINDS:
-        return (f"it previews a {kind or 'value this farm does not map'}: the farm shows text, "
-                "numbers and booleans (images: PreviewImage)")
+        return (f"it previews {kind or 'unmapped'} values: the farm shows text, numbers and "
+                "booleans (images: PreviewImage)")
     return RULES["PreviewAny"]
 
 
@@ -394,7 +394,7 @@ def _math_literals(values: dict[str, Any]) -> list[str]:
     for name in MATH_NAMES:
         for key in (name, f"values.{name}"):
             value = values.get(key)
-            if value is not None and not isinstance(value, list):
+            if isinstance(value, int | float):  # a link is no number (api_format.Link)
                 found.append(f"input {name!r} holds the value {value!r}, not a link: feed it from "
                              "a PrimitiveFloat / PrimitiveInt node (the farm reads inputs only)")
     return found
