@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from PIL import Image
 
-from tests.apps.importer.builder import workflow
+from tests.apps.importer.builder import switch_ui, workflow
 from tests.conftest import smoke_stack_reported
 from tests.e2e.test_generation import PROMPT, SEED, STEPS, H, W, reference
 
@@ -114,3 +114,38 @@ def test_farm_import_run_imports_and_submits_in_one_go(owner, stack, db_access, 
     assert body["target"] == "9" and body["report"]["format"] == "ui"
     run = owner.wait_run(body["runId"])
     assert np.array_equal(pixels_of(owner, run), reference())
+
+
+def test_a_comfy_switch_renders_only_its_chosen_branch_at_a_math_derived_size(
+    owner, stack, db_access
+):
+    """ComfyUI's way (tests/apps/importer/builder.py `switch_ui`): the latent's width is
+    PrimitiveInt 32 → ComfyMathExpression `a * 2`; a PrimitiveBoolean picks, inside a subgraph,
+    ImageScaleBy 0.5 over ImageInvert. The take is 32×24, the invert never ran (no node_done),
+    the PreviewAny shows 64 on the run, and the take saved as WebP is served as WebP."""
+    from apps.runs.models import RunEvent
+
+    ui = switch_ui(flag=True, steps=STEPS)
+    ui.node(1)["widgets_values"][0] = stack["model"]
+    ui.node(2)["widgets_values"][0] = f"{stack['text_encoder']}.safetensors"
+    ui.node(3)["widgets_values"][0] = stack["vae"]
+    imported = post_workflow(owner, ui.doc())
+    assert imported.status_code == 200, imported.text
+    body = imported.json()
+    assert body["report"]["unmapped"] == [] and body["report"]["warnings"] == []
+    body["graph"]["nodes"]["10"]["params"]["format"] = "webp"
+    submitted = owner.post("/v1/runs", json={"graph": body["graph"], "target": body["target"]})
+    assert submitted.status_code == 201, submitted.text
+    run = owner.wait_run(submitted.json()["runId"])
+    assert run["status"] == "succeeded", run
+    [take] = run["takes"]
+    assert (take["width"], take["height"], take["mediaType"]) == (32, 24, "image/webp")
+    served = owner.get(f"/v1/takes/{take['id']}/bytes")
+    assert served.headers["content-type"] == "image/webp"
+    assert Image.open(io.BytesIO(served.content)).size == (32, 24)
+    assert run["values"] == [{"nodeId": "21", "nodeType": "util/preview", "kind": "int",
+                              "value": 64, "text": "64"}]
+    done = {e.payload["nodeId"] for e in RunEvent.objects.filter(run_id=run["id"],
+                                                                 type="node_done")}
+    assert {"12", "13", "20:1", "20:3", "10", "21"} <= done
+    assert "20:2" not in done  # the unchosen branch: never executed, never reported
