@@ -67,6 +67,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ImageToMask": ("channel",),
     "MaskToImage": (),
     "ImagePadForOutpaint": ("left", "top", "right", "bottom", "feathering"),
+    "SaveImageAdvanced": ("filename_prefix", "format"),  # the UI format: DYNAMIC_WIDGETS
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
