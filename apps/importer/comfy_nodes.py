@@ -68,6 +68,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "MaskToImage": (),
     "ImagePadForOutpaint": ("left", "top", "right", "bottom", "feathering"),
     "SaveImageAdvanced": ("filename_prefix", "format"),  # the UI format: DYNAMIC_WIDGETS
+    "ResizeAndPadImage": ("target_width", "target_height", "padding_color", "interpolation"),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -518,6 +519,14 @@ VOCABULARY: dict[str, Rule] = {
     ),
     "ResizeImageMaskNode": Rule(
         "image/resize", inputs=_RESIZE_IN, outputs=("image",), pick=_resize_pick,
+    ),
+    "ResizeAndPadImage": Rule(
+        "image/resize", inputs=_IMAGE_IN, outputs=("image",),
+        params={"target_width": ParamMap("width"), "target_height": ParamMap("height"),
+                "padding_color": ParamMap("pad_color"),
+                "interpolation": ParamMap("method", _resample)},
+        derive=lambda values: {"fit": "pad"},
+        warnings=(lambda v: _area({"upscale_method": v.get("interpolation")}),),
     ),
     "ImageInvert": Rule("image/invert", inputs=_IMAGE_IN, outputs=("image",)),
     "ImageCompositeMasked": Rule(

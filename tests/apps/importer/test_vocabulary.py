@@ -64,6 +64,9 @@ def _one(comfy_type: str, inputs: dict[str, Any], source_kind: str = "IMAGE") ->
      "image/resize", {"width": 320, "height": 200, "method": "bicubic", "fit": "crop",
                       "pad_color": "black"}),
     ("ImageInvert", {}, "image/invert", {}),
+    ("ResizeAndPadImage", {"target_width": 512, "target_height": 512, "padding_color": "white",
+                           "interpolation": "lanczos"}, "image/resize",
+     {"width": 512, "height": 512, "method": "lanczos", "fit": "pad", "pad_color": "white"}),
     ("ImagePadForOutpaint", {"left": 64, "top": 0, "right": 64, "bottom": 0, "feathering": 24},
      "image/pad-outpaint", {"left": 64, "top": 0, "right": 64, "bottom": 0, "feathering": 24}),
 ])
