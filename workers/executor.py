@@ -181,7 +181,7 @@ class _RunState:
         asked = self.chosen.get(node_id, frozenset())
         inputs = {name: ref for name, ref in spec.inputs.items()
                   if name not in lazy or name in asked}
-        return NodeSpec(type=spec.type, params=spec.params, inputs=inputs)
+        return spec.model_copy(update={"inputs": inputs})
 
     def _inputs(self, spec: NodeSpec) -> dict[str, Any]:
         return {name: self.outputs[ref.node][ref.port] for name, ref in spec.inputs.items()}

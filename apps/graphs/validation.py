@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apps.graphs.descriptors import NodeDescriptor, Param
@@ -96,14 +96,14 @@ def _upstream(
     doc: GraphDoc, node_id: str, chosen: dict[str, frozenset[str]] | None = None
 ) -> list[str]:
     spec = doc.nodes[node_id]
-    items: list[tuple[str, InputRef]] = list(spec.inputs.items())
+    refs: Iterable[InputRef] = spec.inputs.values()
     if chosen is not None:
         descriptor = descriptor_get(spec.type)
-        lazy = descriptor.lazy if descriptor is not None else ()
-        asked = chosen.get(node_id, frozenset())
-        items = [(name, ref) for name, ref in items if name not in lazy or name in asked]
-    refs = sorted((ref for _, ref in items), key=lambda r: (r.node, r.port))
-    return [ref.node for ref in refs]
+        if descriptor is not None and descriptor.lazy:
+            asked = chosen.get(node_id, frozenset())
+            refs = [ref for name, ref in spec.inputs.items()
+                    if name not in descriptor.lazy or name in asked]
+    return [ref.node for ref in sorted(refs, key=lambda r: (r.node, r.port))]
 
 
 def param_refs(doc: GraphDoc, node_ids: list[str], param_type: str) -> Iterator[tuple[str, Param, Any]]:
