@@ -149,3 +149,24 @@ def test_a_comfy_switch_renders_only_its_chosen_branch_at_a_math_derived_size(
                                                                  type="node_done")}
     assert {"12", "13", "20:1", "20:3", "10", "21"} <= done
     assert "20:2" not in done  # the unchosen branch: never executed, never reported
+
+
+def test_a_bad_wire_around_a_switch_or_a_math_expression_is_a_422_naming_the_node(owner):
+    def nodes(**extra: Any) -> dict[str, Any]:
+        return {"graph": {"nodes": {
+            "flag": {"type": "input/bool", "params": {"value": True}},
+            "a": {"type": "input/text", "params": {"value": "x"}},
+            "sw": {"type": "switch/text", "inputs": {"switch": {"node": "flag", "port": "value"},
+                                                     "on_true": {"node": "a", "port": "text"}}},
+            **extra}}, "target": "out"}
+
+    wrong_kind = nodes(out={"type": "image/invert",
+                            "inputs": {"image": {"node": "sw", "port": "output"}}})
+    unsafe = nodes(out={"type": "math/expression",
+                        "params": {"expression": "a.__class__"},
+                        "inputs": {"a": {"node": "flag", "port": "value"}}})
+    for body, code in ((wrong_kind, "kind_mismatch"), (unsafe, "bad_expression")):
+        response = owner.post("/v1/runs", json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == code
+        assert response.json()["error"]["nodeId"] == "out"
