@@ -62,8 +62,10 @@ SOURCES = (
 IMAGE = (
     NodeDescriptor(
         "image/load", "Load image", "image",
-        outputs=(Port("image", "image"),),
+        outputs=(Port("image", "image"), Port("mask", "mask")),
         params=(Param("asset", "asset", required=True, description="An uploaded asset id."),),
+        description="An uploaded image, and its mask as ComfyUI's LoadImage gives it: 1 − alpha "
+        "(an image without alpha: a 64×64 mask of zeros).",
     ),
     NodeDescriptor(
         "image/crop", "Crop image", "image",

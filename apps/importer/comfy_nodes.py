@@ -321,7 +321,7 @@ RULES: dict[str, Rule] = {
         "image/save", inputs={"images": "image"}, derive=lambda values: {"label": "preview"},
     ),
     "LoadImage": Rule(
-        "image/load", outputs=("image", None), params={"image": ParamMap("asset")},
+        "image/load", outputs=("image", "mask"), params={"image": ParamMap("asset")},
     ),
     "ImageScale": Rule(
         "image/resize", inputs={"image": "image"}, outputs=("image",),

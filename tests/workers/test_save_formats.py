@@ -1,5 +1,5 @@
-"""image/save's formats (ComfyUI's SaveImageAdvanced): a take's bytes are PNG, WebP or JPEG at
-the node's quality, and its media type says which (served as its content type: the e2e test in
+"""image/save's formats (ComfyUI's SaveImageAdvanced) and image/load's mask: a take's bytes are
+PNG, WebP or JPEG at the node's quality, and its media type says which (served as its content type: the e2e test in
 tests/e2e/test_comfy_vocabulary.py reads one over /v1)."""
 
 from __future__ import annotations
@@ -58,3 +58,21 @@ def test_a_lower_quality_makes_smaller_lossy_bytes():
     assert len(blob_read(_saved("jpeg", 30).sha256)) < len(blob_read(_saved("jpeg", 95).sha256))
     assert len(blob_read(_saved("webp", 30).sha256)) < len(blob_read(_saved("webp", 95).sha256))
 
+
+
+def test_a_loaded_image_s_mask_is_one_minus_its_alpha_as_comfyui_s_load_image():
+    from apps.takes.storage import blob_read
+
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    rgba = Image.new("RGBA", (8, 4), (10, 20, 30, 255))
+    rgba.paste((10, 20, 30, 55), (0, 0, 4, 4))  # the left half mostly transparent
+    asset, _ = asset_create(owner=owner, data=png_bytes(rgba))
+    nodes = {
+        "src": {"type": "image/load", "params": {"asset": str(asset.pk)}},
+        "grey": {"type": "mask/to-image", "inputs": {"mask": wire("src", "mask")}},
+        "out": {"type": "image/save", "inputs": {"image": wire("grey", "image")}},
+    }
+    outcome, run = render(nodes, "out")
+    assert outcome.status == "succeeded", outcome.error
+    saved = Image.open(io.BytesIO(blob_read(run.takes.get().sha256))).convert("L")
+    assert saved.getpixel((0, 0)) == 200 and saved.getpixel((7, 3)) == 0  # 255 − 55, 255 − 255

@@ -7,8 +7,10 @@ import io
 import time
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from workers.models.values import Mask
 from workers.runners.base import NodeContext, NodeFailed, runner
 
 
@@ -34,7 +36,15 @@ def input_image(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
 
 @runner("image/load")
 def image_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    return {"image": _asset_image(params["asset"])}
+    image = _asset_image(params["asset"])
+    return {"image": image, "mask": _alpha_mask(image)}
+
+
+def _alpha_mask(image: Image.Image) -> Mask:
+    """ComfyUI's LoadImage mask: 1 where the image is transparent (1 − alpha), else 64×64 zeros."""
+    if "A" not in image.getbands():
+        return Mask(np.zeros((64, 64), np.float32))
+    return Mask(1.0 - np.asarray(image.getchannel("A"), np.float32) / 255.0)
 
 
 @runner("image/crop")
