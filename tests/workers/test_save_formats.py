@@ -1,6 +1,6 @@
 """image/save's formats (ComfyUI's SaveImageAdvanced) and image/load's mask: a take's bytes are
-PNG, WebP or JPEG at the node's quality, and its media type says which (served as its content type: the e2e test in
-tests/e2e/test_comfy_vocabulary.py reads one over /v1)."""
+PNG, WebP or JPEG at the node's quality, and its media type says which (served as its content
+type: tests/apps/importer/test_import_e2e.py reads a WebP take over /v1)."""
 
 from __future__ import annotations
 
