@@ -197,3 +197,19 @@ def test_a_math_input_given_as_a_number_is_a_warning():
     assert messages(result, "1") == ["input 'b' holds the value 3, not a link: feed it from a "
                                      "PrimitiveFloat / PrimitiveInt node (the farm reads inputs "
                                      "only)"]
+
+
+def test_object_info_describes_the_new_types_as_comfyui_does():
+    from apps.importer.comfy_object_info import object_info
+
+    info = object_info(catalog={}, uploads=[])
+    switch, math, preview = (info[t] for t in ("ComfySwitchNode", "ComfyMathExpression",
+                                               "PreviewAny"))
+    assert switch["input"]["required"] == {"switch": ["BOOLEAN"]}
+    assert switch["input"]["optional"] == {"on_false": ["*"], "on_true": ["*"]}
+    assert switch["output"] == ["*"]
+    assert list(math["input"]["required"]) == ["expression"]
+    assert len(math["input"]["optional"]) == 26 and math["output"] == ["FLOAT", "INT", "BOOLEAN"]
+    assert preview["input"]["required"] == {"source": ["*"]} and preview["output_node"]
+    assert info["LoadImage"]["output"] == ["IMAGE", "MASK"]
+    assert info["PrimitiveBoolean"]["output"] == ["BOOLEAN"]
