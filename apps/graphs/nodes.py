@@ -69,13 +69,14 @@ IMAGE = (
     ),
     NodeDescriptor(
         "image/crop", "Crop image", "image",
-        inputs=(Port("image", "image"),),
+        inputs=(Port("image", "image"), *(Port(side, "int", required=False)
+                                          for side in ("x", "y", "width", "height"))),
         outputs=(Port("image", "image"),),
         params=(
-            Param("x", "int", 0, min=0, max=MAX_SIDE * 2),
-            Param("y", "int", 0, min=0, max=MAX_SIDE * 2),
-            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2),
-            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2),
+            Param("x", "int", 0, min=0, max=MAX_SIDE * 2, input="x"),
+            Param("y", "int", 0, min=0, max=MAX_SIDE * 2, input="y"),
+            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2, input="width"),
+            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2, input="height"),
         ),
     ),
     NodeDescriptor(

@@ -25,6 +25,8 @@ _width, _height = _wired_int("width", None, 1, MAX_SIDE * 2), _wired_int("height
 _scale_by = (Port("scale_by", "float", required=False, accepts=("int",)),
              Param("scale_by", "float", 1.0, min=0.01, max=8.0, input="scale_by"))
 _side_size = _wired_int("size", 512, 1, MAX_SIDE * 2)
+_x, _y = _wired_int("x", 0, 0, MAX_SIDE * 2), _wired_int("y", 0, 0, MAX_SIDE * 2)
+_pads = tuple(_wired_int(side, 0, 0, MAX_SIDE) for side in ("left", "top", "right", "bottom"))
 
 IMAGE_OPS = (
     NodeDescriptor(
@@ -78,11 +80,10 @@ IMAGE_OPS = (
     NodeDescriptor(
         "image/composite", "Composite images", "image",
         inputs=(Port("destination", "image"), Port("source", "image"),
-                Port("mask", "mask", required=False)),
+                Port("mask", "mask", required=False), _x[0], _y[0]),
         outputs=_image_out,
         params=(
-            Param("x", "int", 0, min=0, max=MAX_SIDE * 2),
-            Param("y", "int", 0, min=0, max=MAX_SIDE * 2),
+            _x[1], _y[1],
             Param("resize_source", "bool", False,
                   description="Stretch the source to the destination's size first."),
         ),
@@ -91,11 +92,10 @@ IMAGE_OPS = (
     ),
     NodeDescriptor(
         "image/pad-outpaint", "Pad image for outpainting", "image",
-        inputs=_image_in,
+        inputs=(Port("image", "image"), *(port for port, _ in _pads)),
         outputs=(Port("image", "image"), Port("mask", "mask")),
         params=(
-            *(Param(side, "int", 0, min=0, max=MAX_SIDE) for side in
-              ("left", "top", "right", "bottom")),
+            *(param for _, param in _pads),
             Param("feathering", "int", 40, min=0, max=MAX_SIDE),
         ),
         description="Grows the canvas (new area mid-grey) and gives the mask of what to paint, "

@@ -46,3 +46,16 @@ def done_nodes(run: Run) -> list[str]:
     """The node ids of the run's node_done events, in order."""
     return [e.payload["nodeId"] for e in RunEvent.objects.filter(run=run, type="node_done")
             .order_by("seq")]
+
+
+def asset_of(image: Any) -> str:
+    """The id of an uploaded asset holding `image` (a PIL image) as PNG."""
+    import io
+
+    from apps.takes.services import asset_create
+
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    asset, _ = asset_create(owner=owner, data=out.getvalue())
+    return str(asset.pk)

@@ -213,3 +213,19 @@ def test_object_info_describes_the_new_types_as_comfyui_does():
     assert preview["input"]["required"] == {"source": ["*"]} and preview["output_node"]
     assert info["LoadImage"]["output"] == ["IMAGE", "MASK"]
     assert info["PrimitiveBoolean"]["output"] == ["BOOLEAN"]
+
+
+def test_get_image_size_feeds_a_converted_crop_widget():
+    prompt = {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "cat.png"}},
+        "2": {"class_type": "GetImageSize", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "ImageCrop", "inputs": {"image": ["1", 0], "width": ["2", 0],
+                                                    "height": ["2", 1], "x": 0, "y": 0}},
+        "4": {"class_type": "SaveImage", "inputs": {"images": ["3", 0]}},
+    }
+    result = imported(prompt)
+    assert nodes(result)["3"]["inputs"] == {"image": {"node": "1", "port": "image"},
+                                            "width": {"node": "2", "port": "width"},
+                                            "height": {"node": "2", "port": "height"}}
+    assert result.report.warnings == [] or all("loads 'cat.png'" in w["message"]
+                                               for w in result.report.warnings)
