@@ -111,7 +111,7 @@ def _record(claim: Claim, outcome: Outcome, keep: _NextRun | None = None,
             keep.claim = None  # a try that failed may have claimed in its rolled-back transaction
         return run_finish(claim=claim, status=outcome.status, error=outcome.error,
                           events=outcome.events, takes=outcome.takes, next_run=keep,
-                          peak_memory_bytes=peak_memory)
+                          peak_memory_bytes=peak_memory, values=outcome.values)
 
     _patiently(finish)
 

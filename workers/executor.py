@@ -4,6 +4,12 @@ Cheap nodes run inline; node outputs are cached per worker (workers/nodecache.py
 key, so a repeated sub-graph is not recomputed. Cancellation (and loss of the attempt) is
 checked between nodes and, through `ctx.progress`, between steps.
 
+Lazy inputs (a switch's branches, the descriptor's `lazy`) are planned as the run goes: a lazy
+node's other inputs run first, its chooser (workers/runners/base.py `CHOOSERS`) names the lazy
+inputs it needs, and only their upstream joins the plan. A branch not chosen is never
+executed, cached or reported (no `node_done`). Value previews (`util/preview`) run after the
+target once every input they read was computed; what they show is the run's `values`.
+
 Events and takes are buffered and written in as few transactions as a client can tell apart: a
 node that takes longer than INLINE_EVENT_FLUSH_SECONDS writes its `node_done` (and takes) as it
 ends, progress is written at most every INLINE_EVENT_FLUSH_SECONDS, and a graph that runs in a
@@ -26,15 +32,18 @@ from typing import Any
 from django.conf import settings
 from PIL import Image
 
+from apps.graphs.descriptors import NodeDescriptor
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc, NodeSpec
-from apps.graphs.validation import closure_order
+from apps.graphs.validation import GraphInvalid, closure_order, param_value_check, preview_nodes
 from apps.runs.services import Claim, run_events_flush, run_is_current
 from apps.takes.services import TakeDraft
 from workers.faults import WorkerFault, db_retry, is_infrastructure_error
 from workers.nodecache import NodeCache
 from workers.png import png_encode
-from workers.runners import RUNNERS, NodeContext, NodeFailed, RunCancelled
+from workers.runners import CHOOSERS, RUNNERS, NodeContext, NodeFailed, RunCancelled
+from workers.runners.base import TakeRequest
+from workers.takeformat import take_encode
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,7 @@ class Outcome:
     error: dict[str, str] | None = None
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     takes: list[TakeDraft] = field(default_factory=list)
+    values: list[dict[str, Any]] = field(default_factory=list)  # what util/preview nodes showed
 
 
 class CancelCheck:
@@ -89,17 +99,16 @@ def execute(claim: Claim, *, cache: NodeCache, policy: Any, cancel: CancelCheck)
     doc = GraphDoc.model_validate(claim.document)
     state = _RunState(claim=claim, doc=doc, cache=cache, policy=policy, cancel=cancel)
     try:
-        for node_id in closure_order(doc, claim.target):
-            cancel.check()
-            state.run_node(node_id)
+        state.run_closure(claim.target)
+        state.run_previews()
     except RunCancelled:
         return Outcome("cancelled")
     except WorkerFault as exc:
         return Outcome("fault", {"code": "worker_fault", "message": str(exc)})
     except _NodeError as exc:
         error = {"code": exc.code, "message": exc.message, "nodeId": exc.node_id}
-        return Outcome("failed", error, state.events, state.takes)
-    return Outcome("succeeded", None, state.events, state.takes)
+        return Outcome("failed", error, state.events, state.takes, state.values)
+    return Outcome("succeeded", None, state.events, state.takes, state.values)
 
 
 class _NodeError(Exception):
@@ -120,37 +129,111 @@ class _RunState:
     lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # not yet written
     takes: list[TakeDraft] = field(default_factory=list)  # not yet written
+    values: list[dict[str, Any]] = field(default_factory=list)  # shown by util/preview nodes
     written_at: float = field(default_factory=time.monotonic)  # the last write (at first, the claim)
+    # lazy node → the lazy inputs its chooser asked for (absent: not decided yet)
+    chosen: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def run_closure(self, target: str) -> None:
+        """Run `target`'s closure, deciding lazy nodes as they are reached: a lazy node whose
+        other inputs are done asks its chooser, the plan is redrawn with the chosen inputs'
+        upstream, and the walk resumes (nodes already run are skipped)."""
+        order = closure_order(self.doc, target, self.chosen)
+        index = 0
+        while index < len(order):
+            node_id = order[index]
+            index += 1
+            if node_id in self.outputs:
+                continue
+            descriptor = self._descriptor(node_id)
+            if descriptor.lazy and node_id not in self.chosen:
+                self.chosen[node_id] = self._choose(node_id, descriptor)
+                order, index = closure_order(self.doc, target, self.chosen), 0
+                continue
+            self.cancel.check()
+            self.run_node(node_id)
+
+    def run_previews(self) -> None:
+        """Every value preview whose inputs were all computed (on the chosen branches)."""
+        for node_id in preview_nodes(self.doc):
+            refs = self.doc.nodes[node_id].inputs.values()
+            if node_id not in self.outputs and all(ref.node in self.outputs for ref in refs):
+                self.cancel.check()
+                self.run_node(node_id)
+
+    def _descriptor(self, node_id: str) -> NodeDescriptor:
+        descriptor = descriptor_get(self.doc.nodes[node_id].type)
+        assert descriptor is not None  # validated at submit
+        return descriptor
+
+    def _choose(self, node_id: str, descriptor: NodeDescriptor) -> frozenset[str]:
+        spec = self._spec(node_id)  # its non-lazy inputs: computed, as the plan put them first
+        inputs = self._inputs(spec)
+        return CHOOSERS[spec.type](self._params(node_id, spec, descriptor, inputs), inputs)
+
+    def _spec(self, node_id: str) -> NodeSpec:
+        """The node as it runs: a lazy node reads only the lazy inputs it chose (so its cache
+        key and lineage are those of the branch that ran)."""
+        spec = self.doc.nodes[node_id]
+        lazy = self._descriptor(node_id).lazy
+        if not lazy:
+            return spec
+        asked = self.chosen.get(node_id, frozenset())
+        inputs = {name: ref for name, ref in spec.inputs.items()
+                  if name not in lazy or name in asked}
+        return spec.model_copy(update={"inputs": inputs})
+
+    def _inputs(self, spec: NodeSpec) -> dict[str, Any]:
+        return {name: self.outputs[ref.node][ref.port] for name, ref in spec.inputs.items()}
+
+    def _params(self, node_id: str, spec: NodeSpec, descriptor: NodeDescriptor,
+                inputs: dict[str, Any]) -> dict[str, Any]:
+        """The node's params with each wired one replaced by the value that arrived, checked
+        against the param's limits as a submitted value is (a 422's checks, as a failed run)."""
+        params = dict(spec.params)
+        for param in descriptor.params:
+            if param.input is None or param.input not in inputs:
+                continue
+            try:
+                params[param.name] = param_value_check(node_id, param, inputs[param.input])
+            except GraphInvalid as exc:
+                raise _NodeError(exc.code, f"{spec.type}: {exc.message} (from input "
+                                 f"{param.input!r})", node_id) from None
+        return params
 
     def run_node(self, node_id: str) -> None:
-        spec = self.doc.nodes[node_id]
-        descriptor = descriptor_get(spec.type)
-        assert descriptor is not None  # validated at submit
+        spec = self._spec(node_id)
+        descriptor = self._descriptor(node_id)
         key = node_key(spec, self.keys, scope=self.claim.owner_id,
                        content=_model_contents(spec, descriptor))
         upstream = _merge(self.lineage[ref.node] for ref in spec.inputs.values())
-        cacheable = not descriptor.produces_takes and descriptor.category not in UNCACHED_CATEGORIES
+        cacheable = (not descriptor.produces_takes and not descriptor.shows_value
+                     and descriptor.category not in UNCACHED_CATEGORIES)
         hit = self.cache.get(key) if cacheable else None
         started = time.perf_counter()
         slots: list[list[Any]] = []
+        shown: list[Any] = []
         if hit is not None:
             outputs, own = hit
         else:
-            outputs, own, slots = self._compute(node_id, spec, upstream)
+            outputs, own, slots, shown = self._compute(node_id, spec, descriptor, upstream)
             if cacheable:
                 self.cache.put(key, outputs, own)
         self.keys[node_id] = key
         self.outputs[node_id] = outputs
         self.lineage[node_id] = {**upstream, **own}
         took = time.perf_counter() - started
-        self._append("node_done", {
-            "nodeId": node_id, "nodeType": spec.type, "cached": hit is not None,
-            "takeSlots": slots, "ms": round(took * 1000, 1),
-        }, slow=took >= settings.INLINE_EVENT_FLUSH_SECONDS)
+        payload = {"nodeId": node_id, "nodeType": spec.type, "cached": hit is not None,
+                   "takeSlots": slots, "ms": round(took * 1000, 1)}
+        for value in shown:
+            shows = value_to_wire(node_id, spec.type, value)
+            self.values.append(shows)
+            payload["value"] = {k: v for k, v in shows.items() if k not in ("nodeId", "nodeType")}
+        self._append("node_done", payload, slow=took >= settings.INLINE_EVENT_FLUSH_SECONDS)
 
     def _compute(
-        self, node_id: str, spec: NodeSpec, upstream: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any], list[list[Any]]]:
+        self, node_id: str, spec: NodeSpec, descriptor: NodeDescriptor, upstream: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], list[list[Any]], list[Any]]:
         ctx = NodeContext(
             run_id=self.claim.run_id, node_id=node_id, node_type=spec.type,
             graph_sha256=self.claim.graph_sha256, models_dir=Path(settings.INLINE_MODELS_DIR),
@@ -158,9 +241,10 @@ class _RunState:
             report_progress=lambda step, total, preview, batch: self._progress(
                 node_id, step, total, preview, batch),
         )
-        inputs = {name: self.outputs[ref.node][ref.port] for name, ref in spec.inputs.items()}
+        inputs = self._inputs(spec)
+        params = self._params(node_id, spec, descriptor, inputs)
         try:
-            outputs = RUNNERS[spec.type](ctx, dict(spec.params), inputs)
+            outputs = RUNNERS[spec.type](ctx, params, inputs)
         except (RunCancelled, _NodeError, WorkerFault):
             raise
         except NodeFailed as exc:
@@ -173,17 +257,22 @@ class _RunState:
                 "node_failed", f"{spec.type}: {type(exc).__name__}: {exc}", node_id
             ) from None
         lineage = {**upstream, **ctx.lineage}
-        slots = [self._keep(node_id, spec, i, t.image, {**lineage, **t.metadata})
+        slots = [self._keep(node_id, spec, i, t, {**lineage, **t.metadata})
                  for i, t in enumerate(ctx.takes)]
-        return outputs, ctx.lineage, slots
+        return outputs, ctx.lineage, slots, ctx.shown
 
-    def _keep(self, node_id: str, spec: NodeSpec, index: int, image: Image.Image,
+    def _keep(self, node_id: str, spec: NodeSpec, index: int, take: TakeRequest,
               facts: dict[str, Any]) -> list[Any]:
         self.cancel.check()  # a cancelled run keeps no new takes
         lineage = {"graphSha256": self.claim.graph_sha256, "nodeType": spec.type, **facts}
         seed = lineage.get("seed")
+        image: Image.Image = take.image
+        if take.format == "png":
+            data, media_type = png_bytes(image, lineage), "image/png"
+        else:
+            data, media_type = take_encode(image, take.format, take.quality, _lineage_text(lineage))
         self.takes.append(TakeDraft(
-            node_id=node_id, index=index, data=png_bytes(image, lineage), media_type="image/png",
+            node_id=node_id, index=index, data=data, media_type=media_type,
             width=image.width, height=image.height, seed=seed if isinstance(seed, int) else None,
             lineage=lineage,
         ))
@@ -266,7 +355,21 @@ def _model_contents(spec: NodeSpec, descriptor: Any) -> dict[str, str]:
 
 def png_bytes(image: Image.Image, lineage: dict[str, Any]) -> bytes:
     """PNG-encode `image` with the generation parameters in an `inline-farm` text chunk."""
-    return png_encode(image, {"inline-farm": json.dumps(lineage, sort_keys=True, default=str)})
+    return png_encode(image, {"inline-farm": _lineage_text(lineage)})
+
+
+def _lineage_text(lineage: dict[str, Any]) -> str:
+    return json.dumps(lineage, sort_keys=True, default=str)
+
+
+def value_to_wire(node_id: str, node_type: str, value: Any) -> dict[str, Any]:
+    """A shown value as the run's `values` hold it: its kind, the value, and the text ComfyUI's
+    PreviewAny would show."""
+    kind = ("bool" if isinstance(value, bool) else "int" if isinstance(value, int)
+            else "float" if isinstance(value, float) else "text")
+    text = value if isinstance(value, str) else str(value)
+    return {"nodeId": node_id, "nodeType": node_type, "kind": kind,
+            "value": value if kind != "text" else text, "text": text}
 
 
 def _merge(parts: Any) -> dict[str, Any]:

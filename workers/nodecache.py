@@ -23,6 +23,8 @@ def size_of(value: Any) -> int:
         return int(value.width * value.height * len(value.getbands()))  # a PIL image
     if hasattr(value, "element_size") and hasattr(value, "nelement"):
         return int(value.element_size() * value.nelement())  # a torch tensor
+    if isinstance(getattr(value, "nbytes", None), int):
+        return int(value.nbytes)  # a numpy array, a mask
     if isinstance(value, dict):
         return sum(size_of(v) for v in value.values()) + 64
     if isinstance(value, list | tuple):

@@ -18,22 +18,30 @@ STRING_TYPES = frozenset({"string", "enum", "asset", "model"})
 
 # Port kinds. An output feeds an input only when the kinds are equal.
 PORT_KINDS = frozenset(
-    {"image", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int", "float",
-     "noise", "sampler", "sigmas", "guider"}
+    {"image", "mask", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int",
+     "float", "bool", "noise", "sampler", "sigmas", "guider"}
 )
+# The kinds of plain values (computed at run time, shown by `util/preview`, switchable).
+VALUE_KINDS = ("text", "int", "float", "bool")
 
 
 @dataclass(frozen=True)
 class Port:
-    """One input or output of a node type."""
+    """One input or output of a node type. An input also `accepts` outputs of those other kinds
+    (a math input takes an int or a bool as well as a float)."""
 
     name: str
     kind: str
     required: bool = True
+    accepts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in PORT_KINDS:
-            raise ValueError(f"unknown port kind {self.kind!r} on port {self.name!r}")
+        for kind in (self.kind, *self.accepts):
+            if kind not in PORT_KINDS:
+                raise ValueError(f"unknown port kind {kind!r} on port {self.name!r}")
+
+    def takes(self, kind: str) -> bool:
+        return kind == self.kind or kind in self.accepts
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,12 @@ class NodeDescriptor:
     produces_takes: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Inputs computed only when the node asks for them (a switch's branches): the executor runs
+    # the rest of its inputs first, then only the upstream of the lazy inputs it chose.
+    lazy: tuple[str, ...] = ()
+    # A node that shows a value on its run (`values` of the run) and keeps no take; it runs
+    # with any target once every input it reads was computed.
+    shows_value: bool = False
 
     def input(self, name: str) -> Port | None:
         return next((p for p in self.inputs if p.name == name), None)
@@ -105,10 +119,20 @@ class NodeDescriptor:
             "hidden": self.hidden,
             "runnable": self.runnable,
             "producesTakes": self.produces_takes,
-            "inputs": [{"name": p.name, "kind": p.kind, "required": p.required} for p in self.inputs],
+            "showsValue": self.shows_value,
+            "inputs": [_port_to_wire(p, lazy=p.name in self.lazy) for p in self.inputs],
             "outputs": [{"name": p.name, "kind": p.kind} for p in self.outputs],
             "params": [_param_to_wire(p) for p in self.params],
         }
+
+
+def _port_to_wire(p: Port, *, lazy: bool) -> dict[str, Any]:
+    wire: dict[str, Any] = {"name": p.name, "kind": p.kind, "required": p.required}
+    if p.accepts:
+        wire["accepts"] = list(p.accepts)
+    if lazy:
+        wire["lazy"] = True
+    return wire
 
 
 def _param_to_wire(p: Param) -> dict[str, Any]:

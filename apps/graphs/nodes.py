@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
+from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE
+from apps.graphs.nodes_logic import SWITCHES, VALUES
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
-MAX_SIDE = 4096
-RESAMPLE_METHODS = ("lanczos", "bicubic", "bilinear", "nearest")
+SAVE_FORMATS = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
 MAX_PROMPT = 8000  # characters of a prompt or any text fed to the text encoder
 MAX_LABEL = 200  # characters of a take's label (copied into every take and run listing)
 
@@ -14,6 +17,14 @@ _width = Param("width", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
                description="Image width in pixels (a multiple of 16).")
 _height = Param("height", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,
                 description="Image height in pixels (a multiple of 16).")
+
+
+def _wired(param: Param) -> Param:
+    """`param`, suppliable by the input port of its name (an upstream int: ComfyUI's widget
+    input); a value that arrives is checked against the param's limits when the node runs."""
+    return replace(param, input=param.name)
+
+
 _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
               description="Noise seed; the same seed gives the same image.")
 MAX_STEPS = 100
@@ -58,37 +69,34 @@ SOURCES = (
 IMAGE = (
     NodeDescriptor(
         "image/load", "Load image", "image",
-        outputs=(Port("image", "image"),),
+        outputs=(Port("image", "image"), Port("mask", "mask")),
         params=(Param("asset", "asset", required=True, description="An uploaded asset id."),),
-    ),
-    NodeDescriptor(
-        "image/resize", "Resize image", "image",
-        inputs=(Port("image", "image"),),
-        outputs=(Port("image", "image"),),
-        params=(
-            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2),
-            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2),
-            Param("method", "enum", "lanczos", choices=RESAMPLE_METHODS),
-        ),
+        description="An uploaded image, and its mask as ComfyUI's LoadImage gives it: 1 − alpha "
+        "(an image without alpha: a 64×64 mask of zeros).",
     ),
     NodeDescriptor(
         "image/crop", "Crop image", "image",
-        inputs=(Port("image", "image"),),
+        inputs=(Port("image", "image"), *(Port(side, "int", required=False)
+                                          for side in ("x", "y", "width", "height"))),
         outputs=(Port("image", "image"),),
         params=(
-            Param("x", "int", 0, min=0, max=MAX_SIDE * 2),
-            Param("y", "int", 0, min=0, max=MAX_SIDE * 2),
-            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2),
-            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2),
+            Param("x", "int", 0, min=0, max=MAX_SIDE * 2, input="x"),
+            Param("y", "int", 0, min=0, max=MAX_SIDE * 2, input="y"),
+            Param("width", "int", required=True, min=1, max=MAX_SIDE * 2, input="width"),
+            Param("height", "int", required=True, min=1, max=MAX_SIDE * 2, input="height"),
         ),
     ),
     NodeDescriptor(
         "image/save", "Save take", "output",
         inputs=(Port("image", "image"),),
         params=(Param("label", "string", "", max_length=MAX_LABEL,
-                      description="A free label kept with the take."),),
+                      description="A free label kept with the take."),
+                Param("format", "enum", "png", choices=tuple(SAVE_FORMATS),
+                      description="The take's file format (its bytes' content type)."),
+                Param("quality", "int", 90, min=1, max=100,
+                      description="WebP / JPEG quality (PNG is lossless and ignores it).")),
         produces_takes=True,
-        description="Keeps its input as an immutable take (PNG).",
+        description="Keeps its input as an immutable take (PNG, WebP or JPEG).",
     ),
     NodeDescriptor(
         "util/delay", "Delay (diagnostic)", "util",
@@ -135,8 +143,9 @@ MODELS = (
     ),
     NodeDescriptor(
         "latent/empty", "Empty latent", "latent",
+        inputs=(Port("width", "int", required=False), Port("height", "int", required=False)),
         outputs=(Port("latent", "latent"),),
-        params=(_width, _height),
+        params=(_wired(_width), _wired(_height)),
     ),
     NodeDescriptor(
         "sample", "Sample", "sampling",
@@ -275,4 +284,5 @@ SAMPLING = (
     ),
 )
 
-ALL_NODES: tuple[NodeDescriptor, ...] = SOURCES + IMAGE + MODELS + SAMPLING
+ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
+                                         + SAMPLING)

@@ -11,6 +11,8 @@ class InputPortOut(WireOut):
     name: str
     kind: str
     required: bool
+    accepts: list[str] | None = None  # other kinds this input also takes
+    lazy: bool | None = None  # computed only when the node chooses it (a switch's branches)
 
 
 class OutputPortOut(WireOut):
@@ -46,6 +48,7 @@ class DescriptorOut(WireOut):
     hidden: bool
     runnable: bool
     producesTakes: bool
+    showsValue: bool = False  # shows a value on its run (`values`), keeps no take
     inputs: list[InputPortOut]
     outputs: list[OutputPortOut]
     params: list[ParamOut]

@@ -7,11 +7,14 @@ live in the runs service, which calls `asset_params` / `model_params` to find wh
 
 from __future__ import annotations
 
+import ast
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apps.graphs.descriptors import NodeDescriptor, Param
+from apps.graphs.mathexpr import NAMES as MATH_NAMES
+from apps.graphs.mathexpr import expression_parse, expression_problem
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc, InputRef, NodeSpec
 
@@ -37,7 +40,7 @@ def graph_validate(doc: GraphDoc, *, target: str, max_nodes: int = 500) -> Graph
     if target not in graph.nodes:
         raise GraphInvalid("unknown_target", f"target {target!r} is not a node of the graph", target)
     _reject_cycles(graph)
-    for node_id in closure_order(graph, target):
+    for node_id in _runnable_closure(graph, target):
         descriptor = _descriptor(graph.nodes[node_id].type, node_id)
         if not descriptor.runnable:
             raise GraphInvalid(
@@ -48,31 +51,59 @@ def graph_validate(doc: GraphDoc, *, target: str, max_nodes: int = 500) -> Graph
     return graph
 
 
-def closure_order(doc: GraphDoc, target: str) -> list[str]:
+def closure_order(
+    doc: GraphDoc, target: str, chosen: dict[str, frozenset[str]] | None = None
+) -> list[str]:
     """The target's upstream closure in topological order (inputs first, ties by node id).
 
+    With `chosen` (the executor's lazy plan), a node's lazy inputs (a switch's branches) count
+    only once chosen: `chosen[node]` names the lazy inputs it asked for, and a node not in it
+    has asked for none yet. Without it, every input counts (the whole graph, as validated).
     Call only on a graph that passed `graph_validate` (acyclic, every reference resolves).
     Iterative, so a long chain of nodes cannot exhaust Python's recursion limit.
     """
     order: list[str] = []
     seen: set[str] = {target}
-    stack: list[tuple[str, list[str]]] = [(target, _upstream(doc, target))]
+    stack: list[tuple[str, list[str]]] = [(target, _upstream(doc, target, chosen))]
     while stack:
         node_id, pending = stack[-1]
         if pending:
             upstream = pending.pop(0)
             if upstream not in seen:
                 seen.add(upstream)
-                stack.append((upstream, _upstream(doc, upstream)))
+                stack.append((upstream, _upstream(doc, upstream, chosen)))
             continue
         stack.pop()
         order.append(node_id)
     return order
 
 
-def _upstream(doc: GraphDoc, node_id: str) -> list[str]:
-    refs = sorted(doc.nodes[node_id].inputs.values(), key=lambda r: (r.node, r.port))
-    return [ref.node for ref in refs]
+def preview_nodes(doc: GraphDoc) -> list[str]:
+    """The nodes that show a value on their run (`util/preview`), by id: they run with any
+    target, once every input they read was computed."""
+    return sorted(node_id for node_id, spec in doc.nodes.items()
+                  if (d := descriptor_get(spec.type)) is not None and d.shows_value)
+
+
+def _runnable_closure(doc: GraphDoc, target: str) -> list[str]:
+    order = closure_order(doc, target)
+    for preview in preview_nodes(doc):
+        order += closure_order(doc, preview)
+    return list(dict.fromkeys(order))
+
+
+def _upstream(
+    doc: GraphDoc, node_id: str, chosen: dict[str, frozenset[str]] | None = None
+) -> list[str]:
+    spec = doc.nodes[node_id]
+    refs: Iterable[InputRef] = spec.inputs.values()
+    if chosen is not None:
+        descriptor = descriptor_get(spec.type)
+        if descriptor is not None and descriptor.lazy:
+            asked = chosen.get(node_id, frozenset())
+            refs = [ref for name, ref in spec.inputs.items()
+                    if name not in descriptor.lazy or name in asked]
+    return [ref.node for ref in sorted(refs, key=lambda r: (r.node, r.port))]
 
 
 def param_refs(doc: GraphDoc, node_ids: list[str], param_type: str) -> Iterator[tuple[str, Param, Any]]:
@@ -97,7 +128,34 @@ def _node_validate(doc: GraphDoc, node_id: str, spec: NodeSpec) -> NodeSpec:
     descriptor = _descriptor(spec.type, node_id)
     _inputs_validate(doc, node_id, descriptor, spec.inputs)
     params = _params_validate(node_id, descriptor, spec)
+    check = NODE_CHECKS.get(descriptor.type)
+    if check is not None:
+        check(node_id, params, spec)
     return NodeSpec(type=spec.type, params=params, inputs=spec.inputs)
+
+
+def _math_check(node_id: str, params: dict[str, Any], spec: NodeSpec) -> None:
+    """The expression parses, uses only what is allowed, and reads only wired inputs."""
+    problem = expression_problem(params["expression"])
+    if problem is not None:
+        raise GraphInvalid("bad_expression", f"expression: {problem}", node_id)
+    used = {n.id for n in ast.walk(expression_parse(params["expression"]))
+            if isinstance(n, ast.Name) and n.id in MATH_NAMES}
+    missing = sorted(used - spec.inputs.keys())
+    if missing:
+        raise GraphInvalid("bad_expression", f"expression reads {', '.join(missing)}, which "
+                           "is not connected", node_id)
+
+
+NODE_CHECKS = {"math/expression": _math_check}
+
+
+def param_value_check(node_id: str, param: Param, value: Any) -> Any:
+    """A value that reached a wired param at run time, checked as a submitted one would be
+    (type, range, length, choice); GraphInvalid naming the node when it does not fit."""
+    if param.type == "int" and isinstance(value, float) and not value.is_integer():
+        value = int(value)  # ComfyUI's INT output of a float is truncated too
+    return _param_check(node_id, param, value)
 
 
 def _inputs_validate(
@@ -123,7 +181,7 @@ def _inputs_validate(
                 f"output {ref.port!r}",
                 node_id,
             )
-        if source.kind != port.kind:
+        if not port.takes(source.kind):
             raise GraphInvalid(
                 "kind_mismatch",
                 f"input {name!r} takes {port.kind}, but {ref.node}.{ref.port} gives {source.kind}",

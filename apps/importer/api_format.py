@@ -28,7 +28,7 @@ from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 from workers.models.families import REGISTERED, info
 
-CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text"})
+CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text", "input/bool"})
 
 # A LoadImage file name → the id of the asset it names for the caller, or None.
 AssetResolver = Callable[[str], str | None]
@@ -81,17 +81,21 @@ def prompt_to_graph(
     _families_check(state)
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
+    picked: set[str] = set()
+    for node_id in sorted(state.mapped, key=id_order):
+        _pick(state, node_id, picked)
     for node in state.mapped.values():
         _map_node(state, node)
         if node.rule.type == "sample":
             _sampler_family_params(state, node)
     kept, target = _outputs(state)
+    kept |= _previews(state, kept, target)
     graph = {nid: _spec(state.mapped[nid]) for nid in sorted(kept, key=id_order)}
     for nid in sorted(state.mapped, key=id_order):
         node = state.mapped[nid]
         if nid in kept:
             report.mapped.append({"id": nid, "type": node.comfy_type, "as": node.rule.type})
-        elif not _is_output(node):
+        elif not _is_output(node) and not _is_preview(node):
             report.drop(nid, node.comfy_type, "not connected to an output that can run here")
     for nid in sorted(state.nodes, key=id_order):
         comfy_type = state.nodes[nid][0]
@@ -315,6 +319,40 @@ def _shift_of(state: _State, node_id: str) -> float | None:
     return values[0]
 
 
+def _pick(state: _State, node_id: str, picked: set[str]) -> None:
+    """Settle the rule of a node whose rule depends on what feeds it (`Rule.pick`), upstream
+    first; a node no rule fits becomes unmapped with the pick's reason."""
+    node = state.mapped.get(node_id)
+    if node is None or node_id in picked:
+        return
+    picked.add(node_id)  # before the upstream walk: a loop of links ends here
+    if node.rule.pick is None:
+        return
+    _, inputs = state.nodes[node_id]
+
+    def kind_of(name: str) -> str | None:
+        value = inputs.get(name)
+        origin = _resolve(state, value) if isinstance(value, Link) else None
+        if origin is None:
+            return None
+        _pick(state, origin.node, picked)
+        source = state.mapped.get(origin.node)
+        if source is None or origin.slot >= len(source.rule.outputs):
+            return None
+        port_name = source.rule.outputs[origin.slot]
+        descriptor = descriptor_get(source.rule.type)
+        port = descriptor.output(port_name) if descriptor and port_name else None
+        return port.kind if port is not None else None
+
+    rule = node.rule.pick(inputs, kind_of)
+    if isinstance(rule, str):
+        del state.mapped[node_id]
+        state.unmapped[node_id] = rule
+        state.report.unmap(node_id, node.comfy_type, rule)
+    else:
+        node.rule = rule
+
+
 # --- mapping one node -------------------------------------------------------------------------
 
 
@@ -468,6 +506,28 @@ def _is_output(node: _Mapped) -> bool:
     return bool(descriptor and descriptor.produces_takes)
 
 
+def _is_preview(node: _Mapped) -> bool:
+    descriptor = descriptor_get(node.rule.type)
+    return bool(descriptor and descriptor.shows_value)
+
+
+def _previews(state: _State, kept: set[str], target: str) -> set[str]:
+    """The value previews (PreviewAny) that run with the target: those reading only nodes of
+    its closure (a run computes one output's closure; the target itself when it is one)."""
+    closure, _ = _closure(state, target)
+    shown: set[str] = set()
+    for node in sorted(state.mapped.values(), key=lambda n: id_order(n.id)):
+        if not _is_preview(node) or node.id in kept:
+            continue
+        needs, blockers = _closure(state, node.id)
+        if not blockers and needs - {node.id} <= closure and node.inputs:
+            shown.add(node.id)
+        else:
+            state.report.drop(node.id, node.comfy_type, "it shows a value the target's run does "
+                              "not compute (a run computes one output's closure)")
+    return shown
+
+
 def _closure(state: _State, output: str) -> tuple[set[str], list[str]]:
     """(mapped ids upstream of `output`, unmapped ids it needs) — breadth first."""
     seen, blockers, queue = {output}, [], deque([output])
@@ -487,6 +547,9 @@ def _outputs(state: _State) -> tuple[set[str], str]:
     dropped; when none can run, the import fails naming the first unmapped node needed."""
     outputs = sorted((n for n in state.mapped.values() if _is_output(n)),
                      key=lambda n: (n.comfy_type != "SaveImage", id_order(n.id)))
+    if not outputs:  # a workflow that only shows values: its first preview is the target
+        outputs = sorted((n for n in state.mapped.values() if _is_preview(n)),
+                         key=lambda n: id_order(n.id))[:1]
     kept: set[str] = set()
     usable: list[str] = []
     first_blocker: tuple[str, str] | None = None

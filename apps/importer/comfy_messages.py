@@ -6,7 +6,8 @@ into ComfyUI messages, in the order ComfyUI sends them:
     status(running)       → execution_start
     progress              → executing (first time for the node), progress, a binary preview
     node_done cached      → execution_cached {nodes: [id]}
-    node_done             → executing (if not yet), executed {output: {images}} when it kept takes
+    node_done             → executing (if not yet), executed {output: {images}} when it kept takes,
+                            executed {output: {text: [text]}} when it showed a value (PreviewAny)
     run_done succeeded    → execution_success, then executing {node: null}
     run_done failed       → execution_error, then executing {node: null}
     run_done cancelled    → execution_interrupted, then executing {node: null}
@@ -97,6 +98,10 @@ class PromptMessages:
             images = [image_ref_of_wire(t, self.classes.get(node, "")) for t in takes]
             out.append(self._msg("executed", node=node, display_node=node,
                                  output={"images": images}))
+        value = event.get("value")
+        if isinstance(value, dict) and isinstance(value.get("text"), str):
+            out.append(self._msg("executed", node=node, display_node=node,
+                                 output={"text": [value["text"]]}))
         return out
 
     def _on_run_done(self, event: dict[str, Any]) -> list[Message]:

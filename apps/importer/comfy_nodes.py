@@ -8,18 +8,26 @@ Two tables carry the knowledge:
   output slots → our output ports, widgets → our params (with a converter), and checks that
   report what our node cannot honour.
 Types that are folded away (`FOLDED`, `CUT`), UI-only (`UI_ONLY`) or known to be unsupported
-(`UNSUPPORTED`) are listed with the reason the report gives.
+(`UNSUPPORTED`) are listed with the reason the report gives. The rules of ComfyUI's vocabulary
+around the models (values, math, switch, previews, image ops) live in comfy_vocab.py and are
+merged in here; a rule's shape is comfy_rules.py's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
+from apps.importer import comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
+from apps.importer.comfy_rules import RESAMPLE, KindOf, ParamMap, Rule, Warn
+from apps.importer.comfy_rules import area_warning as _area
+from apps.importer.comfy_rules import resample as _resample
+from apps.importer.comfy_vocab import DYNAMIC_WIDGETS
+
+__all__ = ["DYNAMIC_WIDGETS", "RESAMPLE", "ParamMap", "Rule"]  # read from here by the importer
 
 CONTROL = "control_after_generate"
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
@@ -76,33 +84,6 @@ UI_ONLY = NOTE_TYPES | {REROUTE, PRIMITIVE_NODE}
 # The generic samplers and schedulers (apps/graphs/nodes.py); any other name keeps the family's own.
 OUR_SAMPLERS = frozenset(SAMPLERS)
 OUR_SCHEDULERS = frozenset(SCHEDULERS)
-RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
-            "bicubic": "bicubic", "lanczos": "lanczos"}
-
-Warn = Callable[[dict[str, Any]], list[str]]
-
-
-@dataclass(frozen=True)
-class ParamMap:
-    """A ComfyUI widget → one of our params. `folder`: a model param resolved in that folder."""
-
-    name: str
-    convert: Callable[[Any], Any] = lambda v: v
-    folder: str | None = None
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How one ComfyUI type becomes one of our node types."""
-
-    type: str
-    inputs: dict[str, str] = field(default_factory=dict)
-    outputs: tuple[str | None, ...] = ()
-    params: dict[str, ParamMap] = field(default_factory=dict)
-    warnings: tuple[Warn, ...] = ()
-    derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # params from several widgets
-    refuse: Callable[[dict[str, Any]], str | None] | None = None  # a reason it cannot map here
-
 
 # --- converters and checks --------------------------------------------------------------------
 
@@ -124,10 +105,6 @@ def _seed_range(values: dict[str, Any]) -> list[str]:
     if isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED:
         return [f"seed {seed} is above 2^53-1: it is used modulo 2^53 ({_seed(seed)})"]
     return []
-
-
-def _resample(method: Any) -> Any:
-    return RESAMPLE.get(str(method), method)
 
 
 def _differs(widget: str, expected: Any, why: str) -> Warn:
@@ -241,17 +218,28 @@ def _advanced_limits(values: dict[str, Any]) -> list[str]:
     return found
 
 
-def _area(values: dict[str, Any]) -> list[str]:
-    if values.get("upscale_method") == "area":
-        return ["upscale_method 'area' is approximated by 'bilinear'"]
-    return []
-
-
-def _zero_side(values: dict[str, Any]) -> str | None:
-    if values.get("width") == 0 or values.get("height") == 0:
-        return ("a side of 0 keeps the aspect ratio, which needs the input's size; the farm's "
-                "image/resize takes both sides: set them")
+def _zero_sides(values: dict[str, Any]) -> str | None:
+    if values.get("width") == 0 and values.get("height") == 0:
+        return "both sides are 0: ComfyUI passes the image through unchanged; remove the node"
     return None
+
+
+def _crop_fit(values: dict[str, Any]) -> dict[str, Any]:
+    return {"fit": "crop" if values.get("crop") == "center" else "stretch"}
+
+
+_RESIZE_PARAMS = {"upscale_method": ParamMap("method", _resample), "width": ParamMap("width"),
+                  "height": ParamMap("height")}
+
+
+def _image_scale_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ImageScale with a side of 0 keeps the aspect: the other side decides (image/scale-side)."""
+    if values.get("width") != 0 and values.get("height") != 0:
+        return RULES["ImageScale"]
+    other = "height" if values.get("width") == 0 else "width"
+    return Rule("image/scale-side", inputs={"image": "image"}, outputs=("image",),
+                params={"upscale_method": ParamMap("method", _resample), other: ParamMap("size")},
+                derive=lambda v: {"side": other}, warnings=(_area,))
 
 
 # --- the mapping ------------------------------------------------------------------------------
@@ -359,14 +347,12 @@ RULES: dict[str, Rule] = {
         "image/save", inputs={"images": "image"}, derive=lambda values: {"label": "preview"},
     ),
     "LoadImage": Rule(
-        "image/load", outputs=("image", None), params={"image": ParamMap("asset")},
+        "image/load", outputs=("image", "mask"), params={"image": ParamMap("asset")},
     ),
     "ImageScale": Rule(
         "image/resize", inputs={"image": "image"}, outputs=("image",),
-        params={"upscale_method": ParamMap("method", _resample), "width": ParamMap("width"),
-                "height": ParamMap("height")},
-        warnings=(_differs("crop", "disabled", "the farm's resize does not crop"), _area),
-        refuse=_zero_side,
+        params=_RESIZE_PARAMS, derive=_crop_fit, warnings=(_area,), refuse=_zero_sides,
+        pick=_image_scale_pick,
     ),
     "ImageCrop": Rule(
         "image/crop", inputs={"image": "image"}, outputs=("image",),
@@ -381,6 +367,8 @@ RULES: dict[str, Rule] = {
     ),
 }
 RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
+RULES.update(comfy_vocab.VOCABULARY)
+WIDGETS.update(comfy_vocab.WIDGETS)
 
 # Folded into their consumers: output 0 is the named input, unchanged on this farm. The nodes
 # of comfy_families.SAMPLER_PARAM_NODES (FluxGuidance, ModelSampling*) become a param of the
@@ -400,8 +388,6 @@ CUT: dict[str, str] = {
 
 UNSUPPORTED: dict[str, str] = {
     "LoraLoaderModelOnly": "LoRAs are not runnable on this farm yet",
-    "ImageScaleBy": (
-        "scaling by a factor needs the input's size; the farm's image/resize takes width and "
-        "height: use ImageScale"
-    ),
 }
+
+

@@ -11,13 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from apps.graphs.descriptors import Param, Port
+from apps.graphs.mathexpr import NAMES as MATH_NAMES
 from apps.graphs.nodes import SAMPLERS, SCHEDULERS
 from apps.graphs.registry import descriptor_get
 from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
 
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
          "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
-         "noise": "NOISE", "sampler": "SAMPLER", "sigmas": "SIGMAS", "guider": "GUIDER"}
+         "noise": "NOISE", "sampler": "SAMPLER", "sigmas": "SIGMAS", "guider": "GUIDER",
+         "bool": "BOOLEAN", "mask": "MASK"}
 
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
 SPECS: dict[str, list[Any]] = {
@@ -36,10 +38,23 @@ SPECS: dict[str, list[Any]] = {
     "end_at_step": ["INT", {"default": 10000, "min": 0, "max": 10000}],
     "filename_prefix": ["STRING", {"default": "ComfyUI"}],
     "text": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+    "format": [["png", "avif", "exr", "webp", "jpeg"]],  # SaveImageAdvanced: others → PNG
 }
 TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares otherwise
     ("SamplerCustom", "add_noise"): ["BOOLEAN", {"default": True}],
 }
+# Inputs ComfyUI declares optional, and those of any type ("*": a switch's branches, what a
+# PreviewAny shows); the math node's inputs are listed once, by their API names.
+OPTIONAL: dict[str, frozenset[str]] = {
+    "ComfySwitchNode": frozenset({"on_false", "on_true"}),
+    "ImageCompositeMasked": frozenset({"mask"}),
+    "ComfyMathExpression": frozenset(f"values.{n}" for n in MATH_NAMES),
+}
+ANY_TYPE: dict[str, frozenset[str]] = {
+    "ComfySwitchNode": frozenset({"on_false", "on_true"}),
+    "PreviewAny": frozenset({"source"}),
+}
+ALIASES = frozenset(MATH_NAMES)  # ComfyMathExpression's inputs without the `values.` prefix
 SEEDS = {"seed", "noise_seed"}
 DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
            "CheckpointLoaderSimple": "Load Checkpoint",
@@ -69,8 +84,12 @@ def _mapped(name: str, rule: Rule, catalog: dict[str, list[str]],
     descriptor = descriptor_get(rule.type)
     assert descriptor is not None  # tests/apps/importer/test_mapping.py: every rule has one
     required: dict[str, list[Any]] = {}
+    optional: dict[str, list[Any]] = {}
     for comfy, port in rule.inputs.items():
-        required[comfy] = [_kind(descriptor.input(port))]
+        if name == "ComfyMathExpression" and comfy in ALIASES:
+            continue
+        spec = ["*"] if comfy in ANY_TYPE.get(name, ()) else [_kind(descriptor.input(port))]
+        (optional if comfy in OPTIONAL.get(name, ()) else required)[comfy] = spec
     for widget in WIDGETS.get(name, ()):
         if widget in (CONTROL, "upload") or widget in required:
             continue
@@ -79,8 +98,11 @@ def _mapped(name: str, rule: Rule, catalog: dict[str, list[str]],
         required[widget] = TYPE_SPECS.get((name, widget)) or _widget(widget, param, catalog,
                                                                       uploads)
     outputs = [_kind(descriptor.output(p)) if p else "MASK" for p in rule.outputs]
-    return _info(name, {"required": required}, outputs, outputs, descriptor.category,
-                 output_node=descriptor.produces_takes)
+    if name == "ComfySwitchNode":
+        outputs = ["*"]
+    inputs = {"required": required, **({"optional": optional} if optional else {})}
+    return _info(name, inputs, outputs, outputs, descriptor.category,
+                 output_node=descriptor.produces_takes or descriptor.shows_value)
 
 
 def _kind(port: Port | None) -> str:

@@ -164,15 +164,21 @@ def _comfy_input(class_type: str, match: re.Match[str] | None) -> str:
 
 # --- history, queue, images -------------------------------------------------------------------
 
+_SUFFIXES = {"image/webp": ".webp", "image/jpeg": ".jpg"}  # else .png (the takes' default)
+
+
 def image_ref(take: Any, class_type: str) -> dict[str, str]:
-    """How ComfyUI names an output image; /view finds the take by its id in `filename`."""
+    """How ComfyUI names an output image; /view finds the take by its id in `filename` (the
+    suffix follows the take's format: SaveImage's PNG, image/save's WebP or JPEG)."""
     kind = "temp" if class_type == "PreviewImage" else "output"
-    return {"filename": f"{take.id}.png", "subfolder": "", "type": kind}
+    suffix = _SUFFIXES.get(take.media_type, ".png")
+    return {"filename": f"{take.id}{suffix}", "subfolder": "", "type": kind}
 
 
 def image_ref_of_wire(take: dict[str, Any], class_type: str) -> dict[str, str]:
     kind = "temp" if class_type == "PreviewImage" else "output"
-    return {"filename": f"{take['id']}.png", "subfolder": "", "type": kind}
+    suffix = _SUFFIXES.get(take.get("mediaType", ""), ".png")
+    return {"filename": f"{take['id']}{suffix}", "subfolder": "", "type": kind}
 
 
 def queue_item(prompt: Any) -> list[Any]:
@@ -183,10 +189,12 @@ def queue_item(prompt: Any) -> list[Any]:
 def history_entry(prompt: Any) -> dict[str, Any]:
     """One finished prompt as `/history` lists it (its run's takes are prefetched)."""
     run = prompt.run
-    outputs: dict[str, dict[str, list[dict[str, str]]]] = {}
+    outputs: dict[str, dict[str, list[Any]]] = {}
     for take in run.takes.all():
         images = outputs.setdefault(take.node_id, {"images": []})["images"]
         images.append(image_ref(take, class_of(prompt.prompt, take.node_id)))
+    for shown in run.shown_values or []:  # PreviewAny: its text, as ComfyUI's ui output
+        outputs.setdefault(shown["nodeId"], {}).setdefault("text", []).append(shown["text"])
     pid = str(prompt.id)
     started = _ms(run.started_at or run.created_at)
     messages: list[list[Any]] = [["execution_start", {"prompt_id": pid, "timestamp": started}],

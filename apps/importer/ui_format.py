@@ -15,6 +15,7 @@ from typing import Any
 from apps.importer.comfy_nodes import (
     CONTROL,
     CONTROL_VALUES,
+    DYNAMIC_WIDGETS,
     NOTE_TYPES,
     PRIMITIVE_NODE,
     REROUTE,
@@ -342,6 +343,8 @@ def widgets_by_name(node_type: str, values: Any) -> dict[str, Any]:
     value after a seed is skipped when present (older saves lack it)."""
     if isinstance(values, dict):
         return dict(values)
+    if node_type in DYNAMIC_WIDGETS and isinstance(values, list):
+        return DYNAMIC_WIDGETS[node_type](values)
     names = WIDGETS.get(node_type)
     if not isinstance(values, list) or names is None:
         return {}

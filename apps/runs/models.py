@@ -54,6 +54,9 @@ class Run(models.Model):
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     error_node = models.CharField(max_length=200, blank=True)
+    shown_values = models.JSONField(
+        default=list, blank=True,
+        help_text="What the run's value previews (util/preview) showed, written with its finish.")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -45,6 +45,17 @@ class RunSubmitOut(WireOut):
     created: bool
 
 
+class ValueOut(WireOut):
+    """A value a `util/preview` node showed: its kind, the value, and its text as ComfyUI's
+    PreviewAny shows it."""
+
+    nodeId: str
+    nodeType: str
+    kind: str = Field(json_schema_extra={"enum": ["text", "int", "float", "bool"]})
+    value: str | int | float | bool
+    text: str
+
+
 class RunOut(WireOut):
     """A run's durable state with its takes (wire shape in DESIGN.md)."""
 
@@ -62,6 +73,10 @@ class RunOut(WireOut):
     lastSeq: int
     error: ErrorBody | None
     takes: list[TakeOut]
+    values: list[ValueOut] = Field(
+        default_factory=list,
+        description="What the run's value previews (util/preview, ComfyUI's PreviewAny) showed: "
+        "take-less results, written when the run ends.")
     waiting: str | None = Field(default=None, description="Why a queued run has not started.")
     peakMemoryBytes: int | None = Field(
         default=None, description="The worker's peak memory while the run ran: on a GPU, "

@@ -36,6 +36,7 @@ def run_to_wire(run: Run, *, waiting: str | None = None) -> dict[str, Any]:
         "lastSeq": run.last_seq,
         "error": run_error(run),
         "takes": [take_to_wire(t) for t in run.takes.all()],
+        "values": run.shown_values or [],
         "waiting": waiting if run.status == "queued" else None,
         "peakMemoryBytes": run.peak_memory_bytes,
         "estimatedMemoryGb": (run.requirement.get("need") or {}).get("vramGb"),
@@ -45,4 +46,5 @@ def run_to_wire(run: Run, *, waiting: str | None = None) -> dict[str, Any]:
 def run_done_payload(run_id: Any) -> dict[str, Any]:
     """The body of a `run_done` event: final status, takes and error."""
     wire = run_to_wire(Run.objects.prefetch_related("takes").get(pk=run_id))
-    return {"status": wire["status"], "takes": wire["takes"], "error": wire["error"]}
+    return {"status": wire["status"], "takes": wire["takes"], "error": wire["error"],
+            "values": wire["values"]}

@@ -15,7 +15,13 @@ def test_models_lists_the_vocabulary_with_an_etag(owner):
     assert {"image/load", "image/resize", "image/crop", "image/save", "zimage/turbo", "sample",
             "input/text", "load/vae"} <= types
     resize = next(n for n in body["nodes"] if n["type"] == "image/resize")
-    assert resize["inputs"] == [{"name": "image", "kind": "image", "required": True}]
+    assert resize["inputs"] == [{"name": "image", "kind": "image", "required": True},
+                                {"name": "width", "kind": "int", "required": False},
+                                {"name": "height", "kind": "int", "required": False}]
+    switch = next(n for n in body["nodes"] if n["type"] == "switch/image")
+    assert [p.get("lazy", False) for p in switch["inputs"]] == [False, True, True]
+    preview = next(n for n in body["nodes"] if n["type"] == "util/preview")
+    assert preview["showsValue"] and preview["inputs"][0]["accepts"] == ["int", "float", "bool"]
     width = next(p for p in resize["params"] if p["name"] == "width")
     assert {k: width[k] for k in ("type", "required", "min")} == {"type": "int", "required": True,
                                                                   "min": 1}

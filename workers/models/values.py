@@ -126,3 +126,23 @@ class Guider:
     positive: Conditioning
     negative: Conditioning | None = None
     cfg: float = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """`mask` port: a float32 plane [H, W] in 0..1, where 1 marks the area to paint (ComfyUI's
+    MASK convention). Images stay Pillow images; a mask needs more than 8 bits (feathering)."""
+
+    values: Any  # numpy.ndarray [H, W] float32
+
+    @property
+    def width(self) -> int:
+        return int(self.values.shape[1])
+
+    @property
+    def height(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def nbytes(self) -> int:  # the node cache's size of it (workers/nodecache.py)
+        return int(self.values.nbytes)

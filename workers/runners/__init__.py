@@ -2,11 +2,22 @@
 registered model family's own nodes (workers/models/families.py)."""
 
 from workers.models.families import import_node_runners
-
-# Importing a runner module registers its runners.
-from workers.runners import diffusion, image, sampling  # noqa: F401
-from workers.runners.base import RUNNERS, NodeContext, NodeFailed, RunCancelled, runner
+from workers.runners import (  # noqa: F401 — importing registers the runners
+    diffusion,
+    image,
+    image_ops,
+    logic,
+    sampling,
+)
+from workers.runners.base import (
+    CHOOSERS,
+    RUNNERS,
+    NodeContext,
+    NodeFailed,
+    RunCancelled,
+    runner,
+)
 
 import_node_runners()
 
-__all__ = ["RUNNERS", "NodeContext", "NodeFailed", "RunCancelled", "runner"]
+__all__ = ["CHOOSERS", "RUNNERS", "NodeContext", "NodeFailed", "RunCancelled", "runner"]

@@ -18,6 +18,10 @@ Runner = Callable[["NodeContext", dict[str, Any], dict[str, Any]], dict[str, Any
 
 RUNNERS: dict[str, Runner] = {}
 
+# A lazy node's chooser: (params, its computed non-lazy inputs) -> the lazy inputs it needs.
+Chooser = Callable[[dict[str, Any], dict[str, Any]], frozenset[str]]
+CHOOSERS: dict[str, Chooser] = {}
+
 
 class RunCancelled(Exception):
     """The run was cancelled (or lost its lease) while a node was working; stop promptly."""
@@ -39,12 +43,28 @@ def runner(node_type: str) -> Callable[[Runner], Runner]:
     return register
 
 
+def chooser(node_type: str) -> Callable[[Chooser], Chooser]:
+    """Register `fn` as the chooser of a node type with lazy inputs (its descriptor's `lazy`):
+    the executor asks it which of them to compute, and never computes the others."""
+
+    def register(fn: Chooser) -> Chooser:
+        if node_type in CHOOSERS:
+            raise RuntimeError(f"two choosers registered for {node_type!r}")
+        CHOOSERS[node_type] = fn
+        return fn
+
+    return register
+
+
 @dataclass
 class TakeRequest:
-    """An image a node asks the executor to keep as a take (written after the node returns)."""
+    """An image a node asks the executor to keep as a take (written after the node returns),
+    encoded as `format` (png, webp, jpeg; `quality` for the lossy two)."""
 
     image: Any  # PIL.Image.Image
     metadata: dict[str, Any] = field(default_factory=dict)
+    format: str = "png"
+    quality: int = 90
 
 
 @dataclass
@@ -62,6 +82,7 @@ class NodeContext:
     report_progress: Callable[[int, int, bytes | None, int | None], None]
     lineage: dict[str, Any] = field(default_factory=dict)
     takes: list[TakeRequest] = field(default_factory=list)
+    shown: list[Any] = field(default_factory=list)  # values shown on the run (util/preview)
 
     def progress(self, step: int, total: int, preview_png: bytes | None = None,
                  batch: int | None = None) -> None:
@@ -76,5 +97,11 @@ class NodeContext:
         """Record facts (seed, model file hashes, …) that end up in every downstream take."""
         self.lineage.update(facts)
 
-    def keep_take(self, image: Any, **metadata: Any) -> None:
-        self.takes.append(TakeRequest(image=image, metadata=metadata))
+    def keep_take(self, image: Any, *, format: str = "png", quality: int = 90,
+                  **metadata: Any) -> None:
+        self.takes.append(TakeRequest(image=image, metadata=metadata, format=format,
+                                      quality=quality))
+
+    def show_value(self, value: Any) -> None:
+        """Show `value` (text, a number, a bool) on the run: its node_done and `values`."""
+        self.shown.append(value)

@@ -1,4 +1,5 @@
-"""Runners for the source nodes and the Pillow image vocabulary (load, resize, crop, save)."""
+"""Runners for the source nodes and the Pillow image vocabulary (load, crop, save); the other
+image operations are in workers/runners/image_ops.py."""
 
 from __future__ import annotations
 
@@ -6,16 +7,11 @@ import io
 import time
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from workers.models.values import Mask
 from workers.runners.base import NodeContext, NodeFailed, runner
-
-_RESAMPLE = {
-    "lanczos": Image.Resampling.LANCZOS,
-    "bicubic": Image.Resampling.BICUBIC,
-    "bilinear": Image.Resampling.BILINEAR,
-    "nearest": Image.Resampling.NEAREST,
-}
 
 
 @runner("input/text")
@@ -40,13 +36,15 @@ def input_image(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
 
 @runner("image/load")
 def image_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    return {"image": _asset_image(params["asset"])}
+    image = _asset_image(params["asset"])
+    return {"image": image, "mask": _alpha_mask(image)}
 
 
-@runner("image/resize")
-def image_resize(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    size = (params["width"], params["height"])
-    return {"image": inputs["image"].resize(size, _RESAMPLE[params["method"]])}
+def _alpha_mask(image: Image.Image) -> Mask:
+    """ComfyUI's LoadImage mask: 1 where the image is transparent (1 − alpha), else 64×64 zeros."""
+    if "A" not in image.getbands():
+        return Mask(np.zeros((64, 64), np.float32))
+    return Mask(1.0 - np.asarray(image.getchannel("A"), np.float32) / 255.0)
 
 
 @runner("image/crop")
@@ -62,7 +60,9 @@ def image_crop(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
 
 @runner("image/save")
 def image_save(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
-    ctx.keep_take(inputs["image"], label=params["label"])
+    # .get: a graph stored before `format` existed has none (its takes are PNG)
+    ctx.keep_take(inputs["image"], format=params.get("format", "png"),
+                  quality=params.get("quality", 90), label=params["label"])
     return {}
 
 

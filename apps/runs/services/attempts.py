@@ -149,7 +149,8 @@ _FINISH = f"""
 UPDATE runs_run
 SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
     error_code = %(code)s, error_message = %(message)s, error_node = %(node)s,
-    last_seq = last_seq + %(events)s, peak_memory_bytes = %(peak)s
+    last_seq = last_seq + %(events)s, peak_memory_bytes = %(peak)s,
+    shown_values = %(values)s::jsonb
 WHERE id = %(run)s AND attempts = %(attempt)s AND status = '{RunStatus.RUNNING}'
 RETURNING last_seq, queue, EXISTS (SELECT 1 FROM takes_take t WHERE t.run_id = runs_run.id),
     EXISTS (SELECT 1 FROM runs_run w WHERE w.status = '{RunStatus.QUEUED}' AND w.queue = runs_run.queue)
@@ -164,10 +165,13 @@ def run_finish(
     *, claim: Claim, status: str, error: dict[str, str] | None = None,
     events: Sequence[tuple[str, dict[str, Any]]] = (), takes: Sequence[TakeDraft] = (),
     next_run: NextRun | None = None, peak_memory_bytes: int | None = None,
+    values: Sequence[dict[str, Any]] = (),
 ) -> bool:
     """Record the outcome of our attempt with its last events and takes, all in one transaction
     (fenced by `attempt`); False, and nothing written, if we no longer own the run.
     `peak_memory_bytes`: the worker's peak memory while the attempt ran (workers/memory.py).
+    `values`: what the attempt's value previews showed (all of them: an attempt recomputes
+    every one, so the run keeps exactly the last attempt's).
 
     After commit the run's queue is dispatched into the freed slot — unless `next_run` (the
     worker's slot, workers/attempt.py) took a waiting run of the queue inside this transaction:
@@ -181,7 +185,7 @@ def run_finish(
                 "status": status, "code": error.get("code", ""),
                 "message": error.get("message", ""), "node": error.get("nodeId") or "",
                 "events": len(events) + 1, "run": claim.run_id, "attempt": claim.attempt,
-                "peak": peak_memory_bytes,
+                "peak": peak_memory_bytes, "values": json.dumps(list(values)),
             })
             row = cursor.fetchone()
         if row is None:
@@ -197,7 +201,8 @@ def run_finish(
             rows.sort(key=lambda t: (t.created_at, t.node_id, t.index))  # as Take's ordering
         every = [take_to_wire(t) for t in rows]
         kept = {(t["nodeId"], t["index"]): t for t in every}
-        done = {"status": status, "error": run_error_of(error), "takes": every}
+        done = {"status": status, "error": run_error_of(error), "takes": every,
+                "values": list(values)}
         bound = [(t, _bind_takes(p, kept)) for t, p in events] + [("run_done", done)]
         events_insert(run_id=claim.run_id, first_seq=last_seq - len(bound) + 1, events=bound)
         _after_finish(queue, waiting, next_run)

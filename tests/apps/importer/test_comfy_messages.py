@@ -108,3 +108,16 @@ def test_an_unknown_type_anywhere_is_refused_and_known_ones_are_not():
     refused = unknown_refusal({"5": {"class_type": "Mystery", "inputs": {}}})
     assert refused is not None and refused.error["details"] == "Node ID '#5'"
     assert refused.body()["node_errors"]["5"]["class_type"] == "Mystery"
+
+
+def test_a_shown_value_reads_as_comfyui_s_text_output_and_a_webp_take_keeps_its_suffix():
+    out = feed([
+        {"type": "status", "status": "running"},
+        {"type": "node_done", "nodeId": "2", "cached": False, "takes": [],
+         "value": {"kind": "int", "value": 64, "text": "64"}},
+        {"type": "node_done", "nodeId": "3", "cached": False,
+         "takes": [{"id": "t1", "mediaType": "image/webp"}]},
+    ])
+    assert types_of(out) == ["execution_start", "executing", "executed", "executing", "executed"]
+    assert out[2]["data"]["output"] == {"text": ["64"]}
+    assert out[4]["data"]["output"]["images"][0]["filename"] == "t1.webp"

@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from PIL import Image
 
-from tests.apps.importer.builder import workflow
+from tests.apps.importer.builder import switch_ui, workflow
 from tests.conftest import smoke_stack_reported
 from tests.e2e.test_generation import PROMPT, SEED, STEPS, H, W, reference
 
@@ -190,3 +190,59 @@ def test_custom_sampling_and_a_dpmpp_2m_karras_ksampler_import_and_render(owner,
     diff = np.abs(pixels_of(owner, custom_run).astype(int) - reference().astype(int))
     assert diff.max() <= 1
     assert np.array_equal(pixels_of(owner, ksampler_run), comfy_pixels("dpmpp_2m", "karras"))
+
+
+def test_a_comfy_switch_renders_only_its_chosen_branch_at_a_math_derived_size(
+    owner, stack, db_access
+):
+    """ComfyUI's way (tests/apps/importer/builder.py `switch_ui`): the latent's width is
+    PrimitiveInt 32 → ComfyMathExpression `a * 2`; a PrimitiveBoolean picks, inside a subgraph,
+    ImageScaleBy 0.5 over ImageInvert. The take is 32×24, the invert never ran (no node_done),
+    the PreviewAny shows 64 on the run, and the take saved as WebP is served as WebP."""
+    from apps.runs.models import RunEvent
+
+    ui = switch_ui(flag=True, steps=STEPS)
+    ui.node(1)["widgets_values"][0] = stack["model"]
+    ui.node(2)["widgets_values"][0] = f"{stack['text_encoder']}.safetensors"
+    ui.node(3)["widgets_values"][0] = stack["vae"]
+    imported = post_workflow(owner, ui.doc())
+    assert imported.status_code == 200, imported.text
+    body = imported.json()
+    assert body["report"]["unmapped"] == [] and body["report"]["warnings"] == []
+    body["graph"]["nodes"]["10"]["params"]["format"] = "webp"
+    submitted = owner.post("/v1/runs", json={"graph": body["graph"], "target": body["target"]})
+    assert submitted.status_code == 201, submitted.text
+    run = owner.wait_run(submitted.json()["runId"])
+    assert run["status"] == "succeeded", run
+    [take] = run["takes"]
+    assert (take["width"], take["height"], take["mediaType"]) == (32, 24, "image/webp")
+    served = owner.get(f"/v1/takes/{take['id']}/bytes")
+    assert served.headers["content-type"] == "image/webp"
+    assert Image.open(io.BytesIO(served.content)).size == (32, 24)
+    assert run["values"] == [{"nodeId": "21", "nodeType": "util/preview", "kind": "int",
+                              "value": 64, "text": "64"}]
+    done = {e.payload["nodeId"] for e in RunEvent.objects.filter(run_id=run["id"],
+                                                                 type="node_done")}
+    assert {"12", "13", "20:1", "20:3", "10", "21"} <= done
+    assert "20:2" not in done  # the unchosen branch: never executed, never reported
+
+
+def test_a_bad_wire_around_a_switch_or_a_math_expression_is_a_422_naming_the_node(owner):
+    def nodes(**extra: Any) -> dict[str, Any]:
+        return {"graph": {"nodes": {
+            "flag": {"type": "input/bool", "params": {"value": True}},
+            "a": {"type": "input/text", "params": {"value": "x"}},
+            "sw": {"type": "switch/text", "inputs": {"switch": {"node": "flag", "port": "value"},
+                                                     "on_true": {"node": "a", "port": "text"}}},
+            **extra}}, "target": "out"}
+
+    wrong_kind = nodes(out={"type": "image/invert",
+                            "inputs": {"image": {"node": "sw", "port": "output"}}})
+    unsafe = nodes(out={"type": "math/expression",
+                        "params": {"expression": "a.__class__"},
+                        "inputs": {"a": {"node": "flag", "port": "value"}}})
+    for body, code in ((wrong_kind, "kind_mismatch"), (unsafe, "bad_expression")):
+        response = owner.post("/v1/runs", json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == code
+        assert response.json()["error"]["nodeId"] == "out"

@@ -47,7 +47,8 @@ def test_both_formats_of_the_z_image_turbo_workflow_import_to_the_same_graph():
     assert graph["57:3"]["inputs"]["model"] == {"node": "57:28", "port": "model"}
     assert "negative" not in graph["57:3"]["inputs"]
     assert graph["57:30"]["params"] == {"file": "qwen_3_4b", "file_2": None}  # the folder model
-    assert graph["9"] == {"type": "image/save", "params": {"label": "z-image-turbo"},
+    assert graph["9"] == {"type": "image/save", "params": {"label": "z-image-turbo",
+                                                           "format": "png", "quality": 90},
                           "inputs": {"image": {"node": "57:8", "port": "image"}}}
 
 
@@ -269,9 +270,11 @@ def test_image_nodes_map_and_the_loaded_file_is_listed_as_an_asset():
     result = imported(ui.doc())
     graph = nodes(result)
     assert graph["1"]["params"] == {"asset": "cat.png"}
-    assert graph["2"]["params"] == {"width": 640, "height": 480, "method": "nearest"}
+    assert graph["2"]["params"] == {"width": 640, "height": 480, "method": "nearest",
+                                    "fit": "stretch", "pad_color": "black"}
     assert graph["3"]["params"] == {"x": 10, "y": 20, "width": 320, "height": 240}
-    assert graph["4"]["params"] == {"label": "preview"} and result.target == "4"
+    assert graph["4"]["params"] == {"label": "preview", "format": "png", "quality": 90}
+    assert result.target == "4"
     assert result.report.assets == [{"id": "1", "type": "LoadImage", "file": "cat.png"}]
 
 

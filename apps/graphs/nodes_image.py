@@ -1,0 +1,115 @@
+"""Image and mask operations beyond load / resize / crop / save (ComfyUI's image basics).
+
+Images between nodes are RGB (or RGBA) Pillow images; a mask is a float plane in 0..1 where 1
+marks the area to paint, as ComfyUI's MASK. Where a param takes a size, an upstream int output
+may supply it instead (ComfyUI's widget inputs), checked against the same range when it arrives.
+"""
+
+from __future__ import annotations
+
+from apps.graphs.descriptors import NodeDescriptor, Param, Port
+
+MAX_SIDE = 4096
+RESAMPLE_METHODS = ("lanczos", "bicubic", "bilinear", "nearest")
+_image_in, _image_out = (Port("image", "image"),), (Port("image", "image"),)
+_method = Param("method", "enum", "lanczos", choices=RESAMPLE_METHODS)
+
+
+def _wired_int(name: str, default: int | None, lo: int, hi: int) -> tuple[Port, Param]:
+    return (Port(name, "int", required=False),
+            Param(name, "int", default, required=default is None, min=lo, max=hi, input=name))
+
+
+_width, _height = _wired_int("width", None, 1, MAX_SIDE * 2), _wired_int("height", None, 1,
+                                                                            MAX_SIDE * 2)
+_scale_by = (Port("scale_by", "float", required=False, accepts=("int",)),
+             Param("scale_by", "float", 1.0, min=0.01, max=8.0, input="scale_by"))
+_side_size = _wired_int("size", 512, 1, MAX_SIDE * 2)
+_x, _y = _wired_int("x", 0, 0, MAX_SIDE * 2), _wired_int("y", 0, 0, MAX_SIDE * 2)
+_pads = tuple(_wired_int(side, 0, 0, MAX_SIDE) for side in ("left", "top", "right", "bottom"))
+
+IMAGE_OPS = (
+    NodeDescriptor(
+        "image/resize", "Resize image", "image",
+        inputs=(Port("image", "image"), _width[0], _height[0]),
+        outputs=_image_out,
+        params=(
+            _width[1], _height[1], _method,
+            Param("fit", "enum", "stretch", choices=("stretch", "crop", "pad"),
+                  description="stretch to the size; crop: scale to cover it and cut the centre "
+                  "(ComfyUI's crop 'center'); pad: scale to fit inside and pad the rest."),
+            Param("pad_color", "enum", "black", choices=("black", "white", "gray")),
+        ),
+    ),
+    NodeDescriptor(
+        "image/scale-by", "Scale image by", "image",
+        inputs=(Port("image", "image"), _scale_by[0]),
+        outputs=_image_out,
+        params=(_scale_by[1], _method),
+        description="Both sides times a factor, rounded (ComfyUI's ImageScaleBy).",
+    ),
+    NodeDescriptor(
+        "image/scale-to-pixels", "Scale image to total pixels", "image",
+        inputs=_image_in, outputs=_image_out,
+        params=(
+            Param("megapixels", "float", 1.0, min=0.01, max=16.0,
+                  description="Millions of 1024² pixels; the aspect ratio is kept."),
+            Param("resolution_steps", "int", 1, min=1, max=256,
+                  description="Each side is rounded to a multiple of this."),
+            _method,
+        ),
+        description="Scales to a pixel count keeping the aspect (ComfyUI's "
+        "ImageScaleToTotalPixels).",
+    ),
+    NodeDescriptor(
+        "image/scale-side", "Scale image by one side", "image",
+        inputs=(Port("image", "image"), _side_size[0]),
+        outputs=_image_out,
+        params=(
+            Param("side", "enum", "longer", choices=("longer", "shorter", "width", "height")),
+            _side_size[1], _method,
+        ),
+        description="Scales so that one side has `size` pixels, keeping the aspect (ComfyUI's "
+        "ResizeImageMaskNode longer / shorter / width / height, ImageScale with a 0 side).",
+    ),
+    NodeDescriptor(
+        "image/invert", "Invert image", "image",
+        inputs=_image_in, outputs=_image_out,
+        description="255 − every colour value (alpha kept), ComfyUI's ImageInvert.",
+    ),
+    NodeDescriptor(
+        "image/composite", "Composite images", "image",
+        inputs=(Port("destination", "image"), Port("source", "image"),
+                Port("mask", "mask", required=False), _x[0], _y[0]),
+        outputs=_image_out,
+        params=(
+            _x[1], _y[1],
+            Param("resize_source", "bool", False,
+                  description="Stretch the source to the destination's size first."),
+        ),
+        description="Pastes source onto destination at (x, y), through the mask when one is "
+        "wired (ComfyUI's ImageCompositeMasked).",
+    ),
+    NodeDescriptor(
+        "image/pad-outpaint", "Pad image for outpainting", "image",
+        inputs=(Port("image", "image"), *(port for port, _ in _pads)),
+        outputs=(Port("image", "image"), Port("mask", "mask")),
+        params=(
+            *(param for _, param in _pads),
+            Param("feathering", "int", 40, min=0, max=MAX_SIDE),
+        ),
+        description="Grows the canvas (new area mid-grey) and gives the mask of what to paint, "
+        "feathered into the old image (ComfyUI's ImagePadForOutpaint).",
+    ),
+    NodeDescriptor(
+        "mask/from-image", "Mask from image", "mask",
+        inputs=_image_in, outputs=(Port("mask", "mask"),),
+        params=(Param("channel", "enum", "red", choices=("red", "green", "blue", "alpha")),),
+        description="One channel of the image as a mask (ComfyUI's ImageToMask).",
+    ),
+    NodeDescriptor(
+        "mask/to-image", "Mask to image", "mask",
+        inputs=(Port("mask", "mask"),), outputs=_image_out,
+        description="The mask as a grey image (ComfyUI's MaskToImage).",
+    ),
+)

@@ -1,0 +1,247 @@
+"""The importer's rules for ComfyUI's core vocabulary around the models: values, math, the
+switch, previews, image and mask ops, SaveImageAdvanced (comfy_nodes.py merges them into its
+tables). TORCH-FREE.
+
+A rule with `pick` is settled per node from its widgets and the kinds that feed it: a switch
+becomes `switch/<kind>` of its branches, ResizeImageMaskNode the node of its mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from apps.graphs.descriptors import VALUE_KINDS
+from apps.graphs.mathexpr import NAMES as MATH_NAMES
+from apps.importer.comfy_rules import KindOf, ParamMap, Rule, area_warning, resample
+
+WIDGETS: dict[str, tuple[str, ...]] = {
+    "PrimitiveBoolean": ("value",),
+    "StringConcatenate": ("string_a", "string_b", "delimiter"),
+    "ComfyMathExpression": ("expression",),
+    "GetImageSize": (),
+    "ResolutionSelector": ("aspect_ratio", "megapixels", "multiple", "minimum"),
+    "ComfySwitchNode": ("switch",),
+    "PreviewAny": (),
+    "ImageScaleToTotalPixels": ("upscale_method", "megapixels", "resolution_steps"),
+    "ImageInvert": (),
+    "ImageCompositeMasked": ("x", "y", "resize_source"),
+    "ImageToMask": ("channel",),
+    "MaskToImage": (),
+    "ImagePadForOutpaint": ("left", "top", "right", "bottom", "feathering"),
+    "SaveImageAdvanced": ("filename_prefix", "format"),  # the UI format: DYNAMIC_WIDGETS
+    "ResizeAndPadImage": ("target_width", "target_height", "padding_color", "interpolation"),
+}
+
+# Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
+# (positional in the UI format; `<combo>.<widget>` in the API format).
+RESIZE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "scale dimensions": ("width", "height", "crop"),
+    "scale by multiplier": ("multiplier",),
+    "scale longer dimension": ("longer_size",),
+    "scale shorter dimension": ("shorter_size",),
+    "scale width": ("width",),
+    "scale height": ("height",),
+    "scale total pixels": ("megapixels",),
+    "match size": ("crop",),
+    "scale to multiple": ("multiple",),
+}
+
+
+def _resize_widgets(values: list[Any]) -> dict[str, Any]:
+    """ResizeImageMaskNode: [resize_type, its option's widgets…, scale_method]."""
+    if not values:
+        return {}
+    option = RESIZE_OPTIONS.get(str(values[0]), ())
+    named = {"resize_type": values[0]}
+    named.update({f"resize_type.{w}": v for w, v in zip(option, values[1:], strict=False)})
+    if len(values) > len(option) + 1:
+        named["scale_method"] = values[len(option) + 1]
+    return named
+
+
+def _save_advanced_widgets(values: list[Any]) -> dict[str, Any]:
+    """SaveImageAdvanced: [filename_prefix, format, bit_depth, color space, …]."""
+    names = ("filename_prefix", "format", "format.bit_depth", "format.input_color_space")
+    return dict(zip(names, values, strict=False))
+
+
+# Types whose widgets_values depend on a dynamic combo's option: read by these, not WIDGETS.
+DYNAMIC_WIDGETS: dict[str, Callable[[list[Any]], dict[str, Any]]] = {
+    "ResizeImageMaskNode": _resize_widgets,
+    "SaveImageAdvanced": _save_advanced_widgets,
+}
+
+def _switch_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ComfySwitchNode → switch/<kind>, the kind of whichever branch is connected."""
+    kinds = {k for k in (kind_of("on_true"), kind_of("on_false")) if k is not None}
+    if len(kinds) != 1:
+        return ("its branches are not connected to nodes of one kind this farm maps"
+                if not kinds else f"its branches give different kinds ({', '.join(sorted(kinds))})")
+    kind = kinds.pop()
+    return Rule(f"switch/{kind}", inputs={"switch": "switch", "on_false": "on_false",
+                                           "on_true": "on_true"},
+                outputs=("output",), params={"switch": ParamMap("switch", bool)})
+
+
+def _preview_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    kind = kind_of("source")
+    if kind not in VALUE_KINDS:
+        return (f"it previews {kind or 'unmapped'} values: the farm shows text, numbers and "
+                "booleans (images: PreviewImage)")
+    return _PREVIEW
+
+
+def _math_literals(values: dict[str, Any]) -> list[str]:
+    found = []
+    for name in MATH_NAMES:
+        for key in (name, f"values.{name}"):
+            value = values.get(key)
+            if isinstance(value, int | float):  # a link is no number (api_format.Link)
+                found.append(f"input {name!r} holds the value {value!r}, not a link: feed it from "
+                             "a PrimitiveFloat / PrimitiveInt node (the farm reads inputs only)")
+    return found
+
+
+def _save_format(values: dict[str, Any]) -> dict[str, Any]:
+    fmt = str(values.get("format", "png")).lower()
+    fmt = "jpeg" if fmt == "jpg" else fmt
+    found: dict[str, Any] = {"format": fmt if fmt in ("png", "webp", "jpeg") else "png"}
+    quality = values.get("format.quality", values.get("quality"))
+    if isinstance(quality, int) and not isinstance(quality, bool) and 1 <= quality <= 100:
+        found["quality"] = quality
+    return found
+
+
+def _save_format_warnings(values: dict[str, Any]) -> list[str]:
+    found = []
+    fmt = str(values.get("format", "png")).lower()
+    if fmt not in ("png", "webp", "jpeg", "jpg"):
+        found.append(f"format {fmt!r} is not on this farm: the take is a PNG")
+    depth = values.get("format.bit_depth")
+    if isinstance(depth, str) and not depth.startswith("8"):
+        found.append(f"bit_depth {depth!r} is ignored: takes are 8 bits per channel")
+    space = values.get("format.input_color_space", values.get("format.color_space"))
+    if isinstance(space, str) and space != "sRGB":
+        found.append(f"color space {space!r} is ignored: takes are written as sRGB")
+    if values.get("embed_workflow") is False:
+        found.append("embed_workflow false is ignored: takes carry their generation parameters")
+    return found
+
+
+_SCALE = {"scale_method": ParamMap("method", resample)}
+_RESIZE_IN = {"input": "image"}
+
+
+def _area_scale(values: dict[str, Any]) -> list[str]:
+    return area_warning({"upscale_method": values.get("scale_method")})
+
+
+def _resize_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ResizeImageMaskNode's modes → our image nodes (masks are not resized here yet)."""
+    if kind_of("input") == "mask":
+        return "it resizes a mask: the farm resizes images only"
+    mode = values.get("resize_type", "scale dimensions")
+    w, h = values.get("resize_type.width"), values.get("resize_type.height")
+
+    def side(name: str, size_widget: str) -> Rule:
+        return Rule("image/scale-side", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, size_widget: ParamMap("size")},
+                    derive=lambda v: {"side": name}, warnings=(_area_scale,))
+
+    if mode == "scale dimensions" and w == 0 and h == 0:
+        return "both sides are 0: ComfyUI passes the input through unchanged; remove the node"
+    if mode == "scale width" or (mode == "scale dimensions" and h == 0):
+        return side("width", "resize_type.width")
+    if mode == "scale height" or (mode == "scale dimensions" and w == 0):
+        return side("height", "resize_type.height")
+    if mode == "scale dimensions":
+        return Rule("image/resize", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, "resize_type.width": ParamMap("width"),
+                            "resize_type.height": ParamMap("height")},
+                    derive=lambda v: {"fit": "stretch" if v.get("resize_type.crop") == "disabled"
+                                      else "crop"}, warnings=(_area_scale,))
+    if mode in ("scale longer dimension", "scale shorter dimension"):
+        which = mode.split()[1]
+        return side(which, f"resize_type.{which}_size")
+    if mode == "scale by multiplier":
+        return Rule("image/scale-by", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, "resize_type.multiplier": ParamMap("scale_by")},
+                    warnings=(_area_scale,))
+    if mode == "scale total pixels":
+        return Rule("image/scale-to-pixels", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, "resize_type.megapixels": ParamMap("megapixels")},
+                    warnings=(_area_scale,))
+    return f"resize_type {mode!r} has no equivalent on this farm yet"
+
+
+_IMAGE_IN = {"image": "image"}
+_PREVIEW = Rule("util/preview", inputs={"source": "source"}, pick=_preview_pick)
+
+VOCABULARY: dict[str, Rule] = {
+    "PrimitiveBoolean": Rule("input/bool", outputs=("value",),
+                             params={"value": ParamMap("value", bool)}),
+    "StringConcatenate": Rule(
+        "text/concat", outputs=("text",),
+        params={name: ParamMap(name) for name in ("string_a", "string_b", "delimiter")},
+    ),
+    "ComfyMathExpression": Rule(
+        "math/expression",
+        inputs={**{f"values.{n}": n for n in MATH_NAMES}, **{n: n for n in MATH_NAMES}},
+        outputs=("float", "int", "bool"), params={"expression": ParamMap("expression")},
+        warnings=(_math_literals,),
+    ),
+    "GetImageSize": Rule("image/size", inputs={"image": "image"},
+                         outputs=("width", "height", "batch_size")),
+    "ResolutionSelector": Rule(
+        "util/resolution", outputs=("width", "height"),
+        params={name: ParamMap(name) for name in ("aspect_ratio", "megapixels", "multiple",
+                                                  "minimum")},
+    ),
+    "ComfySwitchNode": Rule(
+        "switch/image", inputs={"switch": "switch", "on_false": "on_false", "on_true": "on_true"},
+        outputs=("output",), params={"switch": ParamMap("switch", bool)}, pick=_switch_pick,
+    ),
+    "PreviewAny": _PREVIEW,
+    "SaveImageAdvanced": Rule(
+        "image/save", inputs={"images": "image"}, params={"filename_prefix": ParamMap("label")},
+        derive=_save_format, warnings=(_save_format_warnings,),
+    ),
+    "ImageScaleBy": Rule(
+        "image/scale-by", inputs=_IMAGE_IN, outputs=("image",),
+        params={"upscale_method": ParamMap("method", resample), "scale_by": ParamMap("scale_by")},
+        warnings=(area_warning,),
+    ),
+    "ImageScaleToTotalPixels": Rule(
+        "image/scale-to-pixels", inputs=_IMAGE_IN, outputs=("image",),
+        params={"upscale_method": ParamMap("method", resample),
+                "megapixels": ParamMap("megapixels"),
+                "resolution_steps": ParamMap("resolution_steps")},
+        warnings=(area_warning,),
+    ),
+    "ResizeImageMaskNode": Rule(
+        "image/resize", inputs=_RESIZE_IN, outputs=("image",), pick=_resize_pick,
+    ),
+    "ResizeAndPadImage": Rule(
+        "image/resize", inputs=_IMAGE_IN, outputs=("image",),
+        params={"target_width": ParamMap("width"), "target_height": ParamMap("height"),
+                "padding_color": ParamMap("pad_color"),
+                "interpolation": ParamMap("method", resample)},
+        derive=lambda values: {"fit": "pad"},
+        warnings=(lambda v: area_warning({"upscale_method": v.get("interpolation")}),),
+    ),
+    "ImageInvert": Rule("image/invert", inputs=_IMAGE_IN, outputs=("image",)),
+    "ImageCompositeMasked": Rule(
+        "image/composite", inputs={"destination": "destination", "source": "source",
+                                   "mask": "mask"}, outputs=("image",),
+        params={name: ParamMap(name) for name in ("x", "y", "resize_source")},
+    ),
+    "ImageToMask": Rule("mask/from-image", inputs={"image": "image"}, outputs=("mask",),
+                        params={"channel": ParamMap("channel")}),
+    "MaskToImage": Rule("mask/to-image", inputs={"mask": "mask"}, outputs=("image",)),
+    "ImagePadForOutpaint": Rule(
+        "image/pad-outpaint", inputs=_IMAGE_IN, outputs=("image", "mask"),
+        params={name: ParamMap(name) for name in ("left", "top", "right", "bottom",
+                                                  "feathering")},
+    ),
+}

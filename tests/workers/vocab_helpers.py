@@ -1,0 +1,61 @@
+"""Runs a graph through the real executor in this process, on the real database (rolled back):
+validate → Run row → claim → `execute` → `run_finish`, as a worker slot does, without Celery.
+For the graph-vocabulary tests (values, switches, previews, save formats)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth import get_user_model
+
+from apps.graphs.models import Graph
+from apps.graphs.schema import GraphDoc
+from apps.graphs.validation import graph_validate
+from apps.runs.models import Run, RunEvent
+from apps.runs.services import run_claim, run_finish
+from workers.executor import CancelCheck, Outcome, execute
+from workers.nodecache import NodeCache
+
+
+def wire(node: str, port: str) -> dict[str, str]:
+    return {"node": node, "port": port}
+
+
+def render(nodes: dict[str, Any], target: str, *, cache: NodeCache | None = None
+           ) -> tuple[Outcome, Run]:
+    """Execute `nodes` up to `target` as one attempt and record it; (the outcome, the run)."""
+    from workers.device.policy import DevicePolicy
+
+    doc = graph_validate(GraphDoc.model_validate({"nodes": nodes}), target=target)
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    graph, _ = Graph.objects.get_or_create(sha256=doc.sha256(),
+                                           defaults={"document": doc.model_dump()})
+    run = Run.objects.create(owner=owner, graph=graph, target=target, queue="vocab-test")
+    claim = run_claim(run_id=str(run.pk), worker=f"vocab@test#{uuid.uuid4().hex[:6]}")
+    assert claim is not None
+    outcome = execute(claim, cache=cache if cache is not None else NodeCache(64 << 20),
+                      policy=DevicePolicy(profile="cpu"), cancel=CancelCheck(claim))
+    assert run_finish(claim=claim, status=outcome.status, error=outcome.error,
+                      events=outcome.events, takes=outcome.takes, values=outcome.values)
+    run.refresh_from_db()
+    return outcome, run
+
+
+def done_nodes(run: Run) -> list[str]:
+    """The node ids of the run's node_done events, in order."""
+    return [e.payload["nodeId"] for e in RunEvent.objects.filter(run=run, type="node_done")
+            .order_by("seq")]
+
+
+def asset_of(image: Any) -> str:
+    """The id of an uploaded asset holding `image` (a PIL image) as PNG."""
+    import io
+
+    from apps.takes.services import asset_create
+
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    asset, _ = asset_create(owner=owner, data=out.getvalue())
+    return str(asset.pk)
