@@ -145,16 +145,16 @@ def test_the_family_parts_reproduce_the_img2img_pipeline(sdxl_stack, cpu_policy,
 
 
 def test_to_denoised_is_the_x0_estimate_of_each_prediction_type():
-    from workers.models.families import plugin
+    from workers.models.sdxl import plugin as sdxl
     from workers.sampling import SampleJob
 
-    sigmas, timesteps = plugin("sdxl").schedule(4, W, H, 1.0)
+    sigmas, timesteps = sdxl.schedule(4, W, H, 1.0)
     x, out = torch.randn(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
     job = SampleJob(latents=x, sigmas=sigmas, timesteps=timesteps, positive=None, step=1)
     s = sigmas[1]
-    assert torch.allclose(plugin("sdxl").to_denoised(job, out), x - s * out)
+    assert torch.allclose(sdxl.to_denoised(job, out), x - s * out)
     job.extra["prediction"] = "v_prediction"
-    assert torch.allclose(plugin("sdxl").to_denoised(job, out),
+    assert torch.allclose(sdxl.to_denoised(job, out),
                           x / (s**2 + 1) - out * s / (s**2 + 1) ** 0.5, atol=1e-6)
 
 
