@@ -216,3 +216,20 @@ def test_the_original_layout_is_what_diffusers_own_converters_read():
 def _prefixed(state: dict[str, Any]) -> dict[str, Any]:
     return {(k if k.startswith(("text_model.", "text_projection")) else f"text_model.{k}"): v
             for k, v in state.items()}
+
+
+def test_the_shipped_configs_are_sdxl_base_s_full_size_models():
+    """What a real checkpoint loads with: the parameter counts of SDXL base 1.0's parts."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    from workers.models.sdxl.loading import CONFIGS
+
+    with torch.device("meta"):
+        parts = [UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(CONFIGS / "unet")),
+                 AutoencoderKL.from_config(AutoencoderKL.load_config(CONFIGS / "vae")),
+                 CLIPTextModel(CLIPTextConfig.from_pretrained(CONFIGS / "text_encoder")),
+                 CLIPTextModelWithProjection(CLIPTextConfig.from_pretrained(
+                     CONFIGS / "text_encoder_2"))]
+    assert [sum(p.numel() for p in part.parameters()) for part in parts] == [
+        2_567_463_684, 83_653_863, 123_060_480, 694_659_840]
