@@ -41,16 +41,13 @@ def prompt_graph(*, prompt: str, negative: str, files: dict[str, str], width: in
                  steps: int, seed: int, guidance: float | None, image_asset: str | None,
                  strength: float) -> dict[str, Any]:
     """A text-to-image graph of the generic nodes (img2img with `image_asset`), for whichever
-    family the model files are."""
-    nodes: dict[str, Any] = {
-        "model": {"type": "load/diffusion-model", "params": {"file": files["model"]}},
-        "encoder": {"type": "load/text-encoder", "params": {
-            "file": files["text_encoder"],
-            **({"file_2": files["text_encoder_2"]} if "text_encoder_2" in files else {})}},
-        "vae": {"type": "load/vae", "params": {"file": files["vae"]}},
+    family the model files are; `files["checkpoint"]`: one all-in-one file (SDXL's) loads the
+    model, encoder and VAE."""
+    nodes, encoder, vae = _loaders(files)
+    nodes |= {
         "positive": {"type": "encode/text", "params": {"text": prompt},
-                     "inputs": {"encoder": {"node": "encoder", "port": "encoder"}}},
-        "decode": {"type": "vae/decode", "inputs": {"vae": {"node": "vae", "port": "vae"},
+                     "inputs": {"encoder": dict(encoder)}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": dict(vae),
                                                     "latent": {"node": "sample", "port": "latent"}}},
         "save": {"type": "image/save", "params": {"label": prompt[:200]},
                  "inputs": {"image": {"node": "decode", "port": "image"}}},
@@ -63,19 +60,34 @@ def prompt_graph(*, prompt: str, negative: str, files: dict[str, str], width: in
         sample["guidance"] = guidance
     if negative:
         nodes["negative"] = {"type": "encode/text", "params": {"text": negative},
-                             "inputs": {"encoder": {"node": "encoder", "port": "encoder"}}}
+                             "inputs": {"encoder": dict(encoder)}}
         inputs["negative"] = {"node": "negative", "port": "conditioning"}
     if image_asset:
         nodes["image"] = {"type": "image/load", "params": {"asset": image_asset}}
         nodes["resized"] = {"type": "image/resize", "params": {"width": width, "height": height},
                             "inputs": {"image": {"node": "image", "port": "image"}}}
         nodes["latent"] = {"type": "vae/encode", "inputs": {
-            "vae": {"node": "vae", "port": "vae"}, "image": {"node": "resized", "port": "image"}}}
+            "vae": dict(vae), "image": {"node": "resized", "port": "image"}}}
         sample["denoise"] = strength
     else:
         nodes["latent"] = {"type": "latent/empty", "params": {"width": width, "height": height}}
     nodes["sample"] = {"type": "sample", "params": sample, "inputs": inputs}
     return {"graph": {"nodes": nodes}, "target": "save"}
+
+
+def _loaders(files: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """The loader nodes (the model's is `model`), and where the text encoder and VAE come from."""
+    if "checkpoint" in files:  # one file: its outputs are the model, the encoder and the VAE
+        nodes = {"model": {"type": "load/checkpoint", "params": {"file": files["checkpoint"]}}}
+        return nodes, {"node": "model", "port": "encoder"}, {"node": "model", "port": "vae"}
+    second = {"file_2": files["text_encoder_2"]} if "text_encoder_2" in files else {}
+    nodes = {
+        "model": {"type": "load/diffusion-model", "params": {"file": files["model"]}},
+        "encoder": {"type": "load/text-encoder",
+                    "params": {"file": files["text_encoder"], **second}},
+        "vae": {"type": "load/vae", "params": {"file": files["vae"]}},
+    }
+    return nodes, {"node": "encoder", "port": "encoder"}, {"node": "vae", "port": "vae"}
 
 
 def with_seed(body: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -89,11 +101,16 @@ def with_seed(body: dict[str, Any], seed: int) -> dict[str, Any]:
 
 def model_files(farm: Farm, model: str | None) -> dict[str, str]:
     """The diffusion model (`model`, or the first a live worker holds) and a text encoder and a
-    VAE to go with it, from the files the farm's live workers hold."""
+    VAE to go with it, from the files the farm's live workers hold; or `{"checkpoint"}`: the
+    all-in-one file `model` names (or the first, when no worker holds a diffusion model)."""
     def choices(node_type: str) -> list[str]:
         params = farm.descriptor(node_type)["params"]
         return list(next(p for p in params if p["name"] == "file").get("choices") or [])
 
+    checkpoints = choices("load/checkpoint")
+    if checkpoints and (model in checkpoints
+                        or (model is None and not choices("load/diffusion-model"))):
+        return {"checkpoint": model or checkpoints[0]}
     held = {role: choices(node) for role, node in (("model", "load/diffusion-model"),
                                                     ("text_encoder", "load/text-encoder"),
                                                     ("vae", "load/vae"))}

@@ -122,20 +122,24 @@ def test_models_ls_lists_the_files_workers_hold(farm, personas, stack):
 
 def test_render_picks_the_files_of_the_model_s_own_family(
         farm, personas, stack, data_dirs, tmp_path, owner):
-    """With Z-Image's and FLUX.1's stacks side by side, `--model` a FLUX transformer renders
-    with FLUX's VAE and both its text encoders (CLIP-L and T5), and the Z-Image model with its
-    own encoder: never a graph that mixes families."""
+    """With Z-Image's, FLUX.1's and SDXL's stacks side by side, `--model` a FLUX transformer
+    renders with FLUX's VAE and both its text encoders (CLIP-L and T5), the Z-Image model with
+    its own encoder, and the SDXL checkpoint alone (load/checkpoint): never a graph that mixes
+    families."""
     from workers.models.flux1.tiny import write_smoke_stack
+    from workers.models.sdxl.tiny import write_smoke_stack as write_sdxl
 
     names = write_smoke_stack(data_dirs["models"])
+    checkpoint = write_sdxl(data_dirs["models"])["checkpoint"]
     deadline = time.monotonic() + 30
-    while not set(names.values()) <= {f["name"] for f in owner.get(
-            "/v1/models/files?family=flux1").json()["files"]}:
-        assert time.monotonic() < deadline, "no worker reported the FLUX.1 smoke stack"
+    while not {*names.values(), checkpoint} <= {f["name"] for f in owner.get(
+            "/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the FLUX.1 and SDXL smoke stacks"
         time.sleep(0.2)
-    for model in (names["model"], stack["model"]):
+    for model in (names["model"], stack["model"], checkpoint):
         out = farm_cli(farm, personas["owner"], "render", "a red door", "--size", "32x32",
                        "--steps", "2", "--seed", "5", "-o", str(tmp_path / model), "--model", model)
         assert out.returncode == 0, out.stderr
         run = owner.get(f"/v1/runs/{out.stdout.split()[0]}").json()
         assert run["status"] == "succeeded", run
+    assert list(run["takes"][0]["models"]) == [f"checkpoints/{checkpoint}"]  # the one loader

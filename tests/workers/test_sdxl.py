@@ -145,16 +145,16 @@ def test_the_family_parts_reproduce_the_img2img_pipeline(sdxl_stack, cpu_policy,
 
 
 def test_to_denoised_is_the_x0_estimate_of_each_prediction_type():
-    from workers.models.families import plugin
+    from workers.models.sdxl import plugin as sdxl
     from workers.sampling import SampleJob
 
-    sigmas, timesteps = plugin("sdxl").schedule(4, W, H, 1.0)
+    sigmas, timesteps = sdxl.schedule(4, W, H, 1.0)
     x, out = torch.randn(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
     job = SampleJob(latents=x, sigmas=sigmas, timesteps=timesteps, positive=None, step=1)
     s = sigmas[1]
-    assert torch.allclose(plugin("sdxl").to_denoised(job, out), x - s * out)
+    assert torch.allclose(sdxl.to_denoised(job, out), x - s * out)
     job.extra["prediction"] = "v_prediction"
-    assert torch.allclose(plugin("sdxl").to_denoised(job, out),
+    assert torch.allclose(sdxl.to_denoised(job, out),
                           x / (s**2 + 1) - out * s / (s**2 + 1) ** 0.5, atol=1e-6)
 
 
@@ -255,3 +255,19 @@ def test_comfyui_s_samplers_on_sdxl_step_on_its_to_denoised_as_comfyui_does(sdxl
     theirs = ref.REFERENCE[name](denoiser, x, sigmas, ms, ref.default_noise_sampler(x, seed))
     assert torch.isfinite(ours).all()
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+
+def test_the_shipped_configs_are_sdxl_base_s_full_size_models():
+    """What a real checkpoint loads with: the parameter counts of SDXL base 1.0's parts."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    from workers.models.sdxl.loading import CONFIGS
+
+    with torch.device("meta"):
+        parts = [UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(CONFIGS / "unet")),
+                 AutoencoderKL.from_config(AutoencoderKL.load_config(CONFIGS / "vae")),
+                 CLIPTextModel(CLIPTextConfig.from_pretrained(CONFIGS / "text_encoder")),
+                 CLIPTextModelWithProjection(CLIPTextConfig.from_pretrained(
+                     CONFIGS / "text_encoder_2"))]
+    assert [sum(p.numel() for p in part.parameters()) for part in parts] == [
+        2_567_463_684, 83_653_863, 123_060_480, 694_659_840]

@@ -112,7 +112,6 @@ Policy = Any  # workers.device.policy.DevicePolicy
 # - to_denoised(job, output) -> Tensor: the x0 estimate ("denoised", in the sampler's sigma
 #   space) from the model's output for `job` at `job.sigmas[job.step]`, for k-diffusion-style
 #   samplers (the session's seam: it joins the contract once every family has it).
-OPTIONAL: tuple[str, ...] = ("load_checkpoint", "init_noise", "advance", "to_denoised")
 
 
 class FamilyPlugin(Protocol):
