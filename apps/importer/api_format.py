@@ -218,7 +218,7 @@ def _upstream_family(state: _State, link: Any) -> str | None:
     return None
 
 
-def sampler_family(state: _State, node_id: str) -> str | None:
+def _sampler_family(state: _State, node_id: str) -> str | None:
     """The family a sampler samples: its model's (the file's contents), else its prompt's
     encoder's (the loader's `type`), else the workflow's one registered family."""
     _, inputs = state.nodes[node_id]
@@ -259,7 +259,7 @@ def _sampler_family_params(state: _State, node: _Mapped) -> None:
     ignores cfg; a CFG family keeps `guidance = cfg − 1` and ignores FluxGuidance. The
     nearest ModelSamplingSD3 / AuraFlow / Flux on the model's path sets `shift`."""
     _, inputs = state.nodes[node.id]
-    family = sampler_family(state, node.id)
+    family = _sampler_family(state, node.id)
     on_prompt = [n for n in _folded_along(state, inputs.get("positive"))
                  if state.nodes[n][0] == "FluxGuidance"]
     on_model = [n for n in _folded_along(state, inputs.get("model"))
@@ -276,9 +276,10 @@ def _sampler_family_params(state: _State, node: _Mapped) -> None:
         node.params["guidance"] = guidance
         cfg = _number(state, inputs.get("cfg"))
         if cfg is not None and cfg != 1.0:
+            source = "FluxGuidance" if on_prompt else "ComfyUI's default without FluxGuidance"
             state.report.warn(node.id, node.comfy_type, f"cfg {cfg:g} is ignored: {name} is "
                               "guidance-distilled (one forward per step, no negative prompt); "
-                              f"its guidance is {guidance:g} (FluxGuidance)")
+                              f"its guidance is {guidance:g} ({source})")
     else:
         for other in on_prompt:
             state.report.warn(other, "FluxGuidance", f"guidance is ignored: {name} is not "
