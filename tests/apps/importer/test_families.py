@@ -269,3 +269,11 @@ def test_ksampler_advanced_starting_past_its_last_step_is_warned():
         "return_with_leftover_noise": "disable"}}
     assert any("start_at_step 4 is past the last step" in m
                for m in warnings_of(imported(doc), "6"))
+
+
+def test_model_sampling_flux_in_the_ui_format_reads_its_widgets_in_comfyuis_order():
+    ui = turbo_ui()
+    ui.node(4).update(type="ModelSamplingFlux", widgets_values=[1.15, 0.5, 1024, 1024])
+    result = comfy_import(workflow=ui.doc(), catalog=ZIMAGE_CATALOG)
+    shift = result.graph.model_dump()["nodes"]["8"]["params"]["shift"]
+    assert shift == pytest.approx(math.exp(1.15))  # mu 1.15 at 1024², whatever the latent
