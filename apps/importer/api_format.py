@@ -281,6 +281,9 @@ def _sampler_family_params(state: _State, node: _Mapped) -> None:
                               "guidance-distilled (one forward per step, no negative prompt); "
                               f"its guidance is {guidance:g} ({source})")
     else:
+        cfg = _number(state, inputs.get("cfg"))
+        if family in REGISTERED and cfg is not None:  # unknown: Z-Image's (the rule's) c − 1
+            node.params["guidance"] = max(0.0, cfg - info(family).cfg_offset)
         for other in on_prompt:
             state.report.warn(other, "FluxGuidance", f"guidance is ignored: {name} is not "
                               "guidance-distilled; the sampler's cfg is its guidance")
