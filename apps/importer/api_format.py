@@ -17,6 +17,8 @@ from typing import Any
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
 from apps.importer.comfy_families import (
+    CLIP_TYPE_LOADERS,
+    CLIP_TYPES,
     FLUX_DEFAULT_GUIDANCE,
     SAMPLER_PARAM_NODES,
     Evidence,
@@ -173,6 +175,7 @@ def _families_check(state: _State) -> None:
     for node_id in sorted(_feeding_outputs(state), key=id_order):
         comfy_type, inputs = state.nodes[node_id]
         evidence = loader_evidence(node_id, comfy_type, inputs, families_of)
+        _clip_type_warning(state, node_id, evidence)
         if evidence is None:
             continue
         state.evidence[node_id] = evidence
@@ -183,6 +186,21 @@ def _families_check(state: _State) -> None:
                 "unsupported_family",
                 f"node {node_id} ({comfy_type}) needs {needs} ({evidence.why}); "
                 f"this farm runs {', '.join(REGISTERED)}", node_id)
+
+
+def _clip_type_warning(state: _State, node_id: str, evidence: Evidence | None) -> None:
+    """A text-encoder loader's `type` that decides nothing here: one that names no family, or
+    one the file's own contents overrule."""
+    comfy_type, inputs = state.nodes[node_id]
+    clip_type = inputs.get("type")
+    if comfy_type not in CLIP_TYPE_LOADERS or not isinstance(clip_type, str):
+        return
+    if clip_type not in CLIP_TYPES:
+        state.report.warn(node_id, comfy_type, f"type {clip_type!r} names no one model family: "
+                          "the files' contents decide which family's encoder loads")
+    elif evidence is not None and CLIP_TYPES[clip_type] not in evidence.families:
+        state.report.warn(node_id, comfy_type, f"type {clip_type!r} is overruled: "
+                          f"{evidence.why}")
 
 
 def _feeding_outputs(state: _State) -> set[str]:

@@ -143,6 +143,9 @@ def test_a_held_file_s_contents_decide_over_the_loader_type():
     files = {("text_encoders", name): ("zimage",) for name in ZIMAGE_CATALOG["text_encoders"]}
     result = comfy_import(workflow=doc, catalog=ZIMAGE_CATALOG, files=files)
     assert result.graph.model_dump()["nodes"]["8"]["params"]["guidance"] == 0.0  # cfg 1
+    assert any("type 'sd3' is overruled: the weights of text_encoders/qwen_3_4b.safetensors are "
+               "zimage's"
+               in m for m in warnings_of(result, "2"))
 
 
 # --- FLUX.1: FluxGuidance, cfg, ModelSamplingFlux ---------------------------------------------
@@ -171,6 +174,8 @@ def test_the_family_comes_from_the_model_file_s_contents_when_the_fleet_holds_it
     del doc["10"]
     doc["6"]["inputs"]["cfg"] = 3.0
     assert sampler_params(imported(doc))["guidance"] == 2.0  # no evidence: cfg − 1, as before
+    assert any("type 'stable_diffusion' names no one model family" in m
+               for m in warnings_of(imported(doc), "2"))
     result = imported(doc, FLUX_FILES)
     assert sampler_params(result)["guidance"] == FLUX_DEFAULT_GUIDANCE
     assert any("cfg 3 is ignored: FLUX.1 is guidance-distilled" in m
