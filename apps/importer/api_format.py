@@ -17,6 +17,8 @@ from typing import Any
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
 from apps.importer.comfy_families import (
+    CLIP_TYPE_LOADERS,
+    CLIP_TYPES,
     FLUX_DEFAULT_GUIDANCE,
     SAMPLER_PARAM_NODES,
     Evidence,
@@ -177,6 +179,7 @@ def _families_check(state: _State) -> None:
     for node_id in sorted(_feeding_outputs(state), key=id_order):
         comfy_type, inputs = state.nodes[node_id]
         evidence = loader_evidence(node_id, comfy_type, inputs, families_of)
+        _clip_type_warning(state, node_id, evidence)
         if evidence is None:
             continue
         state.evidence[node_id] = evidence
@@ -187,6 +190,21 @@ def _families_check(state: _State) -> None:
                 "unsupported_family",
                 f"node {node_id} ({comfy_type}) needs {needs} ({evidence.why}); "
                 f"this farm runs {', '.join(REGISTERED)}", node_id)
+
+
+def _clip_type_warning(state: _State, node_id: str, evidence: Evidence | None) -> None:
+    """A text-encoder loader's `type` that decides nothing here: one that names no family, or
+    one the file's own contents overrule."""
+    comfy_type, inputs = state.nodes[node_id]
+    clip_type = inputs.get("type")
+    if comfy_type not in CLIP_TYPE_LOADERS or not isinstance(clip_type, str):
+        return
+    if clip_type not in CLIP_TYPES:
+        state.report.warn(node_id, comfy_type, f"type {clip_type!r} names no one model family: "
+                          "the files' contents decide which family's encoder loads")
+    elif evidence is not None and CLIP_TYPES[clip_type] not in evidence.families:
+        state.report.warn(node_id, comfy_type, f"type {clip_type!r} is overruled: "
+                          f"{evidence.why}")
 
 
 def _feeding_outputs(state: _State) -> set[str]:
@@ -222,7 +240,7 @@ def _upstream_family(state: _State, link: Any) -> str | None:
     return None
 
 
-def sampler_family(state: _State, node_id: str) -> str | None:
+def _sampler_family(state: _State, node_id: str) -> str | None:
     """The family a sampler samples: its model's (the file's contents), else its prompt's
     encoder's (the loader's `type`), else the workflow's one registered family."""
     _, inputs = state.nodes[node_id]
@@ -263,7 +281,7 @@ def _sampler_family_params(state: _State, node: _Mapped) -> None:
     ignores cfg; a CFG family keeps `guidance = cfg − 1` and ignores FluxGuidance. The
     nearest ModelSamplingSD3 / AuraFlow / Flux on the model's path sets `shift`."""
     _, inputs = state.nodes[node.id]
-    family = sampler_family(state, node.id)
+    family = _sampler_family(state, node.id)
     on_prompt = [n for n in _folded_along(state, inputs.get("positive"))
                  if state.nodes[n][0] == "FluxGuidance"]
     on_model = [n for n in _folded_along(state, inputs.get("model"))
@@ -280,10 +298,14 @@ def _sampler_family_params(state: _State, node: _Mapped) -> None:
         node.params["guidance"] = guidance
         cfg = _number(state, inputs.get("cfg"))
         if cfg is not None and cfg != 1.0:
+            source = "FluxGuidance" if on_prompt else "ComfyUI's default without FluxGuidance"
             state.report.warn(node.id, node.comfy_type, f"cfg {cfg:g} is ignored: {name} is "
                               "guidance-distilled (one forward per step, no negative prompt); "
-                              f"its guidance is {guidance:g} (FluxGuidance)")
+                              f"its guidance is {guidance:g} ({source})")
     else:
+        cfg = _number(state, inputs.get("cfg"))
+        if family in REGISTERED and cfg is not None:  # unknown: Z-Image's (the rule's) c − 1
+            node.params["guidance"] = max(0.0, cfg - info(family).cfg_offset)
         for other in on_prompt:
             state.report.warn(other, "FluxGuidance", f"guidance is ignored: {name} is not "
                               "guidance-distilled; the sampler's cfg is its guidance")

@@ -14,6 +14,7 @@ from apps.graphs.descriptors import Param, Port
 from apps.graphs.mathexpr import NAMES as MATH_NAMES
 from apps.graphs.nodes import SAMPLERS, SCHEDULERS
 from apps.graphs.registry import descriptor_get
+from apps.importer.comfy_families import CLIP_TYPES
 from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
 
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
@@ -24,7 +25,7 @@ KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning":
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
 SPECS: dict[str, list[Any]] = {
     "weight_dtype": [["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]],
-    "type": [["lumina2", "stable_diffusion", "qwen_image", "flux2"]],
+    "type": [["stable_diffusion", *CLIP_TYPES]],  # the family check reads it (comfy_families)
     "device": [["default", "cpu"], {"advanced": True}],
     "batch_size": ["INT", {"default": 1, "min": 1, "max": 4096}],
     "cfg": ["FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01}],
@@ -61,10 +62,23 @@ DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler"
            "UNETLoader": "Load Diffusion Model", "CLIPLoader": "Load CLIP",
            "VAELoader": "Load VAE", "LoadImage": "Load Image", "SaveImage": "Save Image",
            "PreviewImage": "Preview Image", "ImageScale": "Upscale Image"}
+_SHIFT = ["FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]
 EXTRA_TYPES: dict[str, dict[str, Any]] = {  # folded / cut on the farm, still accepted
-    "ModelSamplingAuraFlow": {"required": {"model": ["MODEL"], "shift": [
-        "FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]},
+    "ModelSamplingAuraFlow": {"required": {"model": ["MODEL"], "shift": _SHIFT},
+                              "output": ["MODEL"], "category": "advanced/model"},
+    "ModelSamplingSD3": {"required": {"model": ["MODEL"], "shift": _SHIFT},
+                         "output": ["MODEL"], "category": "advanced/model"},
+    "ModelSamplingFlux": {"required": {
+        "model": ["MODEL"],
+        "max_shift": ["FLOAT", {"default": 1.15, "min": 0.0, "max": 100.0, "step": 0.01}],
+        "base_shift": ["FLOAT", {"default": 0.5, "min": 0.0, "max": 100.0, "step": 0.01}],
+        "width": ["INT", {"default": 1024, "min": 16, "max": 16384, "step": 8}],
+        "height": ["INT", {"default": 1024, "min": 16, "max": 16384, "step": 8}]},
         "output": ["MODEL"], "category": "advanced/model"},
+    "FluxGuidance": {"required": {
+        "conditioning": ["CONDITIONING"],
+        "guidance": ["FLOAT", {"default": 3.5, "min": 0.0, "max": 100.0, "step": 0.1}]},
+        "output": ["CONDITIONING"], "category": "advanced/conditioning/flux"},
     "ConditioningZeroOut": {"required": {"conditioning": ["CONDITIONING"]},
                             "output": ["CONDITIONING"], "category": "advanced/conditioning"},
 }

@@ -142,6 +142,8 @@ def _node_entry(code: str, message: str, class_type: str) -> ErrorShape:
                      input_name=name)
     if code == "unmapped_node":
         return error("unmapped_node", f"{class_type} cannot run on this farm", message)
+    if code == "unsupported_family":  # the family, not an input, is what the farm lacks
+        return error("unsupported_family", message, message)
     return error(code, message, message, input_name=name)
 
 

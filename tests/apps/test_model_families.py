@@ -255,6 +255,7 @@ def test_both_doors_refuse_a_workflow_of_a_family_the_farm_does_not_run(fleet, a
     assert entry["class_type"] == "CLIPLoader"
     assert entry["errors"][0]["type"] == "unsupported_family"
     assert "wan model family" in entry["errors"][0]["message"]
+    assert entry["errors"][0]["extra_info"] == {}  # no input of the node is to blame
 
 
 def test_a_held_safetensors_file_no_family_recognises_is_refused_at_submit(fleet, artist):

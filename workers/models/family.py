@@ -81,6 +81,9 @@ class FamilyInfo:
       (`distilled`: FLUX.1 dev, one forward per step).
     - `nodes`: the package's modules that register the family's own node runners
       (`zimage/turbo`); their descriptors are in apps/graphs/nodes.py like every node's.
+    - `cfg_offset`: a CFG family's `guidance` for ComfyUI's cfg c is c − cfg_offset: 0 where
+      the family mixes uncond + g·(cond − uncond) as ComfyUI (and most diffusers pipelines)
+      do; Z-Image's pipeline mixes cond + g·(cond − uncond), the same prediction at g = c − 1.
     - `text_encoders`: the encoders a text-encoder loader of this family names, one file each
       (FLUX.1: CLIP-L and T5); a loader naming another count is a 422 at submit. Empty: the
       family's encoders come some other way (a checkpoint).
@@ -96,6 +99,7 @@ class FamilyInfo:
     nodes: tuple[str, ...] = ()  # modules of the package whose import registers node runners
     guidance: Literal["cfg", "distilled"] = "cfg"
     text_encoders: tuple[str, ...] = ()
+    cfg_offset: float = 0.0
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch

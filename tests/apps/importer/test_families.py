@@ -160,6 +160,9 @@ def test_a_held_file_s_contents_decide_over_the_loader_type():
     files = {("text_encoders", name): ("zimage",) for name in ZIMAGE_CATALOG["text_encoders"]}
     result = comfy_import(workflow=doc, catalog=ZIMAGE_CATALOG, files=files)
     assert result.graph.model_dump()["nodes"]["8"]["params"]["guidance"] == 0.0  # cfg 1
+    assert any("type 'sd3' is overruled: the weights of text_encoders/qwen_3_4b.safetensors are "
+               "zimage's"
+               in m for m in warnings_of(result, "2"))
 
 
 # --- FLUX.1: FluxGuidance, cfg, ModelSamplingFlux ---------------------------------------------
@@ -188,6 +191,8 @@ def test_the_family_comes_from_the_model_file_s_contents_when_the_fleet_holds_it
     del doc["10"]
     doc["6"]["inputs"]["cfg"] = 3.0
     assert sampler_params(imported(doc))["guidance"] == 2.0  # no evidence: cfg − 1, as before
+    assert any("type 'stable_diffusion' names no one model family" in m
+               for m in warnings_of(imported(doc), "2"))
     result = imported(doc, FLUX_FILES)
     assert sampler_params(result)["guidance"] == FLUX_DEFAULT_GUIDANCE
     assert any("cfg 3 is ignored: FLUX.1 is guidance-distilled" in m
@@ -286,3 +291,11 @@ def test_ksampler_advanced_starting_past_its_last_step_is_warned():
         "return_with_leftover_noise": "disable"}}
     assert any("start_at_step 4 is past the last step" in m
                for m in warnings_of(imported(doc), "6"))
+
+
+def test_model_sampling_flux_in_the_ui_format_reads_its_widgets_in_comfyuis_order():
+    ui = turbo_ui()
+    ui.node(4).update(type="ModelSamplingFlux", widgets_values=[1.15, 0.5, 1024, 1024])
+    result = comfy_import(workflow=ui.doc(), catalog=ZIMAGE_CATALOG)
+    shift = result.graph.model_dump()["nodes"]["8"]["params"]["shift"]
+    assert shift == pytest.approx(math.exp(1.15))  # mu 1.15 at 1024², whatever the latent

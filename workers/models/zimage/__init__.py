@@ -52,4 +52,5 @@ FAMILY = FamilyInfo(
     activation_gb_per_mpx=3.0,
     nodes=("turbo",),
     text_encoders=("Qwen3",),
+    cfg_offset=1.0,  # its pipeline's CFG is cond + g·(cond − uncond)
 )
