@@ -55,4 +55,5 @@ FAMILY = FamilyInfo(
     activation_gb=1.5,
     activation_gb_per_mpx=3.0,
     guidance="cfg",
+    cfg_offset=1.0,  # the farm's guidance g is cond + g·(cond − uncond): the pipeline's scale g + 1
 )
