@@ -63,15 +63,41 @@ def imported_sdxl(client: Client, checkpoint: str) -> dict[str, Any]:
 
 
 def sdxl_reference(seed: int) -> np.ndarray:
+    """What ComfyUI renders for the default workflow's KSampler (euler, normal): its euler
+    (tests/workers/comfy_reference.py) over ModelSamplingDiscrete's normal sigmas, with CFG,
+    on the smoke pipeline's UNet, from the farm's seeded noise, decoded by its VAE."""
+    from tests.workers import comfy_reference as ref
+    from workers.device.policy import Placement
+    from workers.models.sdxl import LATENT, engine, plugin
     from workers.models.sdxl.tiny import smoke_pipeline
+    from workers.models.values import TextEncoder, Vae
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob
+    from workers.sampling.schedulers import calculate_sigmas
 
-    image = smoke_pipeline()(PROMPT, negative_prompt=NEGATIVE, width=W, height=H,
-                             num_inference_steps=STEPS, guidance_scale=CFG,
-                             generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    pipe, cpu = smoke_pipeline(), Placement("cpu", "float32")
+    encoder = TextEncoder("", "", (pipe.text_encoder, pipe.text_encoder_2),
+                          (pipe.tokenizer, pipe.tokenizer_2), cpu)
+    positive, negative = engine.encode_prompts(encoder, [PROMPT, NEGATIVE])
+    ms = plugin.model_sampling(W, H)
+    sigmas = calculate_sigmas(ms, "normal", STEPS)
+
+    def model(x: Any, sigma: Any) -> Any:
+        sigma = sigma.reshape(()).float()
+        job = SampleJob(x, torch.stack([sigma, torch.tensor(0.0)]),
+                        ms.model_timestep(sigma).reshape(1), positive, negative=negative,
+                        guidance=CFG - 1)
+        return plugin.to_denoised(job, engine.predict(pipe.unet, [job])[0])
+
+    eps = noise(LATENT.shape(W, H), torch.Generator("cpu").manual_seed(seed), "cpu")
+    start = ms.noise_scaling(sigmas[0], eps, torch.zeros(1), True)
+    with torch.no_grad():
+        x = ref.REFERENCE["euler"](model, start, sigmas, ms, ref.default_noise_sampler(start, seed))
+        image = engine.decode_latents_batch(Vae("", "", pipe.vae, cpu), [x])[0]
     return np.asarray(image.convert("RGB"))
 
 
-def test_a_mixed_queue_of_three_families_on_one_worker_renders_each_with_its_pipeline(
+def test_a_mixed_queue_of_three_families_on_one_worker_renders_each_as_its_reference(
         owner, sdxl, flux, zimage):  # noqa: F811 (the imported fixture)
     from workers.models.flux1.tiny import smoke_pipeline as flux_pipeline
 
