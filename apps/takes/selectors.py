@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import QuerySet
 
-from apps.accounts.selectors import owner_visible_params, owner_visible_sql, visible_owner_ids
+from apps.accounts.selectors import owner_visible_sql, visible_owner_ids
 from apps.takes.models import Asset, Take
 from inline_farm.ids import is_uuid
 from inline_farm.rows import model_columns, model_from_row
@@ -46,22 +46,8 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
 
 
 # The assets (`%(ids)s`) that user `%(me)s` may use: own, a teammate's, any when `%(all)s`
-# (staff).
+# (staff). A submit reads it with the rest of its state (apps/runs/services/submit.py).
 ASSETS_VISIBLE = f"""
 SELECT a.id FROM takes_asset a
 WHERE a.id = ANY(%(ids)s::uuid[]) AND {owner_visible_sql("a.owner_id")}
 """
-
-
-def assets_visible_to_owner(
-    *, owner_id: int, asset_ids: list[str], owner: User | None = None
-) -> set[str]:
-    """The subset of `asset_ids` that the run owner may use (own, a teammate's; any for staff).
-
-    One plain statement: it runs on every submit that loads an image (pass `owner` when you have
-    it, saving a lookup)."""
-    if owner is None:
-        owner = User.objects.get(pk=owner_id)
-    with connection.cursor() as cursor:
-        cursor.execute(ASSETS_VISIBLE, {"ids": asset_ids, **owner_visible_params(owner)})
-        return {str(row[0]) for row in cursor.fetchall()}
