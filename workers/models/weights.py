@@ -110,3 +110,26 @@ def denoiser_model(*, name: str, sha: str, transformer: Any, predict: Any, place
     batcher = StepBatcher(lambda jobs: predict(transformer, jobs), bounds.items, bounds.tokens,
                           observe=forwards_observer())
     return DiffusionModel(name, sha, transformer, batcher, placement, family)
+
+
+def vae_model(*, name: str, sha: str, module: Any, placement: Placement, policy: DevicePolicy,
+              decode: Any, latent: Any, family: Any) -> Any:
+    """A loaded AutoencoderKL as the farm's Vae: tiled / sliced when the policy says so, with
+    its coalescer of decodes — `decode(vae, latents)` (the family's `decode_latents_batch`) over
+    same-size latents of every slot, bounded by the policy (cost: `latent`'s tokens), counted
+    for the heartbeat. Every family's VAE loader ends here."""
+    from workers.counters import batcher_observer
+    from workers.models.values import Vae
+    from workers.sampling.coalesce import Coalescer
+
+    if policy.vae_tiling:
+        module.enable_tiling()
+    if policy.vae_slicing:
+        module.enable_slicing()
+    vae = Vae(name, sha, module, placement, family=family)
+    bounds = policy.batch_bounds()
+    decoder: Coalescer[Any, Any] = Coalescer(
+        lambda latents: decode(vae, latents), max_items=bounds.items, max_cost=bounds.tokens,
+        cost=lambda x: latent.tokens(int(x.shape[-2]), int(x.shape[-1])),
+        key=lambda latents: tuple(latents.shape), observe=batcher_observer("vae_decodes"))
+    return Vae(name, sha, module, placement, decoder, family)

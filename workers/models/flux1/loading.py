@@ -33,6 +33,7 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    vae_model,
 )
 from workers.sampling import Coalescer
 
@@ -65,18 +66,8 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
         config = _config(path, "vae")
         module = rest(load_weights(AutoencoderKL, path, placement, config, "a FLUX VAE", "vae"),
                       placement)
-        if policy.vae_tiling:
-            module.enable_tiling()
-        if policy.vae_slicing:
-            module.enable_slicing()
-        vae = Vae(name, sha, module, placement, family=FAMILY)
-        bounds = policy.batch_bounds()
-        decoder: Coalescer[Any, Any] = Coalescer(
-            lambda latents: engine.decode_latents_batch(vae, latents),
-            max_items=bounds.items, max_cost=bounds.tokens,
-            cost=lambda x: LATENT.tokens(int(x.shape[-2]), int(x.shape[-1])),
-            key=lambda latents: tuple(latents.shape), observe=batcher_observer("vae_decodes"))
-        return Vae(name, sha, module, placement, decoder, FAMILY)
+        return vae_model(name=name, sha=sha, module=module, placement=placement, policy=policy,
+                         decode=engine.decode_latents_batch, latent=LATENT, family=FAMILY)
 
     key = ("flux1-vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
     return MODEL_CACHE.get_or_load(key, load)

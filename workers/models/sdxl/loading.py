@@ -35,6 +35,7 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    vae_model,
 )
 from workers.sampling import Coalescer
 
@@ -161,19 +162,9 @@ def _vae(name: str, sha: str, module: Any, placement: Placement, policy: DeviceP
 
     if module.config.get("force_upcast") and placement.torch_dtype == torch.float16:
         module = module.to(torch.float32)
-    module = rest(module, placement)
-    if policy.vae_tiling:
-        module.enable_tiling()
-    if policy.vae_slicing:
-        module.enable_slicing()
-    vae = Vae(name, sha, module, placement, family=FAMILY)
-    bounds = policy.batch_bounds()
-    decoder: Coalescer[Any, Any] = Coalescer(
-        lambda latents: engine.decode_latents_batch(vae, latents),
-        max_items=bounds.items, max_cost=bounds.tokens,
-        cost=lambda x: LATENT.tokens(int(x.shape[-2]), int(x.shape[-1])),
-        key=lambda latents: tuple(latents.shape), observe=batcher_observer("vae_decodes"))
-    return Vae(name, sha, module, placement, decoder, FAMILY)
+    return vae_model(name=name, sha=sha, module=rest(module, placement), placement=placement,
+                     policy=policy, decode=engine.decode_latents_batch, latent=LATENT,
+                     family=FAMILY)
 
 
 def _text_encoder(name: str, sha: str, models: tuple[Any, ...], tokenizers: tuple[Any, Any],

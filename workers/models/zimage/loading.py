@@ -35,6 +35,7 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    vae_model,
 )
 from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
@@ -85,18 +86,9 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
 
     def load() -> Vae:
         _model_libraries()
-        module = _load_vae(path, placement)
-        if policy.vae_tiling:
-            module.enable_tiling()
-        if policy.vae_slicing:
-            module.enable_slicing()
-        vae = Vae(name, sha, module, placement, family=FAMILY)
-        bounds = policy.batch_bounds()
-        decoder = Coalescer(lambda latents: engine.decode_latents_batch(vae, latents),
-                            max_items=bounds.items, max_cost=bounds.tokens,
-                            cost=_latent_tokens, key=lambda latents: tuple(latents.shape),
-                            observe=batcher_observer("vae_decodes"))
-        return Vae(name, sha, module, placement, decoder, FAMILY)
+        return vae_model(name=name, sha=sha, module=_load_vae(path, placement),
+                         placement=placement, policy=policy,
+                         decode=engine.decode_latents_batch, latent=LATENT, family=FAMILY)
 
     key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
     return MODEL_CACHE.get_or_load(key, load)
