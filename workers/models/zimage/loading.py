@@ -112,10 +112,6 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
 
 
-def _latent_tokens(latents: Any) -> int:
-    return LATENT.tokens(int(latents.shape[-2]), int(latents.shape[-1]))
-
-
 def config_for(path: Path, role: str) -> Path:
     """The config.json to build `path` with: its sidecar, else the shipped full-size one."""
     own = sidecar(path, ".config.json")
