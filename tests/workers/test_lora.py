@@ -162,3 +162,88 @@ def test_a_lora_of_another_model_fails_naming_the_file(lora_stack, make_ctx):
     model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
     with pytest.raises(NodeFailed, match=r"loras/other\.safetensors.*flux1"):
         run(ctx, "load/lora", {"lora": "other.safetensors", "strength": 1.0}, {"model": model})
+
+
+# --- SDXL: kohya's sgm names, and CFG (a job's two rows carry its LoRAs) ------------------------
+
+SDXL_GUIDANCE, NEGATIVE = 4.0, "blurry"  # the farm's guidance 4 is the pipeline's scale 5
+
+
+@pytest.fixture(scope="module")
+def sdxl_lora_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.sdxl.tiny import write_smoke_stack, write_tiny_lora
+
+    models_dir = tmp_path_factory.mktemp("sdxl-lora-models")
+    names = write_smoke_stack(models_dir)
+    for seed in range(2):
+        names[f"lora{seed}"] = write_tiny_lora(models_dir, f"xl-{seed}.safetensors", seed=seed)
+    return models_dir, names
+
+
+def render_sdxl(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...] = (),
+                seed: int = 7) -> tuple[Any, Any]:
+    loaded = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})
+    model = loaded["model"]
+    for name, strength in loras:
+        model = run(ctx, "load/lora", {"lora": name, "strength": strength},
+                    {"model": model})["model"]
+    encoder = loaded["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    negative = run(ctx, "encode/text", {"text": NEGATIVE}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": SDXL_GUIDANCE, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "negative": negative, "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": loaded["vae"],
+                                                       "latent": latent})["image"]
+
+
+def test_sdxl_loras_are_recognised_and_a_render_is_what_the_sdxl_pipeline_paints(
+        sdxl_lora_stack, make_ctx):
+    from workers.models.sdxl.tiny import smoke_pipeline
+
+    models_dir, names = sdxl_lora_stack
+    entry = {(e["folder"], e["name"]): e for e in scan(models_dir)}[("loras", names["lora0"])]
+    assert (entry["role"], entry["family"]) == ("lora", "sdxl")
+    loras = ((names["lora0"], 0.9), (names["lora1"], 0.5))
+    _, ours = render_sdxl(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, negative_prompt=NEGATIVE, height=H, width=W,
+                  num_inference_steps=STEPS, guidance_scale=SDXL_GUIDANCE + 1,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, plain = render_sdxl(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 8
+
+
+def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, make_ctx):
+    models_dir, names = sdxl_lora_stack
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((names["lora0"], 1.0),), ((names["lora1"], 0.7),),
+        ((names["lora0"], 0.5), (names["lora1"], 0.5))]
+    solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
+            for i, s in enumerate(sets)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
+                                 seed=i)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(sets)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]

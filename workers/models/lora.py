@@ -4,7 +4,7 @@ A `load/lora` node returns the model it got with one more `AppliedLora` on its `
 (workers/models/values.py `DiffusionModel.loras`): the base denoiser, its step batcher and its
 weights are the very objects of the base model, shared by every run whatever its LoRAs.
 
-- Reading: the family's plug-in function `lora_state_dict(path)` turns a LoRA file (kohya /
+- Reading: the family's plug-in function `lora_state_dict(path, denoiser)` turns a LoRA file (kohya /
   ComfyUI, diffusers / PEFT, …: diffusers' own converters) into `{module name: (A, B, scale)}`
   for the diffusers module names of its denoiser (A [r, in], B [out, r], scale alpha / r).
   `read_lora` checks every module against the loaded denoiser and keeps the weights on its
@@ -164,7 +164,7 @@ def read_lora(family_plugin: Any, path: Path, sha256: str, transformer: Any) -> 
     """The LoRA file at `path` for `transformer` (checked, on its device and dtype, hooks
     installed). LoraMismatch when it does not fit."""
     try:
-        modules = family_plugin.lora_state_dict(path)
+        modules = family_plugin.lora_state_dict(path, transformer)
     except (ValueError, KeyError) as exc:  # diffusers' converters reject foreign keys so
         detail = " ".join(str(exc).split())[:300]
         raise LoraMismatch(f"loras/{path.name} is not a LoRA this family reads: {detail}") from exc

@@ -25,7 +25,7 @@ def write_tiny_stack(models_dir: Path) -> dict[str, str]:
     return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
 
 
-def lora_state_dict(path: Path) -> dict[str, Any]:
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     """{transformer module: (A, B, scale)} of a FLUX.1 LoRA file in any format
     FluxPipeline.lora_state_dict reads (kohya / ComfyUI, diffusers / PEFT, XLabs, …): its
     converters, alphas as diffusers applies them. Text-encoder weights are left out."""
