@@ -247,3 +247,87 @@ def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, ma
     assert max(batches) > 1
     for i in range(len(sets)):
         assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+
+
+# --- Z-Image: kohya keys, per-item lists (a CFG job's two items carry its LoRAs) ----------------
+
+ZW, ZH, Z_GUIDANCE = 64, 64, 3.0  # the pipeline's guidance_scale is the farm's guidance here
+
+
+@pytest.fixture(scope="module")
+def zimage_lora_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.zimage.tiny import write_smoke_stack, write_tiny_lora
+
+    models_dir = tmp_path_factory.mktemp("zimage-lora-models")
+    names = write_smoke_stack(models_dir)
+    for seed in range(2):
+        names[f"lora{seed}"] = write_tiny_lora(models_dir, f"z-{seed}.safetensors", seed=seed)
+    return models_dir, names
+
+
+def render_zimage(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...] = (),
+                  seed: int = 7, guidance: float = Z_GUIDANCE) -> tuple[Any, Any]:
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    for name, strength in loras:
+        model = run(ctx, "load/lora", {"lora": name, "strength": strength},
+                    {"model": model})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"]})["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": ZW, "height": ZH})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": guidance, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
+def test_z_image_loras_are_recognised_and_a_render_is_what_z_image_pipeline_paints(
+        zimage_lora_stack, make_ctx):
+    from workers.models.zimage.tiny import smoke_pipeline
+
+    models_dir, names = zimage_lora_stack
+    entry = {(e["folder"], e["name"]): e for e in scan(models_dir)}[("loras", names["lora0"])]
+    assert (entry["role"], entry["family"]) == ("lora", "zimage")
+    loras = ((names["lora0"], 1.0), (names["lora1"], 0.6))
+    _, ours = render_zimage(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, height=ZH, width=ZW, num_inference_steps=STEPS,
+                  guidance_scale=Z_GUIDANCE,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, plain = render_zimage(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 8
+
+
+def test_z_image_runs_with_and_without_loras_and_cfg_share_forwards(zimage_lora_stack, make_ctx):
+    models_dir, names = zimage_lora_stack
+    runs: list[tuple[tuple[tuple[str, float], ...], float]] = [
+        ((), Z_GUIDANCE), (((names["lora0"], 1.0),), 0.0), (((names["lora1"], 0.7),), Z_GUIDANCE),
+        (((names["lora0"], 0.5), (names["lora1"], 0.5)), Z_GUIDANCE)]
+    solo = [render_zimage(make_ctx(models_dir=models_dir), names, s, seed=i, guidance=g)[0]
+            for i, (s, g) in enumerate(runs)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        loras, guidance = runs[i]
+        results[i] = render_zimage(make_ctx(Batches(), models_dir=models_dir), names, loras,
+                                   seed=i, guidance=guidance)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(runs)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), runs[i]
