@@ -331,3 +331,29 @@ def test_z_image_runs_with_and_without_loras_and_cfg_share_forwards(zimage_lora_
     assert max(batches) > 1
     for i in range(len(runs)):
         assert torch.allclose(results[i], solo[i], atol=1e-4), runs[i]
+
+
+def test_a_forward_applies_at_most_max_loras_distinct_loras_and_the_rest_wait():
+    from workers.models.lora import AppliedLora, LoraWeights
+    from workers.sampling import SampleJob, StepBatcher
+
+    seen: list[set[int]] = []
+
+    def predict(jobs: list[SampleJob]) -> list[Any]:
+        seen.append({id(a.weights) for job in jobs for a in job.loras})
+        return [torch.zeros_like(job.latents) for job in jobs]
+
+    files = [LoraWeights(f"l{i}.safetensors", str(i), {}) for i in range(3)]
+    sets = [(AppliedLora(files[0], 1.0),), (AppliedLora(files[1], 1.0),),
+            (AppliedLora(files[2], 1.0),), (AppliedLora(files[0], 0.5),), ()]
+    batcher = StepBatcher(predict, gather_seconds=0.5, max_loras=2)
+    jobs = [SampleJob(latents=torch.zeros(1, 4, 2, 2), sigmas=torch.linspace(1, 0, 4),
+                      timesteps=torch.linspace(1000, 10, 3), positive=torch.zeros(1, 4), loras=s)
+            for s in sets]
+    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(job.done for job in jobs)
+    assert max(len(s) for s in seen) == 2 and max(batcher.sizes) > 1

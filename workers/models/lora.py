@@ -95,6 +95,8 @@ def _hook(name: str) -> Any:
                     strengths.append(lora.strength)
         for weights, members, strengths in groups.values():
             a, b, scale = weights.modules[name]
+            if a.device != x.device or a.dtype != x.dtype:  # an offloaded or upcast layer
+                a, b = a.to(device=x.device, dtype=x.dtype), b.to(device=x.device, dtype=x.dtype)
             shape = (-1,) + (1,) * (x.ndim - 1)
             if len(members) == len(per_row) and len(set(strengths)) == 1:
                 output = output + F.linear(F.linear(x, a), b) * (scale * strengths[0])
