@@ -12,7 +12,9 @@ weights are the very objects of the base model, shared by every run whatever its
 - Applying: the first LoRA that targets a `nn.Linear` of a denoiser installs a forward hook on
   it (once; on the device thread, between forwards). Around each forward the family's `predict`
   says which LoRAs each batch row carries (`rows([...])`: a CFG job's two rows both carry the
-  job's); the hook adds, for each LoRA present, `strength · scale · B(A(x))` to its rows only.
+  job's); the hook adds `strength · scale · B(A(x))` of each row's LoRAs to that row only:
+  rows that all carry the same LoRAs as two plain matmuls each, mixed rows as one batched pair
+  (each row's LoRAs stacked along the rank, the scale folded into B).
   A forward whose rows carry no LoRA gets nothing added (bit-identical to the hook-free model).
 """
 
@@ -84,28 +86,41 @@ def _hook(name: str) -> Any:
         if x.shape[0] != len(per_row):
             raise RuntimeError(f"LoRA on {name}: {x.shape[0]} rows in the forward, "
                                f"{len(per_row)} declared")
-        # Each distinct weights object once: the rows that carry it and their strengths.
-        groups: dict[int, tuple[LoraWeights, list[int], list[float]]] = {}
-        for row, applied in enumerate(per_row):
-            for lora in applied:
-                if name in lora.weights.modules:
-                    _, members, strengths = groups.setdefault(id(lora.weights),
-                                                              (lora.weights, [], []))
-                    members.append(row)
-                    strengths.append(lora.strength)
-        for weights, members, strengths in groups.values():
-            a, b, scale = weights.modules[name]
-            if a.device != x.device or a.dtype != x.dtype:  # an offloaded or upcast layer
-                a, b = a.to(device=x.device, dtype=x.dtype), b.to(device=x.device, dtype=x.dtype)
-            shape = (-1,) + (1,) * (x.ndim - 1)
-            if len(members) == len(per_row) and len(set(strengths)) == 1:
-                output = output + F.linear(F.linear(x, a), b) * (scale * strengths[0])
-                continue
-            index = torch.tensor(members, device=output.device)
-            factor = output.new_tensor([scale * s for s in strengths]).view(shape)
-            delta = F.linear(F.linear(x[index], a), b) * factor
-            output = output.index_add(0, index, delta)
-        return output
+        carried = [[lora for lora in applied if name in lora.weights.modules]
+                   for applied in per_row]
+        members = [row for row, loras in enumerate(carried) if loras]
+        if not members:
+            return None
+        keys = {tuple((id(lora.weights), lora.strength) for lora in carried[row])
+                for row in members}
+        if len(members) == len(per_row) and len(keys) == 1:  # every row the same LoRAs
+            for lora in carried[0]:
+                a, b, scale = lora.weights.modules[name]
+                if a.device != x.device or a.dtype != x.dtype:  # an offloaded / upcast layer
+                    a, b = a.to(x.device, x.dtype), b.to(x.device, x.dtype)
+                output = output + F.linear(F.linear(x, a), b) * (scale * lora.strength)
+            return output
+        # Mixed rows (S-LoRA / Punica): each carrying row's LoRAs stacked along the rank (the
+        # scale in B, zero-padded to the widest), one batched pair of matmuls for all of them.
+        rank = max(sum(lora.weights.modules[name][0].shape[0] for lora in carried[row])
+                   for row in members)
+        a_rows = x.new_zeros(len(members), rank, x.shape[-1])
+        b_rows = x.new_zeros(len(members), output.shape[-1], rank)
+        for i, row in enumerate(members):
+            offset = 0
+            for lora in carried[row]:
+                a, b, scale = lora.weights.modules[name]
+                k = a.shape[0]
+                a_rows[i, offset:offset + k] = a
+                b_rows[i, :, offset:offset + k] = b * (scale * lora.strength)
+                offset += k
+        every = len(members) == len(per_row)
+        index = None if every else torch.tensor(members, device=x.device)
+        xs = x if index is None else x[index]
+        flat = xs.reshape(len(members), -1, xs.shape[-1])
+        delta = torch.bmm(torch.bmm(flat, a_rows.transpose(1, 2)), b_rows.transpose(1, 2))
+        delta = delta.reshape(*xs.shape[:-1], output.shape[-1]).to(output.dtype)
+        return output + delta if index is None else output.index_add(0, index, delta)
 
     return add_deltas
 
