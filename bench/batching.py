@@ -407,8 +407,9 @@ def lora_row(steps: int) -> dict[str, float]:
                           bounds.tokens, max_loras=LORA_RUNS)
     sigmas, timesteps = engine.schedule(steps, FLUX_SIDE, FLUX_SIDE)
     conds = engine.encode_prompts(encoder, prompts(LORA_RUNS))
-    cases = {"no LoRA": [()] * LORA_RUNS, "one shared LoRA": [(own[0],)] * LORA_RUNS,
-             f"{LORA_RUNS} different LoRAs": [(a,) for a in own]}
+    cases: dict[str, list[tuple[AppliedLora, ...]]] = {
+        "no LoRA": [()] * LORA_RUNS, "one shared LoRA": [(own[0],)] * LORA_RUNS,
+        f"{LORA_RUNS} different LoRAs": [(a,) for a in own]}
 
     def burst(sets: list[tuple[AppliedLora, ...]]) -> float:
         jobs = [SampleJob(noise(LATENT.shape(FLUX_SIDE, FLUX_SIDE),
