@@ -14,6 +14,7 @@ import torch
 
 from tests.workers.conftest import Recorder
 from tests.workers.helpers import pixels
+from workers.counters import counters_report
 from workers.models.catalog import file_sha256, scan
 from workers.runners import RUNNERS, NodeFailed
 
@@ -105,6 +106,7 @@ def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(lora
     base = run(make_ctx(models_dir=models_dir), "load/diffusion-model",
                {"file": names["model"]})["model"]
     before = {k: v.clone() for k, v in base.transformer.state_dict().items()}
+    loads = counters_report().get("denoiser_loads", 0)
     solo = [render(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
             for i, s in enumerate(sets)]
     batches: list[int] = []
@@ -132,6 +134,7 @@ def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(lora
     again = run(make_ctx(models_dir=models_dir), "load/diffusion-model",
                 {"file": names["model"]})["model"]
     assert again.transformer is base.transformer
+    assert counters_report().get("denoiser_loads", 0) == loads  # the heartbeat's counter
     for key, value in base.transformer.state_dict().items():
         assert torch.equal(value, before[key]), key
 

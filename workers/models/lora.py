@@ -186,6 +186,9 @@ def read_lora(family_plugin: Any, path: Path, sha256: str, transformer: Any) -> 
         detail = " ".join(str(exc).split())[:300]
         raise LoraMismatch(f"loras/{path.name} is not a LoRA this family reads: {detail}") from exc
     check_fit(transformer, modules, f"loras/{path.name}")
+    from workers.counters import count
+
+    count("lora_loads")
     device, dtype = transformer.device, transformer.dtype
     weights = LoraWeights(path.name, sha256, {
         name: (a.to(device=device, dtype=dtype).contiguous(),

@@ -24,6 +24,8 @@ __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffu
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
            "renoise", "schedule", "to_denoised", "write_tiny_stack"]
 
+# Modules Z-Image's transformer feeds all items concatenated (not one row per item).
+FLAT_INPUT = frozenset({"all_x_embedder", "cap_embedder", "siglip_embedder"})
 SHIFT = 3.0  # ComfyUI's ModelSamplingAuraFlow for Z-Image (the scheduler config's shift)
 
 
@@ -55,7 +57,11 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     state = ZImagePipeline.lora_state_dict(str(path), local_files_only=True)
     if not any(k.startswith("transformer.") for k in state):
         state = {f"transformer.{k}": v for k, v in state.items()}
-    return peft_modules(state, None, "transformer.")
+    modules = peft_modules(state, None, "transformer.")
+    flat = sorted(m for m in modules if m.split(".")[0] in FLAT_INPUT)
+    if flat:  # their input is every item's tokens in one sequence: no row per item to add to
+        raise ValueError(f"LoRAs on Z-Image's embedders ({', '.join(flat)}) are not supported")
+    return modules
 
 
 def to_denoised(job: Any, output: Any) -> Any:
