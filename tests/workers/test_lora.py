@@ -360,3 +360,28 @@ def test_a_forward_applies_at_most_max_loras_distinct_loras_and_the_rest_wait():
         t.join()
     assert all(job.done for job in jobs)
     assert max(len(s) for s in seen) == 2 and max(batcher.sizes) > 1
+
+
+def test_the_node_cache_key_of_a_lora_node_follows_the_file_s_content(settings, tmp_path):
+    """The executor keys a load/lora node (and so everything downstream) on the LoRA file's
+    sha256: the same name with other bytes is another key, the same bytes the same key."""
+    from apps.graphs.registry import descriptor_get
+    from apps.graphs.schema import NodeSpec
+    from workers.executor import _model_contents, node_key
+    from workers.models.flux1.tiny import write_tiny_lora
+
+    settings.INLINE_MODELS_DIR = tmp_path
+    spec = NodeSpec.model_validate({"type": "load/lora",
+                                    "params": {"lora": "swap.safetensors", "strength": 0.8}})
+    descriptor = descriptor_get("load/lora")
+
+    def key() -> str:
+        return node_key(spec, {}, content=_model_contents(spec, descriptor))
+
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=1)
+    first = key()
+    assert _model_contents(spec, descriptor) == {
+        "loras/swap.safetensors": file_sha256(tmp_path / "loras" / "swap.safetensors")}
+    assert key() == first
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=2)
+    assert key() != first
