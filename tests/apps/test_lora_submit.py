@@ -43,6 +43,8 @@ def test_a_flux_lora_on_a_flux_model_submits(artist):
                             "clip_l.safetensors"), "flux-style.safetensors")
     run, created = run_submit(owner=artist, graph=graph, target="save")
     assert created and run.requirement["families"] == ["flux1"]
+    # routing holds the LoRA file like any model file: only its holders, its size in the need
+    assert {"folder": "loras", "name": "flux-style.safetensors"} in run.requirement["models"]
 
 
 def test_a_flux_lora_on_a_z_image_model_is_refused_naming_the_lora_node(artist):
