@@ -317,6 +317,9 @@ def denoise_job(
     from workers.parallel.worker import denoiser
 
     group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
+    if group is not None and model.loras:
+        raise NodeFailed(f"LoRAs do not run on a GPU group yet: run {model.name} with parallel "
+                         "\"off\"")
     if group is not None and not info(model.family).splits:
         raise NodeFailed(f"{model.name} is a {model.family} model, which cannot be split across "
                          "GPUs: run it with parallel \"off\"")
