@@ -27,7 +27,10 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
            width 384) with the tiny CLIP-L / T5 / VAE, 128², guidance 3.5.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
-    .venv/bin/python bench/batching.py --family flux1|sdxl   # that family's rows only (no farm)
+The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
+each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
+
+    .venv/bin/python bench/batching.py --family flux1|sdxl|lora   # those rows only (no farm)
 """
 
 from __future__ import annotations
@@ -55,9 +58,13 @@ STACKS = {"tiny": 256, "mid": 128}  # stack → image side (px)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--family", choices=sorted([*FAMILY_ROWS, "sdxl"]),
-                        help="only this family's rows (in process: no farm)")
+    parser.add_argument("--family", choices=sorted([*FAMILY_ROWS, "sdxl", "lora"]),
+                        help="only this family's rows (in process: no farm); lora: the "
+                        "mixed-LoRA row")
     args = parser.parse_args()
+    if args.family == "lora":
+        print_lora_row(lora_row(args.steps))
+        return
     if args.family == "sdxl":
         print_sdxl(sdxl_rows(args.steps), args.steps)
         return
@@ -90,6 +97,7 @@ def main() -> None:
     for family, row in FAMILY_ROWS.items():
         print_family_row(family, row(args.steps))
     print_sdxl(sdxl_rows(args.steps), args.steps)
+    print_lora_row(lora_row(args.steps))
 
 
 # --- the stacks ---------------------------------------------------------------------------------
@@ -355,6 +363,79 @@ def flux1_row(steps: int) -> dict[int, tuple[float, float]]:
 
 
 FAMILY_ROWS = {"flux1": flux1_row}
+LORA_RANK, LORA_RUNS = 16, 16
+
+
+def lora_row(steps: int) -> dict[str, float]:
+    """Mixed-LoRA batching (issue 35): images/s of LORA_RUNS concurrent FLUX.1 runs on the
+    mid-size transformer through the step batcher, each with its own rank-16 LoRA on every
+    attention and feed-forward Linear (S-LoRA style: each run's delta on its own rows), vs the
+    same runs sharing one LoRA, vs no LoRA; the best of REPEAT alternating runs each."""
+    from diffusers import FluxTransformer2DModel
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.flux1 import LATENT, engine
+    from workers.models.flux1.tiny import build_tiny_components
+    from workers.models.lora import AppliedLora, LoraWeights, install_hooks
+    from workers.models.values import TextEncoder
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    transformer: Any = FluxTransformer2DModel.from_config(FLUX_MID).eval()
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", (parts["text_encoder"], parts["text_encoder_2"]),
+                          (parts["tokenizer"], parts["tokenizer_2"]),
+                          policy.placement("text-encoder"))
+    targets = {name: m for name, m in transformer.named_modules()
+               if (isinstance(m, torch.nn.Linear) and ".attn." in f".{name}") or (".ff" in name
+               and isinstance(m, torch.nn.Linear))}
+
+    def lora(seed: int) -> AppliedLora:
+        g = torch.Generator("cpu").manual_seed(seed)
+        modules = {name: (torch.randn(LORA_RANK, m.in_features, generator=g) * 0.01,
+                          torch.randn(m.out_features, LORA_RANK, generator=g) * 0.01, 1.0)
+                   for name, m in targets.items()}
+        weights = LoraWeights(f"bench-{seed}", str(seed), modules)
+        install_hooks(transformer, weights)
+        return AppliedLora(weights, 1.0)
+
+    own = [lora(i) for i in range(LORA_RUNS)]
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(transformer, jobs), bounds.items,
+                          bounds.tokens, max_loras=LORA_RUNS)
+    sigmas, timesteps = engine.schedule(steps, FLUX_SIDE, FLUX_SIDE)
+    conds = engine.encode_prompts(encoder, prompts(LORA_RUNS))
+    cases: dict[str, list[tuple[AppliedLora, ...]]] = {
+        "no LoRA": [()] * LORA_RUNS, "one shared LoRA": [(own[0],)] * LORA_RUNS,
+        f"{LORA_RUNS} different LoRAs": [(a,) for a in own]}
+
+    def burst(sets: list[tuple[AppliedLora, ...]]) -> float:
+        jobs = [SampleJob(noise(LATENT.shape(FLUX_SIDE, FLUX_SIDE),
+                                torch.Generator("cpu").manual_seed(i), "cpu"),
+                          sigmas, timesteps, conds[i], extra={"guidance": FLUX_GUIDANCE},
+                          loras=sets[i]) for i in range(LORA_RUNS)]
+        return LORA_RUNS / all_at_once(batcher.run, jobs)
+
+    with torch.no_grad():
+        for sets in cases.values():
+            burst(sets)  # warm
+        best = {label: 0.0 for label in cases}
+        for _ in range(REPEAT):
+            for label, sets in cases.items():
+                best[label] = max(best[label], burst(sets))
+    return best
+
+
+def print_lora_row(row: dict[str, float]) -> None:
+    print(f"\nbench/batching lora: {LORA_RUNS} concurrent FLUX.1 runs, images/s (denoise only), "
+          f"CPU ({torch.get_num_threads()} threads), mid-size random stack, rank {LORA_RANK}")
+    for label, value in row.items():
+        print(f"  {label:28}{value:15.2f}")
+    mixed, shared = row[f"{LORA_RUNS} different LoRAs"], row["one shared LoRA"]
+    print(f"  {LORA_RUNS} different / one shared: {mixed / shared:.2f}x (target ≥ 0.8x); "
+          f"one shared / no LoRA: {shared / row['no LoRA']:.2f}x")
 
 
 def print_family_row(family: str, row: dict[int, tuple[float, float]]) -> None:

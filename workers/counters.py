@@ -37,6 +37,13 @@ def forwards_observer() -> Callable[[int], None]:
     return batcher_observer("forwards", batch_sizes=True)
 
 
+def count(name: str) -> None:
+    """One more `name` (e.g. `denoiser_loads`: base weights read from disk, whatever LoRAs the
+    runs use; `lora_loads`: LoRA files read)."""
+    with _lock:
+        _calls[name] += 1
+
+
 def counters_report() -> dict[str, Any]:
     """The counts so far, as the heartbeat reports them."""
     with _lock:

@@ -123,6 +123,16 @@ MODELS = (
         "its VAE, loaded by the family that recognises the file.",
     ),
     NodeDescriptor(
+        "load/lora", "Load LoRA", "loaders",
+        inputs=(Port("model", "model"),),
+        outputs=(Port("model", "model"),),
+        params=(Param("lora", "model", required=True, options_from="loras"),
+                Param("strength", "float", 1.0, min=-20.0, max=20.0,
+                      description="The LoRA's weight (ComfyUI's strength_model).")),
+        description="The model with one more LoRA (chain them to stack LoRAs). The base "
+        "weights are shared: runs with other LoRAs, or none, share its forwards.",
+    ),
+    NodeDescriptor(
         "load/vae", "Load VAE", "loaders",
         outputs=(Port("vae", "vae"),),
         params=(Param("file", "model", required=True, options_from="vae"),),

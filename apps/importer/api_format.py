@@ -25,7 +25,7 @@ from apps.importer.comfy_families import (
     flux_shift,
     loader_evidence,
 )
-from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, RULES, UNSUPPORTED, Rule
+from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, PASSED, RULES, UNSUPPORTED, Rule
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 from workers.models.families import REGISTERED, info
@@ -384,6 +384,13 @@ def _resolve(state: _State, link: Link) -> Link | None:
         comfy_type, inputs = state.nodes[link.node]
         if comfy_type in CUT or comfy_type in NOTE_TYPES:
             return None
+        passed = PASSED.get(comfy_type, {}).get(link.slot)
+        if passed is not None:  # an output that is one of the node's inputs, unchanged
+            upstream = inputs.get(passed)
+            if not isinstance(upstream, Link):
+                return None
+            link = upstream
+            continue
         if comfy_type not in FOLDED:
             return link
         upstream = inputs.get(FOLDED[comfy_type][0])
@@ -395,8 +402,9 @@ def _resolve(state: _State, link: Link) -> Link | None:
 
 def _map_node(state: _State, node: _Mapped) -> None:
     _, inputs = state.nodes[node.id]
+    passed = set(PASSED.get(node.comfy_type, {}).values())  # read by consumers, not the node
     for name, value in inputs.items():
-        if isinstance(value, Link):
+        if isinstance(value, Link) and name not in passed:
             _map_link(state, node, name, value)
         elif name in node.rule.params and value is not None:
             _set_param(state, node, name, value)

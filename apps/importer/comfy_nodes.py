@@ -39,6 +39,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "DualCLIPLoader": ("clip_name1", "clip_name2", "type", "device"),
     "VAELoader": ("vae_name",),
     "LoraLoaderModelOnly": ("lora_name", "strength_model"),
+    "LoraLoader": ("lora_name", "strength_model", "strength_clip"),
     "CLIPTextEncode": ("text",),
     "ConditioningZeroOut": (),
     "EmptyLatentImage": ("width", "height", "batch_size"),
@@ -250,6 +251,16 @@ _SAMPLER_NAMES = {"sampler_name": ParamMap("sampler", _ours(OUR_SAMPLERS)),
 _SAMPLER_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
                    "latent_image": "latent"}
 _POLICY = "the farm's device policy chooses devices and dtypes"
+_LORA_PARAMS = {"lora_name": ParamMap("lora", folder="loras"),
+                "strength_model": ParamMap("strength")}
+
+
+def _lora_clip(values: dict[str, Any]) -> list[str]:
+    strength = values.get("strength_clip", 1.0)
+    if isinstance(strength, list) or strength in (0, None):
+        return []
+    return [f"strength_clip {strength!r} is not applied: the farm applies LoRAs to the "
+            "diffusion model only (the text encoder is used as it is)"]
 
 RULES: dict[str, Rule] = {
     "CheckpointLoaderSimple": Rule(  # an all-in-one file (SDXL's): MODEL, CLIP, VAE
@@ -271,6 +282,13 @@ RULES: dict[str, Rule] = {
         params={"clip_name1": ParamMap("file", folder="text_encoders"),
                 "clip_name2": ParamMap("file_2", folder="text_encoders")},
         warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
+    ),
+    "LoraLoaderModelOnly": Rule(
+        "load/lora", inputs={"model": "model"}, outputs=("model",), params=_LORA_PARAMS,
+    ),
+    "LoraLoader": Rule(  # its CLIP output is its clip input (PASSED)
+        "load/lora", inputs={"model": "model"}, outputs=("model", None), params=_LORA_PARAMS,
+        warnings=(_lora_clip,),
     ),
     "VAELoader": Rule(
         "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
@@ -386,8 +404,10 @@ CUT: dict[str, str] = {
     ),
 }
 
-UNSUPPORTED: dict[str, str] = {
-    "LoraLoaderModelOnly": "LoRAs are not runnable on this farm yet",
-}
+UNSUPPORTED: dict[str, str] = {}
+
+# Passed through: output slot → the input it is, unchanged, on this farm (LoraLoader's CLIP:
+# the text-encoder side of a LoRA is not applied; the rule warns when it would matter).
+PASSED: dict[str, dict[int, str]] = {"LoraLoader": {1: "clip"}}
 
 

@@ -10,8 +10,10 @@ A family is one package, `workers/models/<id>/`, registered by its id in
 - `workers/models/<id>/plugin.py` (torch, diffusers) is a module with the functions of
   `FamilyPlugin` below: load each component locally (ComfyUI single file or diffusers folder,
   `local_files_only`), encode prompts, its sigma schedule, its denoiser call for the step batcher
-  (one forward over the jobs of many runs; each job keeps its own schedule), VAE encode/decode,
-  and a tiny random stack writer for tests and `./farm models smoke`.
+  (one forward over the jobs of many runs; each job keeps its own schedule; it declares each
+  row's LoRAs with workers/models/lora.py `rows`), VAE encode/decode, its LoRA files' weights,
+  and a tiny random stack writer for tests and `./farm models smoke`. `recognise` gives LoRA
+  files of the family the role `lora`.
 
 Adding a family is copying a package and adding its id to `families.REGISTERED`.
 """
@@ -167,6 +169,14 @@ class FamilyPlugin(Protocol):
     def decode_latents_batch(self, vae: Any, latents: list[Tensor]) -> list[Any]:
         """RGB images of same-shape latents, from one VAE decode."""
 
+    def lora_state_dict(self, path: Path, denoiser: Any) -> dict[str, Any]:
+        """{denoiser module name: (A [r, in], B [out, r], scale)} of the LoRA file at `path`
+        in any format the family's trainers publish (diffusers' own converters: its pipeline's
+        `lora_state_dict`), text-encoder weights left out; a ValueError or KeyError for a file
+        it cannot read. workers/models/lora.py checks the modules against `denoiser` and
+        applies them per batch row (the `load/lora` node)."""
+
     def write_tiny_stack(self, models_dir: Path) -> dict[str, str]:
         """Write a tiny random-weight stack (names prefixed `smoke-`) as studios lay their
-        files out; returns the file names by role."""
+        files out, with a tiny random LoRA (`lora`) in the format its trainers publish;
+        returns the file names by role."""

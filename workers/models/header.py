@@ -41,6 +41,11 @@ class ModelHeader:
         """Whether some key contains every fragment (in any order), e.g. has("double_blocks.")."""
         return any(all(f in key for f in fragments) for key in self.shapes)
 
+    def is_lora(self) -> bool:
+        """Low-rank weights (kohya `lora_down` / `lora_up`, PEFT `lora_A` / `lora_B`, diffusers'
+        older `lora.down`): a LoRA file, whichever model it is for."""
+        return self.has("lora_down.") or self.has("lora_A.") or self.has(".lora.down.")
+
     def shape(self, suffix: str) -> tuple[int, ...] | None:
         """The shape of the first key that ends with `suffix` (prefixes vary by layout)."""
         return next((s for k, s in self.shapes.items() if k.endswith(suffix)), None)

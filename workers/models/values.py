@@ -24,6 +24,9 @@ class DiffusionModel:
     batcher: Any  # workers.sampling.StepBatcher
     placement: Placement
     family: str = ""  # the plug-in that loaded it (workers/models/families.py)
+    # workers.models.lora.AppliedLora, in the order the load/lora nodes chain them: applied per
+    # batch row at each forward; the base `transformer` is shared, never changed
+    loras: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

@@ -100,9 +100,11 @@ def denoiser_model(*, name: str, sha: str, transformer: Any, predict: Any, place
     """A loaded transformer as the farm's DiffusionModel: the policy's attention backend, and
     its step batcher — one `predict(transformer, jobs)` forward over the ready jobs of every
     slot, bounded by the policy, counted for the heartbeat. Every family's loader ends here."""
-    from workers.counters import forwards_observer
+    from workers.counters import count, forwards_observer
     from workers.models.values import DiffusionModel
     from workers.sampling import StepBatcher
+
+    count("denoiser_loads")  # the heartbeat's proof that LoRAs never reload the base
 
     if policy.attention != "native":
         transformer.set_attention_backend(policy.attention)

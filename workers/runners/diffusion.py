@@ -57,6 +57,38 @@ def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str
     return {"encoder": load_file(ctx, "text_encoders", *names)}
 
 
+@runner("load/lora")
+def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The model it gets with one more LoRA (`loras/<lora>` at `strength`), chainable. The base
+    weights are not touched: the LoRA is applied per batch row at each forward
+    (workers/models/lora.py), so runs with other LoRAs, or none, share the same forwards."""
+    from dataclasses import replace
+
+    from workers.models.catalog import file_sha256
+    from workers.models.lora import AppliedLora, LoraMismatch, lora_for
+
+    model = expect(inputs, "model", DiffusionModel)
+    name, strength = str(params["lora"]), float(params.get("strength", 1.0))
+    family = plugin(model.family)
+    if not hasattr(family, "lora_state_dict"):
+        raise NodeFailed(f"{model.family} models take no LoRAs yet")
+    try:
+        path = resolve(ctx.models_dir, "loras", name)
+    except ModelFileMissing as exc:
+        raise NodeFailed(str(exc)) from exc
+    sha = file_sha256(path)
+
+    try:  # on the device thread: hooks are installed between forwards
+        weights = on_device_thread(lambda: lora_for(family, path, sha, model.transformer))
+    except LoraMismatch as exc:
+        raise NodeFailed(f"{exc} ({model.name} is a {model.family} model)") from exc
+    out = replace(model, loras=(*model.loras, AppliedLora(weights, strength)))
+    ctx.note_lineage(loras={f"loras/{a.weights.name}": {"sha256": a.weights.sha256,
+                                                         "strength": a.strength}
+                            for a in out.loras})
+    return {"model": out}
+
+
 @runner("encode/text")
 def encode_text(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     encoder = expect(inputs, "encoder", TextEncoder)
@@ -277,6 +309,7 @@ def denoise_job(
         negative=None if negative is None else negative.to(device),
         check_cancelled=ctx.check_cancelled,
         extra=extra or {},
+        loras=model.loras,
         # the family's own step (optional: else flow Euler) unless a generic sampler's is given
         **{"advance": getattr(plugin(model.family), "advance", None), **job_fields},
     )
@@ -284,6 +317,9 @@ def denoise_job(
     from workers.parallel.worker import denoiser
 
     group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
+    if group is not None and model.loras:
+        raise NodeFailed(f"LoRAs do not run on a GPU group yet: run {model.name} with parallel "
+                         "\"off\"")
     if group is not None and not info(model.family).splits:
         raise NodeFailed(f"{model.name} is a {model.family} model, which cannot be split across "
                          "GPUs: run it with parallel \"off\"")

@@ -2,7 +2,8 @@
 
 Threads that want an image call `batcher.run(job)` (the worker's run slots, each its own run).
 Each iteration takes the ready jobs that fit the bounds — at most `max_items` forward items (a
-CFG job is two) and `max_tokens` latent tokens; a job that does not fit waits at the head of the
+CFG job is two), `max_tokens` latent tokens and `max_loras` distinct LoRA files (each job's
+LoRAs are applied to its own rows: workers/models/lora.py); a job that does not fit waits at the head of the
 line for the next iteration — runs ONE `predict(jobs)` call over them (for Z-Image one
 transformer forward over per-item lists: different prompts, sizes, step positions and guidance,
 each job with its own sigmas), then applies each job's own scheduler update (`job.advance`:
@@ -31,6 +32,7 @@ device is gone: a worker group's rank died) fails the whole batch at once, witho
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +48,17 @@ Tensor = Any  # torch.Tensor
 Predict = Callable[[list[SampleJob]], list[Tensor]]
 GATHER_SECONDS = 0.02  # the most an iteration waits for the last batch's jobs to come back
 OOM_RECOVERY_FORWARDS = 50  # forwards after an out-of-memory before the item bound is lifted
+
+
+def max_loras_per_forward() -> int:
+    """INLINE_MAX_LORAS_PER_FORWARD (default 16): the most distinct LoRA files one forward
+    applies (each is one more pair of small matmuls per targeted layer); beyond it a job waits
+    for the next forward."""
+    raw = os.environ.get("INLINE_MAX_LORAS_PER_FORWARD", "").strip() or "16"
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise ValueError(f"INLINE_MAX_LORAS_PER_FORWARD must be an integer, got {raw!r}") from None
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -79,6 +92,7 @@ class StepBatcher:
         max_batch: int | None = None,  # older name of max_items
         gather_seconds: float = GATHER_SECONDS,
         observe: Callable[[int], None] | None = None,
+        max_loras: int | None = None,
     ) -> None:
         max_items = max_batch if max_batch is not None else max_items
         if max_items < 1 or max_tokens < 1:
@@ -86,6 +100,7 @@ class StepBatcher:
         self._predict = predict
         self.max_items, self.max_tokens = max_items, max_tokens
         self.gather_seconds = gather_seconds
+        self.max_loras = max_loras if max_loras is not None else max_loras_per_forward()
         self._observe = observe
         self._lock = threading.Lock()  # guards everything below
         self._gather = threading.Condition(self._lock)  # the driver waits here for the batch
@@ -189,11 +204,14 @@ class StepBatcher:
         max_items = min(self.max_items, self._oom_items or self.max_items)
         batch: list[SampleJob] = []
         items = tokens = 0
+        loras: set[int] = set()  # the distinct LoRA files (weights) of the batch
         for job in self._ready:
-            if batch and (items + job.items > max_items or tokens + job.tokens > self.max_tokens):
+            more = loras | {id(lora.weights) for lora in job.loras}
+            if batch and (items + job.items > max_items or tokens + job.tokens > self.max_tokens
+                          or len(more) > self.max_loras):
                 continue  # waits at the head of the line: first in the next iteration
             batch.append(job)
-            items, tokens = items + job.items, tokens + job.tokens
+            items, tokens, loras = items + job.items, tokens + job.tokens, more
         for job in batch:
             self._ready.remove(job)
         return batch

@@ -35,6 +35,8 @@ class SampleJob:
       (workers/sampling/samplers.py), the steps complete after each evaluation; `sigmas` /
       `timesteps` then list every evaluation and `step` counts evaluations. None: one
       evaluation per step.
+    - `loras`: the model's LoRAs for this job (`DiffusionModel.loras`); the family's predict
+      declares them for the job's rows (workers/models/lora.py `rows`).
     - `on_progress(done, total)` (in steps) is called by the job's own thread after each step,
       `check_cancelled()` after each evaluation; it raises (RunCancelled) to stop before the next.
     """
@@ -50,6 +52,7 @@ class SampleJob:
     extra: dict[str, Any] = field(default_factory=dict)
     advance: Callable[[SampleJob, Tensor], Tensor] | None = field(default=None, repr=False)
     step_done: tuple[int, ...] | None = None
+    loras: tuple[Any, ...] = ()  # workers.models.lora.AppliedLora of each of this job's rows
     step: int = 0  # evaluations done so far; the batcher advances it
     batch: int = 0  # how many jobs shared the forward that made the last step
     velocity: Tensor | None = field(default=None, repr=False)  # the last step's v (previews)

@@ -18,9 +18,12 @@ CLIP_L_WIDTH = 768  # full-size CLIP-L; tiny stacks declare theirs in their conf
 
 
 def recognise(header: ModelHeader) -> str | None:
-    """transformer: double and single stream blocks (original or diffusers keys); vae: a
+    """lora: a LoRA of FLUX.1's transformer (is_flux_lora); transformer: double and single
+    stream blocks (original or diffusers keys); vae: a
     16-channel AutoencoderKL; text_encoder: a CLIP text model without a second projection
     stack (CLIP-L) or a T5 encoder."""
+    if header.is_lora():
+        return "lora" if is_flux_lora(header) else None
     name = header.class_name
     if name == "FluxTransformer2DModel" or header.has("double_blocks.", "img_attn.") or (
         header.has("single_transformer_blocks.") and header.has("attn.add_q_proj.")
@@ -31,6 +34,15 @@ def recognise(header: ModelHeader) -> str | None:
     if clip_kind(header) == "clip-l" or t5_kind(header):
         return "text_encoder"
     return None
+
+
+def is_flux_lora(header: ModelHeader) -> bool:
+    """A LoRA of FLUX.1's transformer: kohya / ComfyUI (`double_blocks` / `single_blocks`),
+    diffusers (`single_transformer_blocks`, or joint blocks with `add_q_proj`) or XLabs
+    (`double_blocks.N.processor`) keys."""
+    return (header.has("double_blocks") or header.has("single_blocks")
+            or header.has("single_transformer_blocks.")
+            or header.has("transformer_blocks.", "add_q_proj"))
 
 
 def clip_kind(header: ModelHeader) -> str | None:

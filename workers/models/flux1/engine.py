@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from workers.models.flux1 import LATENT
+from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
 
@@ -149,9 +150,11 @@ def _forward(transformer: Any, jobs: list[SampleJob], shape: tuple[int, ...]) ->
     embeds = torch.stack([job.positive.embeds for job in jobs])  # [B, 512, D]
     pooled = torch.stack([job.positive.pooled for job in jobs])  # [B, P]
     txt_ids = torch.zeros(embeds.shape[1], 3).to(device=device, dtype=embeds.dtype)
-    pred = transformer(hidden_states=x, timestep=t / 1000, guidance=guidance,
-                       pooled_projections=pooled, encoder_hidden_states=embeds, txt_ids=txt_ids,
-                       img_ids=image_ids(h, w, x.dtype, device), return_dict=False)[0]
+    with lora_rows([job.loras for job in jobs]):  # one row per job (no CFG)
+        pred = transformer(hidden_states=x, timestep=t / 1000, guidance=guidance,
+                           pooled_projections=pooled, encoder_hidden_states=embeds,
+                           txt_ids=txt_ids, img_ids=image_ids(h, w, x.dtype, device),
+                           return_dict=False)[0]
     return [unpack(pred[i : i + 1], h, w) for i in range(len(jobs))]  # each [1, C, h, w]
 
 

@@ -132,3 +132,28 @@ def _config(path: Path, class_name: str, config: dict[str, Any]) -> None:
     stem = path.name.removesuffix(".safetensors")
     path.with_name(f"{stem}.config.json").write_text(
         json.dumps({"_class_name": class_name, **config}, indent=2) + "\n")
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4, alpha: float = 2.0) -> str:
+    """A random LoRA of the tiny transformer in kohya / ComfyUI keys (`lora_unet_double_blocks_
+    0_img_attn_qkv.lora_down.weight`, `.lora_up.weight`, `.alpha`), as FLUX.1 trainers publish
+    them, under `loras/<name>`; returns the name. Other seeds: other LoRAs."""
+    from safetensors.torch import save_file
+
+    d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
+    targets = {  # kohya module: (in, out)
+        "double_blocks_0_img_attn_qkv": (d, 3 * d), "double_blocks_0_img_attn_proj": (d, d),
+        "double_blocks_0_txt_attn_proj": (d, d), "double_blocks_0_img_mlp_0": (d, 4 * d),
+        "double_blocks_0_img_mlp_2": (4 * d, d), "single_blocks_0_linear2": (5 * d, d),
+    }
+    generator = torch.Generator("cpu").manual_seed(1000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"lora_unet_{module}"
+        state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+        state[f"{key}.alpha"] = torch.tensor(alpha)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name

@@ -26,7 +26,10 @@ V_PRED = "v_pred"  # ComfyUI marks v-prediction checkpoints with this (empty) te
 def recognise(header: ModelHeader) -> str | None:
     """checkpoint: an SDXL UNet (its `label_emb`: the size/pooled-text embedding), OpenCLIP
     bigG and a VAE in one file; unet: the UNet alone (original keys, with or without its
-    prefix, or a diffusers folder); vae: a 4-channel AutoencoderKL."""
+    prefix, or a diffusers folder); vae: a 4-channel AutoencoderKL; lora: a LoRA of the SDXL
+    UNet (is_sdxl_lora)."""
+    if header.is_lora():
+        return "lora" if is_sdxl_lora(header) else None
     if header.has(UNET, "label_emb.") and header.has(BIG_G) and header.has("first_stage_model."):
         return "checkpoint"
     if header.has(BIG_G) or header.has("first_stage_model."):
@@ -37,6 +40,14 @@ def recognise(header: ModelHeader) -> str | None:
             and header.latent_channels() == 4:
         return "vae"
     return None
+
+
+def is_sdxl_lora(header: ModelHeader) -> bool:
+    """kohya's SDXL names (the sgm UNet's `input_blocks` / `middle_block` / `output_blocks`,
+    its second text encoder `lora_te2_`) or diffusers' UNet names (`down_blocks.N.attentions`)."""
+    return any(header.has(f) for f in ("lora_unet_input_blocks_", "lora_unet_middle_block_",
+                                        "lora_unet_output_blocks_", "lora_te2_")) or (
+        header.has("down_blocks.", "attentions.") or header.has("up_blocks.", "attentions."))
 
 
 def is_unet(header: ModelHeader) -> bool:

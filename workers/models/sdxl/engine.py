@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
+from workers.models.lora import rows as lora_rows
 from workers.models.sdxl import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
@@ -154,8 +155,9 @@ def _forward(unet: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     added = {"text_embeds": torch.stack([prompt.pooled for _, prompt in rows]),  # [R, P]
              "time_ids": time_ids.repeat(len(rows), 1)}  # [R, 6]
     embeds = torch.stack([prompt.embeds for _, prompt in rows])  # [R, 77, D]
-    pred = unet(x.to(unet.dtype), t, encoder_hidden_states=embeds, timestep_cond=None,
-                added_cond_kwargs=added, return_dict=False)[0]
+    with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
+        pred = unet(x.to(unet.dtype), t, encoder_hidden_states=embeds, timestep_cond=None,
+                    added_cond_kwargs=added, return_dict=False)[0]
     outputs, row = [], 0
     for job in jobs:
         if job.cfg:

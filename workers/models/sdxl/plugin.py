@@ -26,7 +26,8 @@ from workers.models.sdxl.loading import (
 
 __all__ = ["advance", "decode_latents_batch", "encode_image", "encode_prompts", "init_noise",
            "load_checkpoint", "load_diffusion_model", "load_text_encoder", "load_vae",
-           "model_sampling", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule", "to_denoised",
+           "write_tiny_stack"]
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
@@ -38,4 +39,33 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return tiny.write_smoke_stack(models_dir)
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    """{UNet module: (A, B, scale)} of an SDXL LoRA file in any format
+    StableDiffusionXLPipeline.lora_state_dict reads (kohya's sgm names mapped with the UNet's
+    config, diffusers / PEFT), its old attention-processor keys through diffusers'
+    convert_unet_state_dict_to_peft, alphas per module. Text-encoder weights are left out."""
+    from diffusers import StableDiffusionXLPipeline
+    from diffusers.utils.state_dict_utils import convert_unet_state_dict_to_peft
+
+    from workers.models.lora import peft_modules
+
+    state, alphas = StableDiffusionXLPipeline.lora_state_dict(
+        str(path), unet_config=denoiser.config, local_files_only=True)
+    unet = {k.removeprefix("unet."): v for k, v in state.items() if k.startswith("unet.")}
+    if not unet and not any(k.startswith("text_encoder") for k in state):
+        unet = dict(state)  # bare module names
+    if unet and not any(".lora_A." in k for k in unet):
+        unet = convert_unet_state_dict_to_peft(unet)
+    module_alphas = {}
+    for key, alpha in (alphas or {}).items():
+        if not key.startswith("unet."):
+            continue
+        name = key.removeprefix("unet.").removesuffix(".alpha")
+        if name.endswith("down.weight"):  # an attention processor's key: convert it as its weight
+            name = next(iter(convert_unet_state_dict_to_peft({name: 0}))).removesuffix(
+                ".lora_A.weight")
+        module_alphas[f"{name}.alpha"] = alpha
+    return peft_modules(unet, module_alphas, "")

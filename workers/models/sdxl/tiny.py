@@ -138,3 +138,31 @@ def _configs(parts: dict[str, Any], folder: Path) -> None:
         parts[component].save_config(folder / component)
     for component in ("text_encoder", "text_encoder_2"):
         parts[component].config.save_pretrained(folder / component)
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4, alpha: float = 2.0) -> str:
+    """A random LoRA of the tiny UNet in kohya keys (the sgm UNet's names, as kohya's SDXL
+    trainer writes them: `lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.
+    weight`, `.lora_up.weight`, `.alpha`) under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    inner, cross = UNET_CONFIG["block_out_channels"][-1], CLIP_L_WIDTH + BIG_G_WIDTH
+    block = "transformer_blocks_0"
+    targets = {  # kohya module: (in, out)
+        f"input_blocks_4_1_{block}_attn1_to_q": (inner, inner),
+        f"input_blocks_4_1_{block}_attn2_to_k": (cross, inner),
+        "input_blocks_4_1_proj_in": (inner, inner),
+        "middle_block_1_transformer_blocks_1_ff_net_2": (4 * inner, inner),
+        f"output_blocks_0_1_{block}_attn1_to_out_0": (inner, inner),
+    }
+    generator = torch.Generator("cpu").manual_seed(2000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"lora_unet_{module}"
+        state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+        state[f"{key}.alpha"] = torch.tensor(alpha)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name

@@ -22,6 +22,8 @@ QWEN3 = ("Qwen3Model", "Qwen3ForCausalLM")
 def recognise(header: ModelHeader) -> str | None:
     """transformer: Z-Image's caption embedder and refiners (diffusers or ComfyUI keys);
     text_encoder: a Qwen3 (its per-head q_norm); vae: a 16-channel AutoencoderKL (Flux's)."""
+    if header.is_lora():
+        return "lora" if is_zimage_lora(header) else None
     name = header.class_name
     if name == "ZImageTransformer2DModel" or (
         header.has("cap_embedder.") and header.has("noise_refiner.")
@@ -34,6 +36,13 @@ def recognise(header: ModelHeader) -> str | None:
     if is_flux_vae(header):
         return "vae"
     return None
+
+
+def is_zimage_lora(header: ModelHeader) -> bool:
+    """A LoRA of Z-Image's transformer: its `layers.N.attention` / refiner blocks, in kohya
+    (`lora_unet_layers_0_attention_to_q`) or diffusers / ComfyUI (`layers.0.attention.`) keys."""
+    return any(header.has(f) for f in ("_attention_to_", ".attention.to_", "_feed_forward_",
+                                        ".feed_forward.", "noise_refiner", "context_refiner"))
 
 
 def is_flux_vae(header: ModelHeader) -> bool:

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from workers.device.policy import Placement
+from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.models.zimage import LATENT
 from workers.sampling.job import SampleJob
@@ -226,7 +227,9 @@ def predict_velocity(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tens
             xs.append(x)
             ts.append(t)
             caps.append(caption)
-    outs = transformer(xs, torch.cat(ts), caps, return_dict=False)[0]  # list of [C, 1, H, W]
+    rows = [job.loras for job in jobs for _ in range(job.items)]  # a CFG job's 2 rows: its LoRAs
+    with lora_rows(rows):
+        outs = transformer(xs, torch.cat(ts), caps, return_dict=False)[0]  # [C, 1, H, W] each
     velocities, k = [], 0
     for job in jobs:
         pred = outs[k].float()

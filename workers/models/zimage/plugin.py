@@ -21,9 +21,11 @@ from workers.models.zimage.engine import predict_velocity as predict
 from workers.models.zimage.loading import load_diffusion_model, load_vae
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
-           "load_text_encoder", "load_vae", "model_sampling", "predict", "renoise", "schedule",
-           "to_denoised", "write_tiny_stack"]
+           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
+           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
 
+# Modules Z-Image's transformer feeds all items concatenated (not one row per item).
+FLAT_INPUT = frozenset({"all_x_embedder", "cap_embedder", "siglip_embedder"})
 SHIFT = 3.0  # ComfyUI's ModelSamplingAuraFlow for Z-Image (the scheduler config's shift)
 
 
@@ -41,7 +43,25 @@ def schedule(steps: int, width: int, height: int, denoise: float,
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return tiny.write_smoke_stack(models_dir)
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    """{transformer module: (A, B, scale)} of a Z-Image LoRA file in any format
+    ZImagePipeline.lora_state_dict reads (kohya, ComfyUI / ai-toolkit `diffusion_model.`,
+    diffusers / PEFT): its converter bakes each module's alpha into the weights."""
+    from diffusers import ZImagePipeline
+
+    from workers.models.lora import peft_modules
+
+    state = ZImagePipeline.lora_state_dict(str(path), local_files_only=True)
+    if not any(k.startswith("transformer.") for k in state):
+        state = {f"transformer.{k}": v for k, v in state.items()}
+    modules = peft_modules(state, None, "transformer.")
+    flat = sorted(m for m in modules if m.split(".")[0] in FLAT_INPUT)
+    if flat:  # their input is every item's tokens in one sequence: no row per item to add to
+        raise ValueError(f"LoRAs on Z-Image's embedders ({', '.join(flat)}) are not supported")
+    return modules
 
 
 def to_denoised(job: Any, output: Any) -> Any:

@@ -239,3 +239,32 @@ def smoke_pipeline(img2img: bool = False, seed: int = 0) -> Any:
 
 def _write_config(path: Path, class_name: str, config: dict[str, Any]) -> None:
     path.write_text(json.dumps({"_class_name": class_name, **config}, indent=2) + "\n")
+
+
+def write_tiny_lora(models_dir: Path, name: str = "zimage-SMOKE-lora.safetensors", seed: int = 0,
+                    rank: int = 4, alpha: float = 2.0) -> str:
+    """A random LoRA of the tiny transformer in kohya keys (`lora_unet_layers_0_attention_to_q.
+    lora_down.weight`, `.lora_up.weight`, `.alpha`), as Z-Image trainers publish them, under
+    `loras/<name>`; returns the name."""
+    from diffusers import ZImageTransformer2DModel
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        model: Any = ZImageTransformer2DModel(**TRANSFORMER_CONFIG)
+    modules = dict(model.named_modules())
+    targets = ["layers.0.attention.to_q", "layers.1.attention.to_out.0",
+               "layers.0.feed_forward.w2", "layers.1.adaLN_modulation.0",
+               "noise_refiner.0.attention.to_k", "context_refiner.0.feed_forward.w1"]
+    generator = torch.Generator("cpu").manual_seed(3000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for target in targets:
+        linear = modules[target]
+        key = "lora_unet_" + target.replace(".", "_")
+        state[f"{key}.lora_down.weight"] = torch.randn(rank, linear.in_features,
+                                                       generator=generator) * 0.3
+        state[f"{key}.lora_up.weight"] = torch.randn(linear.out_features, rank,
+                                                     generator=generator) * 0.3
+        state[f"{key}.alpha"] = torch.tensor(alpha)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name

@@ -1,0 +1,387 @@
+"""LoRA (workers/models/lora.py, the `load/lora` node) on the tiny FLUX.1 stack: what diffusers'
+pipeline paints with the same LoRA loaded, runs with different LoRA sets sharing forwards over
+one base model, and the LoRA file's content (not its name) deciding the image."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.workers.conftest import Recorder
+from tests.workers.helpers import pixels
+from workers.counters import counters_report
+from workers.models.catalog import file_sha256, scan
+from workers.runners import RUNNERS, NodeFailed
+
+W, H, STEPS, GUIDANCE = 64, 48, 3, 2.5
+PROMPT = "a lighthouse at dusk"
+
+
+@pytest.fixture(scope="module")
+def lora_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.flux1.tiny import write_smoke_stack, write_tiny_lora
+
+    models_dir = tmp_path_factory.mktemp("lora-models")
+    names = write_smoke_stack(models_dir)
+    for seed in range(4):
+        names[f"lora{seed}"] = write_tiny_lora(models_dir, f"style-{seed}.safetensors", seed=seed)
+    return models_dir, names
+
+
+def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None):
+    return RUNNERS[node_type](ctx, params, inputs or {})
+
+
+def render(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...] = (),
+           seed: int = 7) -> tuple[Any, Any]:
+    """load → (load/lora)* → encode → empty → sample → decode: (latents, image)."""
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    for name, strength in loras:
+        model = run(ctx, "load/lora", {"lora": name, "strength": strength},
+                    {"model": model})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "file_2": names["text_encoder_2"]})["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
+def reference(models_dir: Path, loras: tuple[tuple[str, float], ...], seed: int = 7) -> Any:
+    """diffusers' FluxPipeline with the same LoRA files loaded (load_lora_weights,
+    set_adapters at the same strengths)."""
+    from workers.models.flux1.tiny import smoke_pipeline
+
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    if loras:
+        pipe.set_adapters([f"a{i}" for i in range(len(loras))],
+                          adapter_weights=[s for _, s in loras])
+    return pipe(PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+
+
+def max_diff(a: Any, b: Any) -> int:
+    return int(np.abs(pixels(a) - pixels(b)).max())
+
+
+def test_lora_files_are_recognised_from_their_keys_as_flux_loras(lora_stack):
+    models_dir, names = lora_stack
+    entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
+    entry = entries[("loras", names["lora0"])]
+    assert (entry["role"], entry["family"]) == ("lora", "flux1")
+
+
+@pytest.mark.parametrize("loras", [(("style-0.safetensors", 0.8),),
+                                   (("style-1.safetensors", 1.0), ("style-2.safetensors", -0.6))],
+                         ids=["one", "stack-of-two"])
+def test_a_lora_render_is_what_flux_pipeline_paints_with_the_lora_loaded(lora_stack, make_ctx,
+                                                                         loras):
+    models_dir, names = lora_stack
+    ctx = make_ctx(models_dir=models_dir)
+    _, ours = render(ctx, names, loras)
+    assert max_diff(ours, reference(models_dir, loras)) <= 1
+    _, plain = render(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 8  # the LoRA does change the image
+    assert ctx.lineage["loras"] == {  # the lineage names each LoRA's content and strength
+        f"loras/{name}": {"sha256": file_sha256(models_dir / "loras" / name), "strength": strength}
+        for name, strength in loras}
+
+
+def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(lora_stack, make_ctx):
+    models_dir, names = lora_stack
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((names["lora0"], 1.0),), ((names["lora0"], 0.5),), ((names["lora1"], 1.0),),
+        ((names["lora2"], 0.7),), ((names["lora3"], 1.2),),
+        ((names["lora1"], 0.8), (names["lora2"], 0.6)), ()]
+    base = run(make_ctx(models_dir=models_dir), "load/diffusion-model",
+               {"file": names["model"]})["model"]
+    before = {k: v.clone() for k, v in base.transformer.state_dict().items()}
+    loads = counters_report().get("denoiser_loads", 0)
+    solo = [render(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
+            for i, s in enumerate(sets)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        results[i] = render(make_ctx(Batches(), models_dir=models_dir), names, sets[i], seed=i)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(sets)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+    assert not torch.allclose(solo[1], solo[2], atol=1e-3)  # the strength reaches the rows
+    # one base model for every LoRA set, its weights untouched
+    again = run(make_ctx(models_dir=models_dir), "load/diffusion-model",
+                {"file": names["model"]})["model"]
+    assert again.transformer is base.transformer
+    assert counters_report().get("denoiser_loads", 0) == loads  # the heartbeat's counter
+    for key, value in base.transformer.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_lora_swapped_under_the_same_name_renders_a_new_image(lora_stack, make_ctx, tmp_path):
+    from workers.models.flux1.tiny import write_smoke_stack, write_tiny_lora
+
+    names = write_smoke_stack(tmp_path)
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=5)
+    ctx = make_ctx(models_dir=tmp_path)
+    first, _ = render(ctx, names, (("swap.safetensors", 1.0),))
+    first_sha = ctx.lineage["loras"]["loras/swap.safetensors"]["sha256"]
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=6)
+    ctx = make_ctx(models_dir=tmp_path)
+    second, _ = render(ctx, names, (("swap.safetensors", 1.0),))
+    assert ctx.lineage["loras"]["loras/swap.safetensors"]["sha256"] != first_sha
+    assert not torch.allclose(first, second, atol=1e-3)
+
+
+def test_a_lora_of_another_model_fails_naming_the_file(lora_stack, make_ctx):
+    from safetensors.torch import save_file
+
+    models_dir, names = lora_stack
+    sdxl_like = {"lora_unet_down_blocks_1_attentions_0_proj_in.lora_down.weight": torch.zeros(4, 8),
+                 "lora_unet_down_blocks_1_attentions_0_proj_in.lora_up.weight": torch.zeros(8, 4)}
+    save_file(sdxl_like, models_dir / "loras" / "other.safetensors")
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    with pytest.raises(NodeFailed, match=r"loras/other\.safetensors.*flux1"):
+        run(ctx, "load/lora", {"lora": "other.safetensors", "strength": 1.0}, {"model": model})
+
+
+# --- SDXL: kohya's sgm names, and CFG (a job's two rows carry its LoRAs) ------------------------
+
+SDXL_GUIDANCE, NEGATIVE = 4.0, "blurry"  # the farm's guidance 4 is the pipeline's scale 5
+
+
+@pytest.fixture(scope="module")
+def sdxl_lora_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.sdxl.tiny import write_smoke_stack, write_tiny_lora
+
+    models_dir = tmp_path_factory.mktemp("sdxl-lora-models")
+    names = write_smoke_stack(models_dir)
+    for seed in range(2):
+        names[f"lora{seed}"] = write_tiny_lora(models_dir, f"xl-{seed}.safetensors", seed=seed)
+    return models_dir, names
+
+
+def render_sdxl(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...] = (),
+                seed: int = 7) -> tuple[Any, Any]:
+    loaded = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})
+    model = loaded["model"]
+    for name, strength in loras:
+        model = run(ctx, "load/lora", {"lora": name, "strength": strength},
+                    {"model": model})["model"]
+    encoder = loaded["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    negative = run(ctx, "encode/text", {"text": NEGATIVE}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": SDXL_GUIDANCE, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "negative": negative, "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": loaded["vae"],
+                                                       "latent": latent})["image"]
+
+
+def test_sdxl_loras_are_recognised_and_a_render_is_what_the_sdxl_pipeline_paints(
+        sdxl_lora_stack, make_ctx):
+    from workers.models.sdxl.tiny import smoke_pipeline
+
+    models_dir, names = sdxl_lora_stack
+    entry = {(e["folder"], e["name"]): e for e in scan(models_dir)}[("loras", names["lora0"])]
+    assert (entry["role"], entry["family"]) == ("lora", "sdxl")
+    loras = ((names["lora0"], 0.9), (names["lora1"], 0.5))
+    _, ours = render_sdxl(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, negative_prompt=NEGATIVE, height=H, width=W,
+                  num_inference_steps=STEPS, guidance_scale=SDXL_GUIDANCE + 1,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, plain = render_sdxl(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 8
+
+
+def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, make_ctx):
+    models_dir, names = sdxl_lora_stack
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((names["lora0"], 1.0),), ((names["lora1"], 0.7),),
+        ((names["lora0"], 0.5), (names["lora1"], 0.5))]
+    solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
+            for i, s in enumerate(sets)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
+                                 seed=i)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(sets)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+
+
+# --- Z-Image: kohya keys, per-item lists (a CFG job's two items carry its LoRAs) ----------------
+
+ZW, ZH, Z_GUIDANCE = 64, 64, 3.0  # the pipeline's guidance_scale is the farm's guidance here
+
+
+@pytest.fixture(scope="module")
+def zimage_lora_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.zimage.tiny import write_smoke_stack, write_tiny_lora
+
+    models_dir = tmp_path_factory.mktemp("zimage-lora-models")
+    names = write_smoke_stack(models_dir)
+    for seed in range(2):
+        names[f"lora{seed}"] = write_tiny_lora(models_dir, f"z-{seed}.safetensors", seed=seed)
+    return models_dir, names
+
+
+def render_zimage(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...] = (),
+                  seed: int = 7, guidance: float = Z_GUIDANCE) -> tuple[Any, Any]:
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    for name, strength in loras:
+        model = run(ctx, "load/lora", {"lora": name, "strength": strength},
+                    {"model": model})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"]})["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": ZW, "height": ZH})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": guidance, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
+def test_z_image_loras_are_recognised_and_a_render_is_what_z_image_pipeline_paints(
+        zimage_lora_stack, make_ctx):
+    from workers.models.zimage.tiny import smoke_pipeline
+
+    models_dir, names = zimage_lora_stack
+    entry = {(e["folder"], e["name"]): e for e in scan(models_dir)}[("loras", names["lora0"])]
+    assert (entry["role"], entry["family"]) == ("lora", "zimage")
+    loras = ((names["lora0"], 1.0), (names["lora1"], 0.6))
+    _, ours = render_zimage(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, height=ZH, width=ZW, num_inference_steps=STEPS,
+                  guidance_scale=Z_GUIDANCE,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, plain = render_zimage(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 8
+
+
+def test_z_image_runs_with_and_without_loras_and_cfg_share_forwards(zimage_lora_stack, make_ctx):
+    models_dir, names = zimage_lora_stack
+    runs: list[tuple[tuple[tuple[str, float], ...], float]] = [
+        ((), Z_GUIDANCE), (((names["lora0"], 1.0),), 0.0), (((names["lora1"], 0.7),), Z_GUIDANCE),
+        (((names["lora0"], 0.5), (names["lora1"], 0.5)), Z_GUIDANCE)]
+    solo = [render_zimage(make_ctx(models_dir=models_dir), names, s, seed=i, guidance=g)[0]
+            for i, (s, g) in enumerate(runs)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        loras, guidance = runs[i]
+        results[i] = render_zimage(make_ctx(Batches(), models_dir=models_dir), names, loras,
+                                   seed=i, guidance=guidance)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(runs)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), runs[i]
+
+
+def test_a_forward_applies_at_most_max_loras_distinct_loras_and_the_rest_wait():
+    from workers.models.lora import AppliedLora, LoraWeights
+    from workers.sampling import SampleJob, StepBatcher
+
+    seen: list[set[int]] = []
+
+    def predict(jobs: list[SampleJob]) -> list[Any]:
+        seen.append({id(a.weights) for job in jobs for a in job.loras})
+        return [torch.zeros_like(job.latents) for job in jobs]
+
+    files = [LoraWeights(f"l{i}.safetensors", str(i), {}) for i in range(3)]
+    sets = [(AppliedLora(files[0], 1.0),), (AppliedLora(files[1], 1.0),),
+            (AppliedLora(files[2], 1.0),), (AppliedLora(files[0], 0.5),), ()]
+    batcher = StepBatcher(predict, gather_seconds=0.5, max_loras=2)
+    jobs = [SampleJob(latents=torch.zeros(1, 4, 2, 2), sigmas=torch.linspace(1, 0, 4),
+                      timesteps=torch.linspace(1000, 10, 3), positive=torch.zeros(1, 4), loras=s)
+            for s in sets]
+    threads = [threading.Thread(target=batcher.run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(job.done for job in jobs)
+    assert max(len(s) for s in seen) == 2 and max(batcher.sizes) > 1
+
+
+def test_the_node_cache_key_of_a_lora_node_follows_the_file_s_content(settings, tmp_path):
+    """The executor keys a load/lora node (and so everything downstream) on the LoRA file's
+    sha256: the same name with other bytes is another key, the same bytes the same key."""
+    from apps.graphs.registry import descriptor_get
+    from apps.graphs.schema import NodeSpec
+    from workers.executor import _model_contents, node_key
+    from workers.models.flux1.tiny import write_tiny_lora
+
+    settings.INLINE_MODELS_DIR = tmp_path
+    spec = NodeSpec.model_validate({"type": "load/lora",
+                                    "params": {"lora": "swap.safetensors", "strength": 0.8}})
+    descriptor = descriptor_get("load/lora")
+
+    def key() -> str:
+        return node_key(spec, {}, content=_model_contents(spec, descriptor))
+
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=1)
+    first = key()
+    assert _model_contents(spec, descriptor) == {
+        "loras/swap.safetensors": file_sha256(tmp_path / "loras" / "swap.safetensors")}
+    assert key() == first
+    write_tiny_lora(tmp_path, "swap.safetensors", seed=2)
+    assert key() != first
