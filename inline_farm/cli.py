@@ -794,9 +794,14 @@ def cmd_lint(extra: list[str]) -> int:
 
 def cmd_remote(args: argparse.Namespace) -> int:
     """render, watch, runs, takes get, models ls: over /v1, to the local farm or `--url`."""
+    import faulthandler
+    import signal
+
     from inline_farm import terminal
     from inline_farm.remote import Farm, FarmError, farm_from
 
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1` prints every thread's stack (a hung client)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     url, token = farm_from(args.url, args.token)
     from inline_farm.golive import cmd_check
 

@@ -212,6 +212,7 @@ def test_terminating_every_database_session_mid_run_fails_no_run(
           f"attempts {sorted(run['attempts'] for run in runs)}")
 
 
+@pytest.mark.flaky(reruns=1)  # once in CI (and once on a loaded branch) no renewal failed in 30 s
 def test_a_failed_lease_renewal_does_not_restart_a_healthy_run(
     farm: RecoveryFarm, alice: Client, asset_id: str
 ) -> None:
