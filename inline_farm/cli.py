@@ -971,9 +971,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--destructive", action="store_true",
                        help="also SIGKILL a worker mid-run (needs a staff token and the worker "
                        "on this host): the run must finish elsewhere exactly once")
+    check.add_argument("--gpu", action="store_true",
+                       help="also the CUDA paths: bfloat16 on every live CUDA worker (offloading "
+                       "ones included) and each multi-GPU split a worker group serves")
     check.add_argument("--only", metavar="NAMES",
                        help="run only these checks (comma-separated: reproducible, isolated, "
-                       "memory, cancel, overload, failover)")
+                       "memory, cancel, overload, failover, cuda, group)")
     _add_remote(check)
     takes = commands.add_parser("takes", help="`takes get RUN|TAKE -o DIR`: download takes")
     takes.add_argument("action", choices=("get",))

@@ -15,6 +15,15 @@ Each check renders real work on the farm and says pass or fail with the figures 
   what it was before the run, and its slot takes the next run;
 - failover (only with `--destructive`, a staff token, and the worker on this host): a worker
   SIGKILLed mid-run; the run finishes on another worker (or the restarted one) exactly once.
+
+With `--gpu`, the CUDA paths too:
+- cuda: the live workers on real CUDA cards (a simulated card, INLINE_GPU_DESCRIPTION, does not
+  count; none is a failure: `--gpu` asks for them) compute in bfloat16 or float16; one seed
+  rendered on every one of their slots gives a real image (no NaN-black or flat frame: the
+  failure a half-precision overflow shows) and one image per card type and dtype, a worker that
+  offloads weights to the CPU included (offload moves weights, not arithmetic);
+- group: every multi-GPU split a live worker group serves (`xfuser.<n>`) renders one seed as
+  the same graph on one device renders it (within one level of 8-bit rounding).
 """
 
 from __future__ import annotations
@@ -66,11 +75,17 @@ def cmd_check(args: argparse.Namespace, farm: Farm) -> int:
     checks: list[Callable[[Setup], Check]] = [reproducible, isolated, memory, cancel, overload]
     if args.destructive:
         checks.append(failover)
+    if args.gpu:
+        checks += [cuda, group]
     if args.only:
         wanted = set(args.only.split(","))
-        unknown = wanted - {c.__name__ for c in [*checks, failover]}
+        unknown = wanted - {c.__name__ for c in [*checks, failover, cuda, group]}
         if unknown:
             raise FarmError(f"--only: no check named {', '.join(sorted(unknown))}")
+        flags = {"failover": "--destructive", "cuda": "--gpu", "group": "--gpu"}
+        unasked = sorted(wanted - {c.__name__ for c in checks})
+        if unasked:
+            raise FarmError("--only: " + ", ".join(f"{n} needs {flags[n]}" for n in unasked))
         checks = [c for c in checks if c.__name__ in wanted]
     results = []
     for check in checks:
@@ -272,6 +287,80 @@ def overload(setup: Setup) -> Check:
                  f"{retry_after or 'missing'}; health {health.status_code}")
 
 
+HALF_DTYPES = ("bfloat16", "float16")
+FLAT_IMAGE_STD = 2.0  # a take whose pixels vary less than this (8-bit levels) is no image
+
+
+def cuda(setup: Setup) -> Check:
+    """Real CUDA workers compute in half precision and render real, reproducible images."""
+    live = setup.farm.workers()
+    cards = [w for w in live if str(w["device"].get("device", "")).startswith("cuda")
+             and not w["device"].get("simulated")]
+    if not cards:
+        simulated = sum(1 for w in live if w["device"].get("simulated"))
+        return Check("cuda", False, f"no live worker on a CUDA card ({len(live)} live, "
+                     f"{simulated} of them simulated): --gpu checks the CUDA paths on one")
+    full = [w["name"] for w in cards if w["device"].get("dtype") not in HALF_DTYPES]
+    if full:
+        return Check("cuda", False, f"{', '.join(full)} compute in full precision on a CUDA card "
+                     "(INLINE_DTYPE): the farm's CUDA path is bfloat16")
+    kind = {w["name"]: (str(w["device"].get("device_name")), str(w["device"]["dtype"]))
+            for w in cards}
+    offloading = sorted(w["name"] for w in cards if w["device"].get("cpu_offload"))
+    body = _graph(setup, seed=setup.seed + 400)
+    runs = _render_all(setup.farm, [_labelled(body, f"check cuda {i}")
+                                    for i in range(4 * len(cards) + 1)])
+    failed = [r for r in runs if r["status"] != "succeeded"]
+    if failed:
+        return Check("cuda", False, f"{len(failed)} of {len(runs)} runs {failed[0]['status']}: "
+                     f"{failed[0].get('error')}")
+    on_cards = [r for r in runs if r["worker"] in kind]
+    if not on_cards:
+        return Check("cuda", False, f"none of {len(runs)} runs landed on a CUDA worker")
+    flat = [(r["worker"], std) for r in on_cards
+            if (std := _pixel_std(setup.farm, r["takes"][0])) < FLAT_IMAGE_STD]
+    if flat:
+        return Check("cuda", False, f"{flat[0][0]} rendered a flat image (pixel std "
+                     f"{flat[0][1]:.2f}): NaN or overflow in {kind[flat[0][0]][1]}")
+    worst, pair = 0, ("", "")
+    first_of: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in on_cards:
+        first = first_of.setdefault(kind[run["worker"]], run)
+        diff = _max_pixel_diff(setup.farm, first["takes"][0], run["takes"][0])
+        if diff > worst:
+            worst, pair = diff, (first["worker"], run["worker"])
+    workers = sorted({r["worker"] for r in on_cards})
+    figures = (f"{len(on_cards)} runs on {len(workers)} CUDA worker(s) "
+               f"({', '.join(f'{w}: {kind[w][0]} {kind[w][1]}' for w in workers)}); "
+               f"offloading: {', '.join(offloading) or 'none'}; max pixel difference per card "
+               f"type {worst}")
+    if worst > 1:
+        return Check("cuda", False, f"{figures} (> 1, between {pair[0]} and {pair[1]})")
+    return Check("cuda", True, figures)
+
+
+def group(setup: Setup) -> Check:
+    """Each split a live group serves renders what one device renders."""
+    splits = sorted({int(q.split(".", 1)[1]) for w in setup.farm.workers()
+                     for q in w["queues"] if q.startswith("xfuser.")})
+    if not splits:
+        return Check("group", None, "n/a: no live worker group (xfuser.<n> queue)")
+    figures, ok = [], True
+    for n in splits:
+        seed = setup.seed + 500 + n
+        split, alone = _render_all(setup.farm, [
+            _labelled(_graph(setup, seed=seed, parallel=str(n)), f"check group {n}"),
+            _labelled(_graph(setup, seed=seed, parallel="off"), f"check group {n} alone")])
+        if split["status"] != "succeeded" or alone["status"] != "succeeded":
+            return Check("group", False, f"xfuser.{n}: split {split['status']}, alone "
+                         f"{alone['status']}: {split.get('error') or alone.get('error')}")
+        diff = _max_pixel_diff(setup.farm, split["takes"][0], alone["takes"][0])
+        ok = ok and diff <= 1
+        figures.append(f"xfuser.{n} on {split['worker']} vs one device on {alone['worker']}: "
+                       f"max pixel difference {diff}")
+    return Check("group", ok, "; ".join(figures))
+
+
 # --- helpers -----------------------------------------------------------------------------------
 
 
@@ -326,18 +415,23 @@ def _wait(farm: Farm, run_id: str, timeout: float = 600) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def _max_pixel_diff(farm: Farm, a: dict[str, Any], b: dict[str, Any]) -> int:
+def _pixels(farm: Farm, take: dict[str, Any]) -> Any:
     import numpy as np
     from PIL import Image
 
-    def pixels(take: dict[str, Any]) -> Any:
-        data = farm.http.get(f"/v1/takes/{take['id']}/bytes").content
-        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
+    data = farm.http.get(f"/v1/takes/{take['id']}/bytes").content
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
 
-    first, second = pixels(a), pixels(b)
+
+def _max_pixel_diff(farm: Farm, a: dict[str, Any], b: dict[str, Any]) -> int:
+    first, second = _pixels(farm, a), _pixels(farm, b)
     if first.shape != second.shape:
         return 255
-    return int(np.abs(first - second).max())
+    return int(abs(first - second).max())
+
+
+def _pixel_std(farm: Farm, take: dict[str, Any]) -> float:
+    return float(_pixels(farm, take).std())
 
 
 def _worker(farm: Farm, name: str) -> dict[str, Any] | None:

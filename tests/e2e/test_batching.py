@@ -266,7 +266,10 @@ def test_two_workers_of_four_slots_run_at_most_eight_and_leave_no_slot_idle(
     # A run Celery delivered keeps its slot: its finish claims the next waiting run in the same
     # commit, for the same worker (apps/runs/dispatch.py `queue_take_next`). 20 runs on 8 slots:
     # the first 8 are delivered, and each of their finishes hands its slot to one of the next 8.
-    assert len(handed) == 8 and all(handed.values()), handed
+    # At least 8: under load a first-wave delivery can start late enough that its finish, too,
+    # still finds a run waiting (CI once saw 9).
+    dropped = [run for run, ok in handed.items() if not ok]
+    assert len(handed) >= 8 and not dropped, f"{len(handed)} such finishes; {dropped} kept no slot"
     assert busy == dict.fromkeys(names, 4)  # each worker's heartbeat reported 4 busy slots
 
 

@@ -26,6 +26,7 @@ from django.conf import settings
 
 from tests.conftest import delay_graph, png, upload
 from tests.e2e.recovery_helpers import (
+    RECOVERY_ENV,
     RENEWAL_SQL,
     TERMINAL,
     RecoveryFarm,
@@ -226,8 +227,12 @@ def test_a_failed_lease_renewal_does_not_restart_a_healthy_run(
         # worker holding the run, the only run in flight (an idle worker renews nothing, and its
         # beat's last statement is its heartbeat). The lease key is a bound parameter, not in
         # the text (server-side binding): two such sessions would be an ambiguity, not a pick.
+        # Only a session busy within the last beat: a pooled session that renewed once and went
+        # back to the pool (a thread whose beat failed returns its connection) renews nothing.
+        beat = float(RECOVERY_ENV["INLINE_WORKER_HEARTBEAT"])
         sessions = farm.sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND query LIKE %s", f"%{RENEWAL_SQL}%")
+                            "AND query LIKE %s AND state_change > now() - make_interval(secs => "
+                            "%s)", f"%{RENEWAL_SQL}%", beat)
         return sessions if len(sessions) == 1 else []
 
     log = farm.logs / f"{farm.names[worker]}.log"
