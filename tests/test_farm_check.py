@@ -109,31 +109,6 @@ def test_without_a_staff_token_the_failover_check_says_it_cannot_run(farm, perso
     assert "staff token" in results["failover"]["figures"]
 
 
-def test_the_gpu_checks_want_a_real_card_and_compare_each_served_split_with_one_device(
-        farm, personas, stack):
-    """--gpu on a CPU farm: `cuda` fails saying no live worker is on a CUDA card (a simulated
-    card does not count); `group` renders a split on the live xfuser.2 group (2 gloo ranks) and
-    the same seed on one device, within one level."""
-    farm.start_worker(proc="worker-simulated", queues="cpu", slots=1,
-                      env={"INLINE_PROFILE": "auto",
-                           "INLINE_GPU_DESCRIPTION": json.dumps({"name": "L40S", "vram_gb": 48})})
-    group = farm.start_worker(queues="xfuser.2", proc="xfuser", slots=1,
-                              env={"INLINE_PARALLEL": "ulysses=2"})
-    try:
-        code, results = check(farm, personas["owner"], "--model", stack["model"], "--gpu",
-                              "--only", "cuda,group")
-    finally:
-        farm.stop("xfuser")
-        farm.stop("worker-simulated")
-    assert code == 1, results
-    assert list(results) == ["cuda", "group"]
-    assert results["cuda"]["ok"] is False
-    assert "no live worker on a CUDA card" in results["cuda"]["figures"]
-    assert "1 of them simulated" in results["cuda"]["figures"]
-    assert results["group"]["ok"] is True, results["group"]
-    assert f"xfuser.2 on {group} vs one device" in results["group"]["figures"]
-
-
 def test_a_check_its_flag_was_not_given_for_is_refused_by_name(farm, personas):
     out = subprocess.run(
         [sys.executable, "-m", "inline_farm.cli", "check", "--url", farm.url, "--token",

@@ -11,6 +11,7 @@ no live worker serves xfuser.<n>), as for any queue without a live worker — gr
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,30 @@ def test_a_run_asking_for_two_renders_on_the_xfuser_2_group(
     assert workers == {group_worker}
     assert len(split["takes"]) == 1
     assert np.abs(pixels(owner, split) - pixels(owner, alone)).max() <= 1
+
+
+def test_farm_check_gpu_wants_a_real_card_and_compares_the_served_split_with_one_device(
+        farm: Any, personas: Any, stack: dict[str, str], group_worker: str) -> None:
+    """`./farm check --gpu` on this CPU farm: `cuda` fails saying no live worker is on a CUDA
+    card (a simulated card does not count); `group` renders a split on the live xfuser.2 group
+    and the same seed on one device, within one level."""
+    from tests.test_farm_check import check
+
+    farm.start_worker(proc="worker-simulated", queues="cpu", slots=1,
+                      env={"INLINE_PROFILE": "auto",
+                           "INLINE_GPU_DESCRIPTION": json.dumps({"name": "L40S", "vram_gb": 48})})
+    try:
+        code, results = check(farm, personas["owner"], "--model", stack["model"], "--gpu",
+                              "--only", "cuda,group")
+    finally:
+        farm.stop("worker-simulated")
+    assert code == 1, results
+    assert list(results) == ["cuda", "group"]
+    assert results["cuda"]["ok"] is False
+    assert "no live worker on a CUDA card" in results["cuda"]["figures"]
+    assert "1 of them simulated" in results["cuda"]["figures"]
+    assert results["group"]["ok"] is True, results["group"]
+    assert f"xfuser.2 on {group_worker} vs one device" in results["group"]["figures"]
 
 
 def test_runs_on_the_group_s_slots_share_its_forwards(
