@@ -113,3 +113,30 @@ IMAGE_OPS = (
         description="The mask as a grey image (ComfyUI's MaskToImage).",
     ),
 )
+
+# Upscale models (ESRGAN family, workers/models/upscale): a loader and the node that runs one.
+UPSCALING = (
+    NodeDescriptor(
+        "load/upscale-model", "Load upscale model", "loaders",
+        outputs=(Port("upscale_model", "upscale-model"),),
+        params=(Param("file", "model", required=True, options_from="upscale_models"),),
+        description="An upscale model from the models dir's upscale_models/ (.pth or "
+        ".safetensors): ESRGAN / Real-ESRGAN (RRDBNet) or SRVGGNetCompact (ComfyUI's "
+        "UpscaleModelLoader).",
+    ),
+    NodeDescriptor(
+        "image/upscale-with-model", "Upscale image with model", "image",
+        inputs=(Port("upscale_model", "upscale-model"), Port("image", "image")),
+        outputs=_image_out,
+        params=(
+            Param("tile", "int", 512, min=32, max=MAX_SIDE,
+                  description="Input pixels per tile side: smaller tiles need less memory."),
+            Param("overlap", "int", 32, min=0, max=512,
+                  description="Context pixels each tile sees beyond its own edges (only its "
+                  "own part is kept): more hides tile seams."),
+        ),
+        description="The image upscaled by the model's own factor, in tiles (ComfyUI's "
+        "ImageUpscaleWithModel; the farm keeps each tile's own part where ComfyUI blends "
+        "overlaps).",
+    ),
+)
