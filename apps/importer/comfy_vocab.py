@@ -1,6 +1,6 @@
 """The importer's rules for ComfyUI's core vocabulary around the models: values, math, the
-switch, previews, image and mask ops, SaveImageAdvanced (comfy_nodes.py merges them into its
-tables). TORCH-FREE.
+switch, previews, image and mask ops, SaveImageAdvanced, upscale models (comfy_nodes.py merges
+them into its tables). TORCH-FREE.
 
 A rule with `pick` is settled per node from its widgets and the kinds that feed it: a switch
 becomes `switch/<kind>` of its branches, ResizeImageMaskNode the node of its mode.
@@ -31,6 +31,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ImagePadForOutpaint": ("left", "top", "right", "bottom", "feathering"),
     "SaveImageAdvanced": ("filename_prefix", "format"),  # the UI format: DYNAMIC_WIDGETS
     "ResizeAndPadImage": ("target_width", "target_height", "padding_color", "interpolation"),
+    "UpscaleModelLoader": ("model_name",),
+    "ImageUpscaleWithModel": (),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -243,5 +245,14 @@ VOCABULARY: dict[str, Rule] = {
         "image/pad-outpaint", inputs=_IMAGE_IN, outputs=("image", "mask"),
         params={name: ParamMap(name) for name in ("left", "top", "right", "bottom",
                                                   "feathering")},
+    ),
+    # ComfyUI tiles at 512 with 32 pixels of overlap: our node's defaults.
+    "UpscaleModelLoader": Rule(
+        "load/upscale-model", outputs=("upscale_model",),
+        params={"model_name": ParamMap("file", folder="upscale_models")},
+    ),
+    "ImageUpscaleWithModel": Rule(
+        "image/upscale-with-model", inputs={"upscale_model": "upscale_model", "image": "image"},
+        outputs=("image",),
     ),
 }
