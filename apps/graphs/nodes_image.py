@@ -73,6 +73,32 @@ IMAGE_OPS = (
         "ResizeImageMaskNode longer / shorter / width / height, ImageScale with a 0 side).",
     ),
     NodeDescriptor(
+        "image/resize-to-match", "Resize image to match", "image",
+        inputs=(Port("image", "image"), Port("match", "image", accepts=("mask",))),
+        outputs=_image_out,
+        params=(
+            _method,
+            Param("fit", "enum", "crop", choices=("stretch", "crop"),
+                  description="stretch to match's size; crop: scale to cover it and cut the "
+                  "centre (ComfyUI's crop 'center')."),
+        ),
+        description="Resizes to the size of `match`, an image or a mask (ComfyUI's "
+        "ResizeImageMaskNode 'match size').",
+    ),
+    NodeDescriptor(
+        "image/scale-to-multiple", "Scale image to a multiple", "image",
+        inputs=_image_in, outputs=_image_out,
+        params=(
+            Param("multiple", "int", 8, min=1, max=MAX_SIDE,
+                  description="Both sides become multiples of this (rounded down)."),
+            _method,
+        ),
+        description="Scales to cover the largest size whose sides are multiples of "
+        "`multiple`, keeping the aspect, and cuts the centre (ComfyUI's ResizeImageMaskNode "
+        "'scale to multiple'); an image already on the grid (or smaller than one step) is "
+        "kept as it is.",
+    ),
+    NodeDescriptor(
         "image/invert", "Invert image", "image",
         inputs=_image_in, outputs=_image_out,
         description="255 − every colour value (alpha kept), ComfyUI's ImageInvert.",

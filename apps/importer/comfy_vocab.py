@@ -161,8 +161,7 @@ def _resize_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
         return Rule("image/resize", inputs=_RESIZE_IN, outputs=("image",),
                     params={**_SCALE, "resize_type.width": ParamMap("width"),
                             "resize_type.height": ParamMap("height")},
-                    derive=lambda v: {"fit": "stretch" if v.get("resize_type.crop") == "disabled"
-                                      else "crop"}, warnings=(_area_scale,))
+                    derive=_crop_or_stretch, warnings=(_area_scale,))
     if mode in ("scale longer dimension", "scale shorter dimension"):
         which = mode.split()[1]
         return side(which, f"resize_type.{which}_size")
@@ -174,7 +173,20 @@ def _resize_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
         return Rule("image/scale-to-pixels", inputs=_RESIZE_IN, outputs=("image",),
                     params={**_SCALE, "resize_type.megapixels": ParamMap("megapixels")},
                     warnings=(_area_scale,))
-    return f"resize_type {mode!r} has no equivalent on this farm yet"
+    if mode == "match size":
+        return Rule("image/resize-to-match", inputs={**_RESIZE_IN, "resize_type.match": "match"},
+                    outputs=("image",), params=_SCALE, derive=_crop_or_stretch,
+                    warnings=(_area_scale,))
+    if mode == "scale to multiple":
+        return Rule("image/scale-to-multiple", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, "resize_type.multiple": ParamMap("multiple")},
+                    warnings=(_area_scale,))
+    return f"resize_type {mode!r} has no equivalent on this farm"
+
+
+def _crop_or_stretch(values: dict[str, Any]) -> dict[str, Any]:
+    """ResizeImageMaskNode's `crop` (default center) as our `fit`."""
+    return {"fit": "stretch" if values.get("resize_type.crop") == "disabled" else "crop"}
 
 
 _IMAGE_IN = {"image": "image"}
