@@ -26,8 +26,12 @@ def load_upscale_model(ctx: NodeContext, params: dict[str, Any], inputs: dict[st
     from workers.models.upscale.loading import FOLDER, load_upscale_model
 
     name = str(params["file"])
-    try:
-        model = on_device_thread(load_upscale_model, ctx.models_dir, name, ctx.policy)
+
+    def load() -> Any:
+        return load_upscale_model(ctx.models_dir, name, ctx.policy)
+
+    try:  # as the diffusion loaders: on the device thread on CPU, on the slot on a GPU
+        model = on_device_thread(load) if ctx.policy.device == "cpu" else load()
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
     ctx.note_lineage(models={**ctx.lineage.get("models", {}), f"{FOLDER}/{name}": model.sha256})
