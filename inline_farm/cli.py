@@ -712,6 +712,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     for family in REGISTERED:  # every registered model family writes its own
         for role, name in plugin(family).write_tiny_stack(models_dir).items():
             print(f"  {family} {role}: {name}")
+    from workers.models.upscale.tiny import write_tiny_upscaler
+
+    print(f"  upscaler: {write_tiny_upscaler(models_dir).name}")
     return 0
 
 

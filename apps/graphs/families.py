@@ -17,6 +17,9 @@ from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid
 from workers.models.families import REGISTERED, info
 from workers.models.family import ROLES
+from workers.models.upscale import KNOWN as UPSCALE_KNOWN
+
+UPSCALE_FOLDER = "upscale_models"  # files of no family (workers/models/upscale)
 
 # Every id a file's family may take: the registered families, then those still to come.
 FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
@@ -152,6 +155,11 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
             continue
         held = files.get((param.options_from or "", str(value)))
         where = f"{param.options_from}/{value}"
+        if held is not None and held.folder == UPSCALE_FOLDER and unrecognised(held):
+            raise GraphInvalid(
+                "unsupported_upscaler",
+                f"param {param.name!r}: {where} holds weights of no upscale architecture this "
+                f"farm runs ({UPSCALE_KNOWN}), or an unreadable file", node_id)
         if held is not None and not held.families and not param.family and unrecognised(held):
             raise GraphInvalid(
                 "unsupported_family",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
-from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE
+from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
@@ -295,4 +295,4 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + SAMPLING)
+                                         + SAMPLING + UPSCALING)

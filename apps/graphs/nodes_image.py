@@ -73,6 +73,32 @@ IMAGE_OPS = (
         "ResizeImageMaskNode longer / shorter / width / height, ImageScale with a 0 side).",
     ),
     NodeDescriptor(
+        "image/resize-to-match", "Resize image to match", "image",
+        inputs=(Port("image", "image"), Port("match", "image", accepts=("mask",))),
+        outputs=_image_out,
+        params=(
+            _method,
+            Param("fit", "enum", "crop", choices=("stretch", "crop"),
+                  description="stretch to match's size; crop: scale to cover it and cut the "
+                  "centre (ComfyUI's crop 'center')."),
+        ),
+        description="Resizes to the size of `match`, an image or a mask (ComfyUI's "
+        "ResizeImageMaskNode 'match size').",
+    ),
+    NodeDescriptor(
+        "image/scale-to-multiple", "Scale image to a multiple", "image",
+        inputs=_image_in, outputs=_image_out,
+        params=(
+            Param("multiple", "int", 8, min=1, max=MAX_SIDE,
+                  description="Both sides become multiples of this (rounded down)."),
+            _method,
+        ),
+        description="Scales to cover the largest size whose sides are multiples of "
+        "`multiple`, keeping the aspect, and cuts the centre (ComfyUI's ResizeImageMaskNode "
+        "'scale to multiple'); an image already on the grid (or smaller than one step) is "
+        "kept as it is.",
+    ),
+    NodeDescriptor(
         "image/invert", "Invert image", "image",
         inputs=_image_in, outputs=_image_out,
         description="255 − every colour value (alpha kept), ComfyUI's ImageInvert.",
@@ -111,5 +137,32 @@ IMAGE_OPS = (
         "mask/to-image", "Mask to image", "mask",
         inputs=(Port("mask", "mask"),), outputs=_image_out,
         description="The mask as a grey image (ComfyUI's MaskToImage).",
+    ),
+)
+
+# Upscale models (ESRGAN family, workers/models/upscale): a loader and the node that runs one.
+UPSCALING = (
+    NodeDescriptor(
+        "load/upscale-model", "Load upscale model", "loaders",
+        outputs=(Port("upscale_model", "upscale-model"),),
+        params=(Param("file", "model", required=True, options_from="upscale_models"),),
+        description="An upscale model from the models dir's upscale_models/ (.pth or "
+        ".safetensors): ESRGAN / Real-ESRGAN (RRDBNet) or SRVGGNetCompact (ComfyUI's "
+        "UpscaleModelLoader).",
+    ),
+    NodeDescriptor(
+        "image/upscale-with-model", "Upscale image with model", "image",
+        inputs=(Port("upscale_model", "upscale-model"), Port("image", "image")),
+        outputs=_image_out,
+        params=(
+            Param("tile", "int", 512, min=32, max=MAX_SIDE,
+                  description="Input pixels per tile side: smaller tiles need less memory."),
+            Param("overlap", "int", 32, min=0, max=512,
+                  description="Context pixels each tile sees beyond its own edges (only its "
+                  "own part is kept): more hides tile seams."),
+        ),
+        description="The image upscaled by the model's own factor, in tiles (ComfyUI's "
+        "ImageUpscaleWithModel; the farm keeps each tile's own part where ComfyUI blends "
+        "overlaps).",
     ),
 )

@@ -1,6 +1,6 @@
 """The importer's rules for ComfyUI's core vocabulary around the models: values, math, the
-switch, previews, image and mask ops, SaveImageAdvanced (comfy_nodes.py merges them into its
-tables). TORCH-FREE.
+switch, previews, image and mask ops, SaveImageAdvanced, upscale models (comfy_nodes.py merges
+them into its tables). TORCH-FREE.
 
 A rule with `pick` is settled per node from its widgets and the kinds that feed it: a switch
 becomes `switch/<kind>` of its branches, ResizeImageMaskNode the node of its mode.
@@ -31,6 +31,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ImagePadForOutpaint": ("left", "top", "right", "bottom", "feathering"),
     "SaveImageAdvanced": ("filename_prefix", "format"),  # the UI format: DYNAMIC_WIDGETS
     "ResizeAndPadImage": ("target_width", "target_height", "padding_color", "interpolation"),
+    "UpscaleModelLoader": ("model_name",),
+    "ImageUpscaleWithModel": (),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -159,8 +161,7 @@ def _resize_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
         return Rule("image/resize", inputs=_RESIZE_IN, outputs=("image",),
                     params={**_SCALE, "resize_type.width": ParamMap("width"),
                             "resize_type.height": ParamMap("height")},
-                    derive=lambda v: {"fit": "stretch" if v.get("resize_type.crop") == "disabled"
-                                      else "crop"}, warnings=(_area_scale,))
+                    derive=_crop_or_stretch, warnings=(_area_scale,))
     if mode in ("scale longer dimension", "scale shorter dimension"):
         which = mode.split()[1]
         return side(which, f"resize_type.{which}_size")
@@ -172,7 +173,20 @@ def _resize_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
         return Rule("image/scale-to-pixels", inputs=_RESIZE_IN, outputs=("image",),
                     params={**_SCALE, "resize_type.megapixels": ParamMap("megapixels")},
                     warnings=(_area_scale,))
-    return f"resize_type {mode!r} has no equivalent on this farm yet"
+    if mode == "match size":
+        return Rule("image/resize-to-match", inputs={**_RESIZE_IN, "resize_type.match": "match"},
+                    outputs=("image",), params=_SCALE, derive=_crop_or_stretch,
+                    warnings=(_area_scale,))
+    if mode == "scale to multiple":
+        return Rule("image/scale-to-multiple", inputs=_RESIZE_IN, outputs=("image",),
+                    params={**_SCALE, "resize_type.multiple": ParamMap("multiple")},
+                    warnings=(_area_scale,))
+    return f"resize_type {mode!r} has no equivalent on this farm"
+
+
+def _crop_or_stretch(values: dict[str, Any]) -> dict[str, Any]:
+    """ResizeImageMaskNode's `crop` (default center) as our `fit`."""
+    return {"fit": "stretch" if values.get("resize_type.crop") == "disabled" else "crop"}
 
 
 _IMAGE_IN = {"image": "image"}
@@ -243,5 +257,14 @@ VOCABULARY: dict[str, Rule] = {
         "image/pad-outpaint", inputs=_IMAGE_IN, outputs=("image", "mask"),
         params={name: ParamMap(name) for name in ("left", "top", "right", "bottom",
                                                   "feathering")},
+    ),
+    # ComfyUI tiles at 512 with 32 pixels of overlap: our node's defaults.
+    "UpscaleModelLoader": Rule(
+        "load/upscale-model", outputs=("upscale_model",),
+        params={"model_name": ParamMap("file", folder="upscale_models")},
+    ),
+    "ImageUpscaleWithModel": Rule(
+        "image/upscale-with-model", inputs={"upscale_model": "upscale_model", "image": "image"},
+        outputs=("image",),
     ),
 }

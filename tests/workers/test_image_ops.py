@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,53 @@ def test_resize_with_pad_fits_inside_and_pads_the_rest():
     assert out.size == (64, 64)
     assert (p[:8] == 255).all() and (p[56:] == 255).all()  # (64 - 48) // 2 rows above and below
     assert p[8:56].tolist() == pixels(IMAGE).tolist()
+
+
+@pytest.mark.parametrize(("fit", "expected"), [
+    ("stretch", IMAGE.resize((30, 20), Image.Resampling.BILINEAR)),
+    # crop: aspect 1.5 from 64x48 (1.33) cuts y = round((48 - 48 · (1.33 / 1.5)) / 2) = 3
+    ("crop", IMAGE.crop((0, 3, 64, 45)).resize((30, 20), Image.Resampling.BILINEAR)),
+])
+def test_resize_to_match_takes_the_size_of_an_image_or_a_mask(fit, expected):
+    for match in (Image.new("RGB", (30, 20)), Mask(np.zeros((20, 30), np.float32))):
+        out = run("image/resize-to-match", {"method": "bilinear", "fit": fit}, image=IMAGE,
+                  match=match)["image"]
+        assert out.size == (30, 20) and pixels(out).tolist() == pixels(expected).tolist()
+
+
+def _comfy_multiple_cover(width: int, height: int, multiple: int) -> tuple[int, int, int, int]:
+    """ComfyUI's scale_to_multiple_cover arithmetic: (scaled w, scaled h, x0, y0)."""
+    target_w, target_h = (width // multiple) * multiple, (height // multiple) * multiple
+    s_w, s_h = target_w / width, target_h / height
+    if s_w >= s_h:
+        scaled_w, scaled_h = target_w, math.ceil(height * s_w)
+        scaled_h = max(scaled_h, target_h)
+    else:
+        scaled_h, scaled_w = target_h, math.ceil(width * s_h)
+        scaled_w = max(scaled_w, target_w)
+    return scaled_w, scaled_h, (scaled_w - target_w) // 2, (scaled_h - target_h) // 2
+
+
+@pytest.mark.parametrize(("size", "multiple", "result"), [
+    ((64, 48), 20, (60, 40)), ((48, 64), 20, (40, 60)), ((64, 48), 7, (63, 42)),
+])
+def test_scale_to_multiple_covers_the_grid_size_and_cuts_the_centre_as_comfyui(size, multiple,
+                                                                                result):
+    width, height = size
+    image = noise_image(width, height, seed=4)
+    out = run("image/scale-to-multiple", {"multiple": multiple, "method": "bicubic"},
+              image=image)["image"]
+    scaled_w, scaled_h, x0, y0 = _comfy_multiple_cover(width, height, multiple)
+    expected = image.resize((scaled_w, scaled_h), Image.Resampling.BICUBIC).crop(
+        (x0, y0, x0 + result[0], y0 + result[1]))
+    assert out.size == result and pixels(out).tolist() == pixels(expected).tolist()
+
+
+@pytest.mark.parametrize("multiple", [1, 16, 100])
+def test_scale_to_multiple_keeps_an_image_on_the_grid_or_smaller_than_a_step(multiple):
+    image = noise_image(64, 48, seed=4)
+    assert run("image/scale-to-multiple", {"multiple": multiple, "method": "nearest"},
+               image=image)["image"] is image
 
 
 def test_a_result_past_the_pixel_limit_is_refused():

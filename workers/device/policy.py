@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 Profile = Literal["gpu-max", "lowvram", "cpu"]
 PROFILES: tuple[str, ...] = ("gpu-max", "lowvram", "cpu")
-ROLES: tuple[str, ...] = ("denoiser", "text-encoder", "vae")
+ROLES: tuple[str, ...] = ("denoiser", "text-encoder", "vae", "upscaler")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
@@ -76,7 +76,8 @@ class DevicePolicy:
             raise ValueError(f"profile {self.profile!r} needs a CUDA device, got {self.device!r}")
 
     def placement(self, role: str) -> Placement:
-        """The placement of `role` ("denoiser", "text-encoder" or "vae")."""
+        """The placement of `role` ("denoiser", "text-encoder", "vae" or "upscaler": an
+        upscale model, which visits the GPU as the encoders and the VAE do)."""
         if role not in ROLES:
             raise ValueError(f"unknown model role {role!r}; expected one of {ROLES}")
         dtype = self.dtype

@@ -5,7 +5,8 @@ Layout (`<models_dir>/<folder>/<name>`):
     vae/                autoencoders
     text_encoders/      text encoders (ComfyUI's legacy `clip/` is read as an alias)
     loras/, checkpoints/
-A model is either a single weight file (.safetensors/.sft/.ckpt/.pt/.bin) or a folder that holds
+    upscale_models/     ESRGAN-family upscalers (workers/models/upscale: role `upscaler`)
+A model is either a single weight file (.safetensors/.sft/.ckpt/.pt/.pth/.bin) or a folder that holds
 a `config.json` (a diffusers/transformers folder). Names are paths relative to the folder with
 `/` separators, so `flux/ae.safetensors` is a valid name. Sidecars that are not weight files
 (`<stem>.config.json`, `<stem>.tokenizer/`, `<stem>.diffusers/`) are never listed.
@@ -18,12 +19,15 @@ import os
 import threading
 from pathlib import Path, PurePosixPath
 
+from workers.models import upscale
 from workers.models.families import identify
 from workers.models.family import ModelLoadError
+from workers.models.header import HeaderUnreadable, read_header
 
-FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints")
+FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints",
+                            "upscale_models")
 ALIASES: dict[str, tuple[str, ...]] = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
-WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft", ".ckpt", ".pt", ".bin")
+WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin")
 SIDECAR_DIR_SUFFIXES: tuple[str, ...] = (".tokenizer", ".diffusers")
 
 _HASH_CHUNK = 8 * 2**20
@@ -154,9 +158,24 @@ def _entry(folder: str, name: str, path: Path) -> dict[str, object]:
 
 
 def _identity(path: Path, folder: str) -> dict[str, object]:
+    if folder == "upscale_models":
+        return _upscaler_identity(path)
     try:
         found = identify(path, folder)
     except (ModelLoadError, OSError):  # corrupt: listed, and its load will say why
         return {"family": None, "role": None, "families": []}
     return {"family": found.family or None, "role": found.role or None,
             "families": list(found.families)}
+
+
+def _upscaler_identity(path: Path) -> dict[str, object]:
+    """An upscale model belongs to no family: role `upscaler` when its safetensors header is an
+    architecture the farm runs, None when it is not (or a pickle: its load will say)."""
+    try:
+        header = read_header(path)
+        if header is not None and not path.is_dir():
+            upscale.recognise(header.shapes)
+            return {"family": None, "role": upscale.ROLE, "families": []}
+    except (HeaderUnreadable, upscale.NotAnUpscaler, OSError):
+        pass
+    return {"family": None, "role": None, "families": []}

@@ -111,6 +111,41 @@ def image_scale_side(
     return {"image": _resized(image, width, height, params["method"])}
 
 
+@runner("image/resize-to-match")
+def image_resize_to_match(
+    ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
+) -> dict[str, Any]:
+    """ComfyUI's `scale_match_size`: common_upscale to the match's size, centre-cut first
+    when `fit` is crop."""
+    image: Image.Image = inputs["image"]
+    match = inputs["match"]  # an image or a Mask: both have width and height
+    width, height = int(match.width), int(match.height)
+    if params.get("fit", "crop") == "crop":
+        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+    return {"image": _resized(image, width, height, params["method"])}
+
+
+@runner("image/scale-to-multiple")
+def image_scale_to_multiple(
+    ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
+) -> dict[str, Any]:
+    """ComfyUI's `scale_to_multiple_cover`: the sides rounded down to the multiple; scaled
+    (aspect kept) until both cover that size, then its centre cut."""
+    image: Image.Image = inputs["image"]
+    multiple, (width, height) = int(params["multiple"]), image.size
+    target_w, target_h = width // multiple * multiple, height // multiple * multiple
+    if multiple <= 1 or not target_w or not target_h or (target_w, target_h) == (width, height):
+        return {"image": image}
+    s_w, s_h = target_w / width, target_h / height
+    if s_w >= s_h:
+        scaled_w, scaled_h = target_w, max(target_h, math.ceil(height * s_w))
+    else:
+        scaled_w, scaled_h = max(target_w, math.ceil(width * s_h)), target_h
+    scaled = _resized(image, scaled_w, scaled_h, params["method"])
+    x0, y0 = (scaled_w - target_w) // 2, (scaled_h - target_h) // 2
+    return {"image": scaled.crop((x0, y0, x0 + target_w, y0 + target_h))}
+
+
 @runner("image/invert")
 def image_invert(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     image: Image.Image = inputs["image"]

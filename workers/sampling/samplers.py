@@ -15,10 +15,10 @@ on a 1-element latent (the branches of these samplers depend on the sigmas only)
 Flow models use ComfyUI's CONST sampling (x = (1 − σ)·x0 + σ·ε): its `*_RF` ancestral step and
 its half-log-SNR λ = log((1 − σ)/σ) in the SDE samplers, with the first σ = 1 nudged to
 `percent_to_sigma(1e-4)`. ODE samplers are the same for both spaces (dx/dσ = (x − x0)/σ holds in
-both). Noise: a CPU `torch.Generator` per job seeded `seed + 1` (ComfyUI's `default_noise_sampler`
-on CPU), so a seed gives the same image batched or solo. Where ComfyUI's SDE samplers draw from
-a Brownian tree (torchsde: dpmpp_sde, dpmpp_2m_sde), the farm draws that generator's Gaussian
-noise instead (same distribution per step; not ComfyUI's exact draws).
+both). Noise, per job, so a seed gives the same image batched or solo: a CPU `torch.Generator`
+seeded `seed + 1` (ComfyUI's `default_noise_sampler` on CPU); for the SDE samplers (dpmpp_sde,
+dpmpp_2m_sde) ComfyUI's `BrownianTreeNoiseSampler`: a torchsde Brownian tree on the CPU over the
+job's σ range, its entropy the noise seed, queried at each step's (σ, σ_next).
 """
 
 from __future__ import annotations
@@ -389,6 +389,32 @@ def seeded_noise(seed: int, like: torch.Tensor) -> Noise:
     return noise
 
 
+BROWNIAN = frozenset({"dpmpp_sde", "dpmpp_2m_sde"})  # ComfyUI draws their noise from a tree
+
+
+def brownian_noise(seed: int, like: torch.Tensor, sigmas: torch.Tensor) -> Noise:
+    """ComfyUI's `BrownianTreeNoiseSampler(x, σ_min, σ_max, seed, cpu=True)`: a torchsde
+    BrownianTree on the CPU over [smallest σ > 0, largest σ] of the schedule, starting at zeros
+    shaped like `like`, with entropy `seed`; `noise(σ, σ_next)` is the tree's increment over the
+    two, signed by their order, over √|σ_next − σ| (unit variance), moved to like's device."""
+    import torchsde  # the worker extra's; imported only by SDE sampling
+
+    lo, hi = sigmas[sigmas > 0].min().float().cpu(), sigmas.max().float().cpu()
+    tree_sign = 1 if lo < hi else -1  # BatchedBrownianTree.sort (equal: no step draws noise)
+    lo, hi = (lo, hi) if lo < hi else (hi, lo)
+    zeros = torch.zeros(like.size(), dtype=like.dtype)
+    tree = torchsde.BrownianTree(lo, zeros, hi, entropy=seed)
+    device = like.device
+
+    def noise(sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
+        t0, t1 = torch.as_tensor(sigma), torch.as_tensor(sigma_next)
+        a, b, sign = (t0, t1, 1) if t0 < t1 else (t1, t0, -1)
+        w = tree(a.detach().cpu().float(), b.detach().cpu().float()).to(dtype=t0.dtype)
+        return (w * (tree_sign * sign) / (t1 - t0).abs().sqrt()).to(device)
+
+    return noise
+
+
 def _zero_noise(sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
     return torch.zeros([1, 1, 1, 1])
 
@@ -442,11 +468,12 @@ class Stepper:
     _done: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def start(self, x: torch.Tensor) -> torch.Tensor:
-        noise = seeded_noise(self.seed, x)
+        sigmas = self.sigmas.float().cpu()
+        noise = (brownian_noise(self.seed, x, sigmas) if self.name in BROWNIAN
+                 else seeded_noise(self.seed, x))
         # The sigmas stay on the CPU (0-d tensors mix with any device's), so the generator
         # computes each evaluation's σ exactly as `plan` did.
-        self._run = SAMPLER_FUNCTIONS[self.name](x, self.sigmas.float().cpu(),
-                                                 Context(self.ms, noise))
+        self._run = SAMPLER_FUNCTIONS[self.name](x, sigmas, Context(self.ms, noise))
         first, _, _ = next(self._run)
         return first
 

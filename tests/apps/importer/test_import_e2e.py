@@ -246,3 +246,42 @@ def test_a_bad_wire_around_a_switch_or_a_math_expression_is_a_422_naming_the_nod
         assert response.status_code == 422, response.text
         assert response.json()["error"]["code"] == code
         assert response.json()["error"]["nodeId"] == "out"
+
+
+def test_an_upscale_model_pass_imports_and_renders_on_the_live_farm(owner, data_dirs):
+    """LoadImage → UpscaleModelLoader (a tiny random ESRGAN x4 in the original `model.N` layout,
+    as most community .pth files are) → ImageUpscaleWithModel → SaveImage: the worker reports
+    the file, the import maps both nodes without a warning but the upload's, and the take is
+    four times the plate."""
+    import time
+
+    from tests.workers.helpers import noise_image, png_bytes
+    from workers.models.upscale.tiny import write_tiny_upscaler
+
+    write_tiny_upscaler(data_dirs["models"], "4x-tiny.pth", layout="old")
+    deadline = time.monotonic() + 30
+    while "4x-tiny.pth" not in next(p for p in owner.get("/v1/models/load/upscale-model").json()[
+            "params"] if p["name"] == "file")["choices"]:
+        assert time.monotonic() < deadline, "no worker reported upscale_models/4x-tiny.pth"
+        time.sleep(0.2)
+    upload = owner.post("/v1/assets", files={"file": ("plate.png", png_bytes(
+        noise_image(20, 12, seed=5)), "image/png")})
+    assert upload.status_code == 201, upload.text
+    imported = post_workflow(owner, {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "plate.png"}},
+        "2": {"class_type": "UpscaleModelLoader", "inputs": {"model_name": "4x-tiny.pth"}},
+        "3": {"class_type": "ImageUpscaleWithModel",
+              "inputs": {"upscale_model": ["2", 0], "image": ["1", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}},
+    })
+    assert imported.status_code == 200, imported.text
+    body = imported.json()
+    assert body["report"]["unmapped"] == []
+    assert [w["id"] for w in body["report"]["warnings"]] == ["1"]  # upload plate.png
+    assert body["report"]["models"][0]["held"] is True
+    body["graph"]["nodes"]["1"]["params"]["asset"] = upload.json()["id"]
+    run = submit_and_wait(owner, body["graph"])
+    assert run["status"] == "succeeded", run
+    [take] = run["takes"]
+    assert (take["width"], take["height"]) == (80, 48)
+    assert "upscale_models/4x-tiny.pth" in take["models"]  # the lineage names the file

@@ -85,6 +85,8 @@ def test_image_ops_map_with_their_widgets(comfy, inputs, ours, params):
      {"side": "longer", "size": 768, "method": "lanczos"}),
     ("scale total pixels", {"resize_type.megapixels": 1.0}, "image/scale-to-pixels",
      {"megapixels": 1.0, "resolution_steps": 1, "method": "lanczos"}),
+    ("scale to multiple", {"resize_type.multiple": 64}, "image/scale-to-multiple",
+     {"multiple": 64, "method": "lanczos"}),
 ])
 def test_resize_image_mask_node_modes_map_to_our_image_nodes(resize_type, extra, ours, params):
     prompt = {
@@ -108,18 +110,41 @@ def test_resize_image_mask_node_reads_its_dynamic_widgets_from_the_ui_format():
         "width": 320, "height": 240, "method": "bicubic", "fit": "stretch", "pad_color": "black"}
 
 
+def test_match_size_resizes_to_the_size_of_an_image_or_mask_from_both_formats():
+    prompt: dict[str, Any] = {
+        "1": {"class_type": "LoadImage", "inputs": {"image": "cat.png"}},
+        "2": {"class_type": "ResizeImageMaskNode", "inputs": {
+            "input": ["1", 0], "resize_type": "match size", "resize_type.match": ["1", 1],
+            "resize_type.crop": "disabled", "scale_method": "area"}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "x"}},
+    }
+    ui = Ui()
+    ui.add(1, "LoadImage", ["cat.png", "image"], outputs=["IMAGE", "MASK"])
+    ui.add(2, "ResizeImageMaskNode", ["match size", "disabled", "area"],
+           inputs=[("input", "IMAGE"), ("resize_type.match", "IMAGE,MASK")], outputs=["IMAGE"])
+    ui.add(3, "SaveImage", ["x"], inputs=[("images", "IMAGE")])
+    ui.link(1, 0, 2, "input").link(1, 1, 2, "resize_type.match").link(2, 0, 3, "images")
+    api, from_ui = imported(prompt), imported(ui.doc())
+    assert api.graph == from_ui.graph
+    assert nodes(api)["2"] == {
+        "type": "image/resize-to-match", "params": {"method": "bilinear", "fit": "stretch"},
+        "inputs": {"image": {"node": "1", "port": "image"}, "match": {"node": "1", "port": "mask"}}}
+    assert messages(api, "2") == ["upscale_method 'area' is approximated by 'bilinear'"]
+    del prompt["2"]["inputs"]["resize_type.crop"]  # ComfyUI's default: center
+    assert nodes(imported(prompt))["2"]["params"]["fit"] == "crop"
+
+
 def test_a_resize_mode_the_farm_lacks_is_unmapped_with_its_reason():
     prompt = {
         "1": {"class_type": "LoadImage", "inputs": {"image": "cat.png"}},
         "2": {"class_type": "ResizeImageMaskNode", "inputs": {
-            "input": ["1", 0], "resize_type": "scale to multiple", "resize_type.multiple": 8,
-            "scale_method": "area"}},
+            "input": ["1", 0], "resize_type": "scale to fit the moon", "scale_method": "area"}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0]}},
         "4": {"class_type": "SaveImage", "inputs": {"images": ["2", 0]}},
     }
     result = imported(prompt)
     [unmapped] = result.report.unmapped
-    assert unmapped["id"] == "2" and "scale to multiple" in unmapped["reason"]
+    assert unmapped["id"] == "2" and "scale to fit the moon" in unmapped["reason"]
     assert result.target == "3"
 
 
