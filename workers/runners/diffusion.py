@@ -59,15 +59,18 @@ def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str
 
 @runner("load/lora")
 def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    """The model it gets with one more LoRA (`loras/<lora>` at `strength`), chainable. The base
-    weights are not touched: the LoRA is applied per batch row at each forward
-    (workers/models/lora.py), so runs with other LoRAs, or none, share the same forwards."""
+    """The model it gets with one more LoRA (`loras/<lora>` at `strength`), chainable; with a
+    text encoder wired, that encoder with the file's text-encoder half at `strength_clip`
+    (ComfyUI's LoraLoader). No base weight is touched: each half is applied per batch row at
+    each forward / encode (workers/models/lora.py), so runs with other LoRAs, or none, share
+    the same forwards and encodes."""
     from dataclasses import replace
 
     from workers.models.catalog import file_sha256
     from workers.models.lora import AppliedLora, LoraMismatch, lora_for
 
     model = expect(inputs, "model", DiffusionModel)
+    encoder = None if inputs.get("encoder") is None else expect(inputs, "encoder", TextEncoder)
     name, strength = str(params["lora"]), float(params.get("strength", 1.0))
     family = plugin(model.family)
     if not hasattr(family, "lora_state_dict"):
@@ -80,13 +83,52 @@ def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 
     try:  # on the device thread: hooks are installed between forwards
         weights = on_device_thread(lambda: lora_for(family, path, sha, model.transformer))
+        encoder_weights = None
+        if encoder is not None:
+            _same_family(model, encoder, "encoder")
+            encoder_weights = _encoder_lora(family, path, sha, model, encoder,
+                                            float(params.get("strength_clip", 1.0)))
     except LoraMismatch as exc:
         raise NodeFailed(f"{exc} ({model.name} is a {model.family} model)") from exc
-    out = replace(model, loras=(*model.loras, AppliedLora(weights, strength)))
-    ctx.note_lineage(loras={f"loras/{a.weights.name}": {"sha256": a.weights.sha256,
-                                                         "strength": a.strength}
-                            for a in out.loras})
-    return {"model": out}
+    if not weights.modules and not (encoder_weights and encoder_weights.modules):
+        raise NodeFailed(f"loras/{name} has no LoRA weights for {model.name} "
+                         f"({model.family}){'' if encoder else ' (nor is a text encoder wired)'}")
+    out = replace(model, loras=(*model.loras, AppliedLora(weights, strength))) if (
+        weights.modules) else model  # a file with a text-encoder half only
+    result: dict[str, Any] = {"model": out}
+    loras = {f"loras/{a.weights.name}": {"sha256": a.weights.sha256, "strength": a.strength}
+             for a in out.loras}
+    if encoder is not None:
+        if encoder_weights is not None and encoder_weights.modules:
+            strength_clip = float(params.get("strength_clip", 1.0))
+            encoder = replace(encoder, loras=(*encoder.loras,
+                                              AppliedLora(encoder_weights, strength_clip)))
+        for a in encoder.loras:
+            entry = loras.setdefault(f"loras/{a.weights.name}", {"sha256": a.weights.sha256})
+            entry["strength_clip"] = a.strength
+        result["encoder"] = encoder
+    ctx.note_lineage(loras=loras)
+    return result
+
+
+def _encoder_lora(family: Any, path: Any, sha: str, model: DiffusionModel, encoder: TextEncoder,
+                  strength_clip: float) -> Any:
+    """The text-encoder half of `path` for `encoder` (LoraWeights, possibly without modules),
+    None at strength_clip 0. A family that reads no text-encoder LoRAs passes the encoder on
+    unchanged when the file has no such half, and refuses one that has (LoraMismatch)."""
+    from workers.models.lora import LoraMismatch, encoder_lora_for, text_encoder_keys
+
+    if strength_clip == 0:
+        return None
+    if not hasattr(family, "text_encoder_lora_state_dict"):
+        keys = text_encoder_keys(path)
+        if keys:
+            raise LoraMismatch(f"loras/{path.name} has text-encoder weights ({keys[0]}, …), which "
+                               f"{model.family} text encoders do not take yet: set strength_clip "
+                               "to 0 (the model half still applies)")
+        return None
+    return on_device_thread(lambda: encoder_lora_for(family, path, sha, encoder,
+                                                     model.transformer))
 
 
 @runner("encode/text")
@@ -374,13 +416,16 @@ def _negative_embeds(positive: Conditioning, negative: Any, guidance: float) -> 
 
 
 def encode(encoder: TextEncoder, text: str) -> Any:
-    """The conditioning of `text` in the encoder's family's form, in one encoder call with other
-    slots' texts that are waiting at the same moment (the worker's batched encoder); alone, the
-    pipeline's call."""
+    """The conditioning of `text` in the encoder's family's form (with the encoder's LoRAs), in
+    one encoder call with other slots' texts that are waiting at the same moment (the worker's
+    batched encoder); alone, the pipeline's call."""
     if encoder.batched is None:
+        from workers.models.lora import encode_rows
+
         encode_prompts = plugin(encoder.family).encode_prompts
-        return on_device_thread(lambda: encode_prompts(encoder, [text])[0])
-    return encoder.batched.call(text)
+        return on_device_thread(
+            lambda: encode_rows(encode_prompts, encoder, [(text, encoder.loras)])[0])
+    return encoder.batched.call((text, encoder.loras))
 
 
 def decode(vae: Vae, latents: Any) -> Any:

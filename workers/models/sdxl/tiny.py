@@ -141,11 +141,14 @@ def _configs(parts: dict[str, Any], folder: Path) -> None:
 
 
 def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
-                    rank: int = 4, alpha: float = 2.0) -> str:
+                    rank: int = 4, alpha: float = 2.0, text_encoders: bool = False) -> str:
     """A random LoRA of the tiny UNet in kohya keys (the sgm UNet's names, as kohya's SDXL
     trainer writes them: `lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.
-    weight`, `.lora_up.weight`, `.alpha`) under `loras/<name>`; returns the name."""
+    weight`, `.lora_up.weight`, `.alpha`) under `loras/<name>`; returns the name. With
+    `text_encoders`, CLIP-L's and bigG's halves too (`lora_te1_…`, `lora_te2_…`)."""
     from safetensors.torch import save_file
+
+    from workers.models.lora import random_clip_lora
 
     inner, cross = UNET_CONFIG["block_out_channels"][-1], CLIP_L_WIDTH + BIG_G_WIDTH
     block = "transformer_blocks_0"
@@ -163,6 +166,9 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
         state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
         state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
         state[f"{key}.alpha"] = torch.tensor(alpha)
+    if text_encoders:
+        for prefix, width in (("lora_te1", CLIP_L_WIDTH), ("lora_te2", BIG_G_WIDTH)):
+            state |= random_clip_lora(prefix, width, 37, (0, 2), generator, rank, alpha)
     (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
     save_file(state, Path(models_dir) / "loras" / name)
     return name
