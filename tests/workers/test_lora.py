@@ -551,3 +551,71 @@ def test_z_image_passes_its_encoder_on_and_refuses_a_text_encoder_half(zimage_lo
                                          r"zimage.*strength_clip"):
         lora_with_clip(ctx, model, encoder, "z-te.safetensors", 1.0, 1.0)
 
+
+# --- LoCon: kohya conv LoRAs on SDXL's UNet resnets ---------------------------------------------
+
+
+def test_an_sdxl_locon_paints_what_the_pipeline_paints_and_batches_with_other_sets(
+        sdxl_lora_stack, make_ctx):
+    from workers.models.sdxl.tiny import smoke_pipeline, write_tiny_lora
+
+    models_dir, names = sdxl_lora_stack
+    locon = write_tiny_lora(models_dir, "xl-locon.safetensors", seed=30, locon=True)
+    loras = ((locon, 0.8), (names["lora1"], 0.5))
+    _, ours = render_sdxl(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    assert "a0" in pipe.unet.down_blocks[0].resnets[0].conv1.lora_A  # diffusers loads the convs
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, negative_prompt=NEGATIVE, height=H, width=W,
+                  num_inference_steps=STEPS, guidance_scale=SDXL_GUIDANCE + 1,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, linear_only = render_sdxl(make_ctx(models_dir=models_dir), names,
+                                 ((write_tiny_lora(models_dir, "xl-linear.safetensors", seed=30),
+                                   0.8), (names["lora1"], 0.5)))
+    assert max_diff(ours, linear_only) > 8  # the conv deltas do change the image
+
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((locon, 1.0),), ((locon, 0.4),), ((locon, 0.7), (names["lora0"], 0.5))]
+    solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
+            for i, s in enumerate(sets)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
+                                 seed=i)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(sets)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+
+
+def test_a_conv_lora_of_the_wrong_kernel_fails_naming_the_file_and_the_layer(sdxl_lora_stack,
+                                                                             make_ctx):
+    from safetensors.torch import save_file
+
+    models_dir, names = sdxl_lora_stack
+    key = "lora_unet_input_blocks_1_0_in_layers_2"
+    save_file({f"{key}.lora_down.weight": torch.zeros(4, 32, 5, 5),
+               f"{key}.lora_up.weight": torch.zeros(32, 4, 1, 1)},
+              models_dir / "loras" / "bad-kernel.safetensors")
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})["model"]
+    with pytest.raises(NodeFailed, match=r"loras/bad-kernel\.safetensors does not fit "
+                                         r"down_blocks\.0\.resnets\.0\.conv1: .*kernel \(3, 3\)"):
+        run(ctx, "load/lora", {"lora": "bad-kernel.safetensors", "strength": 1.0},
+            {"model": model})

@@ -16,6 +16,8 @@ weights are the very objects of the base model, shared by every run whatever its
   rows that all carry the same LoRAs as two plain matmuls each, mixed rows as one batched pair
   (each row's LoRAs stacked along the rank, the scale folded into B).
   A forward whose rows carry no LoRA gets nothing added (bit-identical to the hook-free model).
+- Convolutions (LoCon: kohya / LyCORIS conv LoRAs on SDXL's UNet resnets): the same hooks on
+  nn.Conv2d, a down conv k×k and an up conv 1×1 per row group (workers/models/lora_conv.py).
 - Text encoders (`strength_clip`, ComfyUI's LoraLoader's CLIP half): the same hooks on the
   encoder's Linear layers. A family that reads text-encoder LoRAs names its encoders
   (`text_encoder_parts(encoder)`: {"text_encoder": CLIP-L, …}, diffusers' component names) and
@@ -34,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workers.models import lora_conv
 
 Tensor = Any  # torch.Tensor
 
@@ -97,6 +101,8 @@ def _hook(name: str) -> Any:
         members = [row for row, loras in enumerate(carried) if loras]
         if not members:
             return None
+        if isinstance(module, torch.nn.Conv2d):  # LoCon: workers/models/lora_conv.py
+            return lora_conv.add_deltas(name, module, x, output, carried)
         keys = {tuple((id(lora.weights), lora.strength) for lora in carried[row])
                 for row in members}
         if len(members) == len(per_row) and len(keys) == 1:  # every row the same LoRAs
@@ -145,7 +151,7 @@ def install_hooks(transformer: Any, weights: LoraWeights) -> None:
 def check_fit(transformer: Any, modules: dict[str, tuple[Tensor, Tensor, float]],
               what: str) -> None:
     """LoraMismatch unless every module exists in `transformer` as an nn.Linear of A's input
-    and B's output width."""
+    and B's output width, or an nn.Conv2d of a LoCon's shapes (workers/models/lora_conv.py)."""
     import torch
 
     named = dict(transformer.named_modules())
@@ -155,9 +161,14 @@ def check_fit(transformer: Any, modules: dict[str, tuple[Tensor, Tensor, float]]
                            f"(e.g. {missing[0]}): a LoRA of another family or model")
     for name, (a, b, _) in modules.items():
         module = named[name]
+        if isinstance(module, torch.nn.Conv2d):
+            problem = lora_conv.fits(module, a, b)
+            if problem is not None:
+                raise LoraMismatch(f"{what} does not fit {name}: {problem}")
+            continue
         if not isinstance(module, torch.nn.Linear):
             raise LoraMismatch(f"{what} targets {name}, a {type(module).__name__}: only Linear "
-                               "layers take LoRAs here")
+                               "and Conv2d layers take LoRAs here")
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != module.in_features or (
                 b.shape[0] != module.out_features or a.shape[0] != b.shape[1]):
             raise LoraMismatch(
