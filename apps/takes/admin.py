@@ -42,24 +42,28 @@ def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString
     )
 
 
-def lora_table(loras: Any) -> SafeString | str:
-    """A take's LoRAs (its lineage's `loras`: {"loras/<name>": {sha256, strength,
-    strength_clip?}}) as a table: the file, its strength on the model and on the text encoder
-    ("—": not applied there), and its content hash (short; the full one in the title)."""
-    if not isinstance(loras, dict) or not loras:
+def lora_table(lineage: dict[str, Any]) -> SafeString | str:
+    """A take's LoRAs as a table: each file, its strength on the model (lineage `loras`:
+    {"loras/<name>": {sha256, strength}}) and on the text encoder (`textEncoderLoras`, the
+    same shape; "—": not applied there), and its content hash (short; the full one in the
+    title)."""
+    sides = [side if isinstance(side := lineage.get(key), dict) else {}
+             for key in ("loras", "textEncoderLoras")]
+    names = sorted({*sides[0], *sides[1]})
+    if not names:
         return "—"
 
-    def strength(value: Any) -> str:
+    def strength(entry: Any) -> str:
+        value = entry.get("strength") if isinstance(entry, dict) else None
         if value is None:
             return "—"
         return f"{value:g}" if isinstance(value, float | int) else str(value)
 
     rows = []
-    for name, entry in sorted(loras.items()):
-        entry = entry if isinstance(entry, dict) else {}
-        sha = str(entry.get("sha256", ""))
-        rows.append((name, strength(entry.get("strength")),
-                     strength(entry.get("strength_clip")), sha, sha[:12]))
+    for name in names:
+        model, clip = sides[0].get(name), sides[1].get(name)
+        sha = str(next((e.get("sha256") for e in (model, clip) if isinstance(e, dict)), ""))
+        rows.append((name, strength(model), strength(clip), sha, sha[:12]))
     body = format_html_join("", '<tr><td>{}</td><td>{}</td><td>{}</td>'
                             '<td title="{}"><code>{}</code></td></tr>', rows)
     return format_html('<table class="take-loras"><thead><tr><th>LoRA</th><th>model</th>'
@@ -137,7 +141,7 @@ class TakeAdmin(ViewOnlyAdmin):
 
     @admin.display(description="LoRAs")
     def loras(self, take: Take) -> SafeString | str:
-        return lora_table(take.lineage.get("loras"))
+        return lora_table(take.lineage if isinstance(take.lineage, dict) else {})
 
     @admin.display(description="lineage")
     def lineage_pretty(self, take: Take) -> SafeString:

@@ -129,8 +129,9 @@ def test_a_take_page_shows_its_loras_with_strengths_and_content_hashes(client, r
     run, plain = run_with_take
     style, detail = "a" * 64, "b" * 64
     take = _take(run, node_id="styled", data=png(9, 9), loras={
-        "loras/style.safetensors": {"sha256": style, "strength": 0.8, "strength_clip": 0.5},
-        "loras/detail.safetensors": {"sha256": detail, "strength": -0.25}})
+        "loras/style.safetensors": {"sha256": style, "strength": 0.8},
+        "loras/detail.safetensors": {"sha256": detail, "strength": -0.25}},
+        textEncoderLoras={"loras/style.safetensors": {"sha256": style, "strength": 0.5}})
     page = client.get(f"/admin/takes/take/{take.pk}/change/").content.decode()
     table = page[page.index('<table class="take-loras">'):]
     table = table[:table.index("</table>")]

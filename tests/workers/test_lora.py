@@ -451,14 +451,18 @@ def test_an_sdxl_lora_s_clip_halves_paint_what_the_pipeline_paints_at_strength_c
     assert max_diff(unet_only, model_only) == 0  # strength_clip 0: the encoder passes unchanged
     assert max_diff(ours, unet_only) > 8  # the CLIP halves do change the image
     file = lambda n: file_sha256(models_dir / "loras" / n)  # noqa: E731
-    assert ctx.lineage["loras"] == {f"loras/{n}": {"sha256": file(n), "strength": s,
-                                                   "strength_clip": c} for n, s, c in loras}
+    assert ctx.lineage["loras"] == {f"loras/{n}": {"sha256": file(n), "strength": s}
+                                    for n, s, _ in loras}
+    assert ctx.lineage["textEncoderLoras"] == {f"loras/{n}": {"sha256": file(n), "strength": c}
+                                               for n, _, c in loras}
 
 
 def test_encodes_with_different_clip_loras_share_one_encoder_forward(sdxl_lora_stack,
                                                                     sdxl_te_names, make_ctx):
     """Texts of other LoRA sets (and none) in one batched encode: each equals its lone encode,
     and the shared base encoder's weights are untouched."""
+    from workers.models.lora import encode_rows
+    from workers.models.sdxl.engine import encode_prompts
     from workers.runners.diffusion import encode
 
     models_dir, _ = sdxl_lora_stack
@@ -472,9 +476,8 @@ def test_encodes_with_different_clip_loras_share_one_encoder_forward(sdxl_lora_s
         encoders.append(lora_with_clip(ctx, loaded["model"], base, name, 1.0, clip)[1])
     encoders.append(lora_with_clip(ctx, loaded["model"], encoders[1], names["te1"], 1.0, 0.7)[1])
     lone = [encode(e, PROMPT) for e in encoders]
-    calls = base.batched.calls
-    batched = base.batched._fn([(PROMPT, e.loras) for e in encoders])  # one call, mixed rows
-    assert base.batched.calls == calls  # (the coalescer's own function, called directly)
+    # what the encode coalescer runs for requests that arrive together: one call, mixed rows
+    batched = encode_rows(encode_prompts, base, [(PROMPT, e.loras) for e in encoders])
     for one, together in zip(lone, batched, strict=True):
         assert torch.allclose(one.embeds, together.embeds, atol=1e-5)
         assert torch.allclose(one.pooled, together.pooled, atol=1e-5)
@@ -619,3 +622,62 @@ def test_a_conv_lora_of_the_wrong_kernel_fails_naming_the_file_and_the_layer(sdx
                                          r"down_blocks\.0\.resnets\.0\.conv1: .*kernel \(3, 3\)"):
         run(ctx, "load/lora", {"lora": "bad-kernel.safetensors", "strength": 1.0},
             {"model": model})
+
+
+@pytest.mark.django_db
+def test_a_run_s_take_names_both_halves_and_the_cache_keys_on_strength_clip(
+        sdxl_lora_stack, sdxl_te_names, settings):
+    """Through the executor: a LoRA with both halves, then a model-only one (its node does not
+    see the encoder, yet the take keeps the first's text-encoder half); another strength_clip
+    re-encodes (the node cache keys on it) and paints another image; the same one reuses the
+    cached encode."""
+    from apps.takes.models import Take
+    from tests.workers.vocab_helpers import render as execute_graph
+    from tests.workers.vocab_helpers import wire
+    from workers.nodecache import NodeCache
+
+    models_dir, _ = sdxl_lora_stack
+    names = sdxl_te_names
+    settings.INLINE_MODELS_DIR = models_dir
+    sha = {n: file_sha256(models_dir / "loras" / names[n]) for n in ("te0", "lora1")}
+
+    def nodes(strength_clip: float) -> dict[str, Any]:
+        return {
+            "ckpt": {"type": "load/checkpoint", "params": {"file": names["checkpoint"]}},
+            "both": {"type": "load/lora", "params": {"lora": names["te0"], "strength": 0.9,
+                                                     "strength_clip": strength_clip},
+                     "inputs": {"model": wire("ckpt", "model"),
+                                "encoder": wire("ckpt", "encoder")}},
+            "unet": {"type": "load/lora", "params": {"lora": names["lora1"], "strength": 0.5},
+                     "inputs": {"model": wire("both", "model")}},
+            "pos": {"type": "encode/text", "params": {"text": PROMPT},
+                    "inputs": {"encoder": wire("both", "encoder")}},
+            "empty": {"type": "latent/empty", "params": {"width": W, "height": H}},
+            "sample": {"type": "sample", "params": {"seed": 3, "steps": STEPS, "guidance": 0.0},
+                       "inputs": {"model": wire("unet", "model"),
+                                  "positive": wire("pos", "conditioning"),
+                                  "latent": wire("empty", "latent")}},
+            "decode": {"type": "vae/decode", "inputs": {"vae": wire("ckpt", "vae"),
+                                                        "latent": wire("sample", "latent")}},
+            "save": {"type": "image/save", "inputs": {"image": wire("decode", "image")}}}
+
+    cache = NodeCache(256 << 20)
+    first, run = execute_graph(nodes(0.6), "save", cache=cache)
+    assert first.status == "succeeded", first.error
+    take = Take.objects.get(run=run)
+    assert take.lineage["loras"] == {
+        f"loras/{names['te0']}": {"sha256": sha["te0"], "strength": 0.9},
+        f"loras/{names['lora1']}": {"sha256": sha["lora1"], "strength": 0.5}}
+    assert take.lineage["textEncoderLoras"] == {
+        f"loras/{names['te0']}": {"sha256": sha["te0"], "strength": 0.6}}
+    def cached(run: Any) -> set[str]:
+        return {e.payload["nodeId"] for e in run.events.filter(type="node_done")
+                if e.payload["cached"]}
+
+    other, again = execute_graph(nodes(-0.6), "save", cache=cache)
+    assert other.status == "succeeded", other.error
+    assert "empty" in cached(again) and "pos" not in cached(again)  # re-encoded
+    assert Take.objects.get(run=again).sha256 != take.sha256
+    _, same = execute_graph(nodes(-0.6), "save", cache=cache)
+    assert {"pos", "sample"} <= cached(same)  # the same strength_clip: the cached encode
+    assert Take.objects.get(run=same).sha256 == Take.objects.get(run=again).sha256

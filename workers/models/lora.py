@@ -263,8 +263,9 @@ def encode_rows(encode: Any, encoder: Any, items: Sequence[tuple[str, tuple[Appl
         return list(encode(encoder, [text for text, _ in items]))
 
 
-TEXT_ENCODER_PREFIXES = ("lora_te", "text_encoder", "text_encoders.", "te.", "te1.", "te2.",
-                         "lora_te1_", "lora_te2_")
+# kohya `lora_te_` / `lora_te1_` / `lora_te2_`, diffusers `text_encoder[_2].`, ComfyUI
+# `text_encoders.`, and the `te.` / `te1.` / `te2.` some trainers write
+TEXT_ENCODER_PREFIXES = ("lora_te", "text_encoder", "te.", "te1.", "te2.")
 
 
 def text_encoder_keys(path: Path) -> list[str]:

@@ -66,12 +66,35 @@ def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     the same forwards and encodes."""
     from dataclasses import replace
 
-    from workers.models.catalog import file_sha256
-    from workers.models.lora import AppliedLora, LoraMismatch, lora_for
+    from workers.models.lora import AppliedLora
 
     model = expect(inputs, "model", DiffusionModel)
     encoder = None if inputs.get("encoder") is None else expect(inputs, "encoder", TextEncoder)
-    name, strength = str(params["lora"]), float(params.get("strength", 1.0))
+    strength = float(params.get("strength", 1.0))
+    strength_clip = float(params.get("strength_clip", 1.0))
+    weights, encoder_weights = _lora_halves(ctx, str(params["lora"]), model, encoder,
+                                            strength_clip)
+    if weights.modules:  # else a file with a text-encoder half only
+        model = replace(model, loras=(*model.loras, AppliedLora(weights, strength)))
+        ctx.note_lineage(loras=_lora_lineage(model.loras))
+    if encoder is None:
+        return {"model": model}
+    if encoder_weights is not None and encoder_weights.modules:
+        encoder = replace(encoder, loras=(*encoder.loras,
+                                          AppliedLora(encoder_weights, strength_clip)))
+        # its own key: a later node without the encoder wired keeps it upstream
+        ctx.note_lineage(textEncoderLoras=_lora_lineage(encoder.loras))
+    return {"model": model, "encoder": encoder}
+
+
+def _lora_halves(ctx: NodeContext, name: str, model: DiffusionModel, encoder: TextEncoder | None,
+                 strength_clip: float) -> tuple[Any, Any]:
+    """(the denoiser's LoraWeights, the text encoder's or None) of `loras/<name>`, read (on the
+    device thread: hooks are installed between forwards) and cached by content; a NodeFailed
+    naming the file when it does not fit or holds nothing for them."""
+    from workers.models.catalog import file_sha256
+    from workers.models.lora import LoraMismatch, lora_for
+
     family = plugin(model.family)
     if not hasattr(family, "lora_state_dict"):
         raise NodeFailed(f"{model.family} models take no LoRAs yet")
@@ -80,35 +103,25 @@ def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     except ModelFileMissing as exc:
         raise NodeFailed(str(exc)) from exc
     sha = file_sha256(path)
-
-    try:  # on the device thread: hooks are installed between forwards
+    try:
         weights = on_device_thread(lambda: lora_for(family, path, sha, model.transformer))
         encoder_weights = None
         if encoder is not None:
             _same_family(model, encoder, "encoder")
-            encoder_weights = _encoder_lora(family, path, sha, model, encoder,
-                                            float(params.get("strength_clip", 1.0)))
+            encoder_weights = _encoder_lora(family, path, sha, model, encoder, strength_clip)
     except LoraMismatch as exc:
         raise NodeFailed(f"{exc} ({model.name} is a {model.family} model)") from exc
     if not weights.modules and not (encoder_weights and encoder_weights.modules):
         raise NodeFailed(f"loras/{name} has no LoRA weights for {model.name} "
                          f"({model.family}){'' if encoder else ' (nor is a text encoder wired)'}")
-    out = replace(model, loras=(*model.loras, AppliedLora(weights, strength))) if (
-        weights.modules) else model  # a file with a text-encoder half only
-    result: dict[str, Any] = {"model": out}
-    loras = {f"loras/{a.weights.name}": {"sha256": a.weights.sha256, "strength": a.strength}
-             for a in out.loras}
-    if encoder is not None:
-        if encoder_weights is not None and encoder_weights.modules:
-            strength_clip = float(params.get("strength_clip", 1.0))
-            encoder = replace(encoder, loras=(*encoder.loras,
-                                              AppliedLora(encoder_weights, strength_clip)))
-        for a in encoder.loras:
-            entry = loras.setdefault(f"loras/{a.weights.name}", {"sha256": a.weights.sha256})
-            entry["strength_clip"] = a.strength
-        result["encoder"] = encoder
-    ctx.note_lineage(loras=loras)
-    return result
+    return weights, encoder_weights
+
+
+def _lora_lineage(loras: tuple[Any, ...]) -> dict[str, dict[str, Any]]:
+    """{"loras/<name>": {sha256, strength}} of a chain of AppliedLoras (the whole chain: each
+    load/lora node notes what its value carries)."""
+    return {f"loras/{a.weights.name}": {"sha256": a.weights.sha256, "strength": a.strength}
+            for a in loras}
 
 
 def _encoder_lora(family: Any, path: Any, sha: str, model: DiffusionModel, encoder: TextEncoder,
