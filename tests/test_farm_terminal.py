@@ -195,6 +195,25 @@ def test_render_with_loras_chains_load_lora_nodes_and_the_take_names_them(
     assert "loras" not in plain["take"]
     assert with_loras["pixels"] != plain["pixels"]
 
+    # SDXL's smoke LoRA has both halves: the checkpoint's encoder goes through the chain too
+    from workers.models.sdxl.plugin import write_tiny_stack
+
+    sdxl = write_tiny_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    while not {sdxl["checkpoint"], sdxl["lora"]} <= {
+            f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the SDXL smoke stack"
+        time.sleep(0.2)
+    out = farm_cli(farm, personas["owner"], "render", "a red door", "--size", "32x32", "--steps",
+                   "2", "--seed", "5", "-o", str(tmp_path / "sdxl"), "--model",
+                   sdxl["checkpoint"], "--lora", f"{sdxl['lora']}:0.7:0.4")
+    assert out.returncode == 0, out.stderr
+    take = owner.get(f"/v1/runs/{out.stdout.split()[0]}").json()["takes"][0]
+    lora_sha = file_sha256(data_dirs["models"] / "loras" / sdxl["lora"])
+    assert take["loras"] == {f"loras/{sdxl['lora']}": {"sha256": lora_sha, "strength": 0.7}}
+    assert take["textEncoderLoras"] == {f"loras/{sdxl['lora']}": {"sha256": lora_sha,
+                                                                  "strength": 0.4}}
+
     refused = farm_cli(farm, personas["owner"], "render", "--graph", str(tmp_path / "g.json"),
                        "--lora", loras[0], "-o", str(tmp_path / "refused"))
     assert refused.returncode == 1 and "--lora adds LoRAs to a prompt's graph" in refused.stderr

@@ -25,7 +25,8 @@ T5_KEYS = ("lora_te2_", "text_encoder_2.", "text_encoders.t5xxl.")  # a FLUX LoR
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+    return {**tiny.write_smoke_stack(models_dir),
+            "lora": tiny.write_tiny_lora(models_dir, text_encoder=True)}  # with its CLIP-L half
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:

@@ -39,7 +39,8 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+    return {**tiny.write_smoke_stack(models_dir),
+            "lora": tiny.write_tiny_lora(models_dir, text_encoders=True)}  # UNet + both CLIPs
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
