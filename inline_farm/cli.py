@@ -884,6 +884,24 @@ def _size(value: str) -> tuple[int, int]:
     return width, height
 
 
+def _lora(value: str) -> tuple[str, float, float]:
+    """FILE[:STRENGTH[:STRENGTH_CLIP]] → (file, strength, strength_clip); the strengths default
+    to 1 and to STRENGTH (ComfyUI's LoraLoader with both at one value)."""
+    parts = value.split(":")
+    numbers: list[float] = []
+    while len(parts) > 1 and len(numbers) < 2:
+        try:
+            numbers.insert(0, float(parts[-1]))
+        except ValueError:
+            break
+        parts.pop()
+    name = ":".join(parts)
+    if not name:
+        raise argparse.ArgumentTypeError(f"{value!r} names no LoRA file (FILE[:STRENGTH])")
+    strength = numbers[0] if numbers else 1.0
+    return name, strength, numbers[1] if len(numbers) > 1 else strength
+
+
 def _add_remote(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="the farm (default: $INLINE_URL or http://127.0.0.1:8188)")
     parser.add_argument("--token", help="an API token (default: $INLINE_TOKEN; for this "
@@ -908,6 +926,10 @@ def _add_render(commands: Any) -> None:
     source = render.add_mutually_exclusive_group()
     source.add_argument("--graph", help="submit this graph JSON ({graph, target}) instead")
     source.add_argument("--workflow", help="import and submit this ComfyUI workflow instead")
+    render.add_argument("--lora", action="append", type=_lora, default=[],
+                        metavar="FILE[:STRENGTH[:CLIP]]",
+                        help="apply loras/FILE at STRENGTH (default 1) to the model and at CLIP "
+                        "(default STRENGTH) to the text encoder; repeat to stack LoRAs")
     render.add_argument("-n", "--count", type=_positive, default=1, help="runs (default 1)")
     render.add_argument("-o", "--output", default=".", help="where takes go (default: here)")
     _add_remote(render)

@@ -12,7 +12,7 @@ import json
 import mimetypes
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,20 @@ MAX_SEED = 2**53 - 1
 
 def prompt_graph(*, prompt: str, negative: str, files: dict[str, str], width: int, height: int,
                  steps: int, seed: int, guidance: float | None, image_asset: str | None,
-                 strength: float) -> dict[str, Any]:
+                 strength: float, loras: Sequence[tuple[str, float, float]] = ()
+                 ) -> dict[str, Any]:
     """A text-to-image graph of the generic nodes (img2img with `image_asset`), for whichever
     family the model files are; `files["checkpoint"]`: one all-in-one file (SDXL's) loads the
-    model, encoder and VAE."""
+    model, encoder and VAE. `loras`: (file, strength, strength_clip) of a chain of `load/lora`
+    nodes (`lora1`, …) between the loaders and the sampler and encodes."""
     nodes, encoder, vae = _loaders(files)
+    model = {"node": "model", "port": "model"}
+    for index, (name, weight, weight_clip) in enumerate(loras, start=1):
+        node = f"lora{index}"
+        nodes[node] = {"type": "load/lora", "inputs": {"model": model, "encoder": dict(encoder)},
+                       "params": {"lora": name, "strength": weight,
+                                  "strength_clip": weight_clip}}
+        model, encoder = {"node": node, "port": "model"}, {"node": node, "port": "encoder"}
     nodes |= {
         "positive": {"type": "encode/text", "params": {"text": prompt},
                      "inputs": {"encoder": dict(encoder)}},
@@ -53,7 +62,7 @@ def prompt_graph(*, prompt: str, negative: str, files: dict[str, str], width: in
                  "inputs": {"image": {"node": "decode", "port": "image"}}},
     }
     sample: dict[str, Any] = {"seed": seed, "steps": steps}
-    inputs: dict[str, Any] = {"model": {"node": "model", "port": "model"},
+    inputs: dict[str, Any] = {"model": model,
                               "positive": {"node": "positive", "port": "conditioning"},
                               "latent": {"node": "latent", "port": "latent"}}
     if guidance is not None:
@@ -265,6 +274,9 @@ def _render_bodies(args: argparse.Namespace, farm: Farm) -> list[tuple[int | Non
     first = args.seed if args.seed is not None else random.randint(0, MAX_SEED - args.count)
     seeds = [first + i for i in range(args.count)]
     if args.graph or args.workflow:
+        if args.lora:
+            raise FarmError("--lora adds LoRAs to a prompt's graph: a --graph or --workflow "
+                            "brings its own (load/lora nodes, ComfyUI's LoraLoader)")
         if args.graph:
             body = json.loads(Path(args.graph).read_text())
         else:
@@ -281,7 +293,7 @@ def _render_bodies(args: argparse.Namespace, farm: Farm) -> list[tuple[int | Non
     return [(seed, prompt_graph(prompt=args.prompt, negative=args.negative, files=files,
                                 width=width, height=height, steps=args.steps, seed=seed,
                                 guidance=args.guidance, image_asset=asset,
-                                strength=args.strength)) for seed in seeds]
+                                strength=args.strength, loras=args.lora)) for seed in seeds]
 
 
 def _report(board: Board, run_ids: list[str]) -> int:

@@ -159,3 +159,61 @@ def _exit_code(process: subprocess.Popen[str], timeout: float) -> int:
         process.kill()
         _, err = process.communicate(timeout=10)
         raise AssertionError(f"still running {timeout:.0f} s after Ctrl-C:\n{err}") from None
+
+
+def test_render_with_loras_chains_load_lora_nodes_and_the_take_names_them(
+        farm, personas, stack, data_dirs, tmp_path, owner):
+    """`--lora FILE[:STRENGTH[:CLIP]]` (repeatable) puts a chain of load/lora nodes between the
+    loaders and the sampler: the take's lineage names each LoRA's content and strengths, and
+    the LoRAs change the image of the same seed."""
+    from workers.models.catalog import file_sha256
+    from workers.models.zimage.tiny import write_tiny_lora
+
+    loras = [write_tiny_lora(data_dirs["models"], f"cli-style-{i}.safetensors", seed=40 + i)
+             for i in range(2)]
+    deadline = time.monotonic() + 30
+    while not set(loras) <= {f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the LoRA files"
+        time.sleep(0.2)
+
+    def render(*extra: str) -> dict[str, Any]:
+        out_dir = tmp_path / str(len(extra))
+        out = farm_cli(farm, personas["owner"], "render", "a red door", "--size", "32x32",
+                       "--steps", "2", "--seed", "5", "-o", str(out_dir), "--model",
+                       stack["model"], *extra)
+        assert out.returncode == 0, out.stderr
+        run = owner.get(f"/v1/runs/{out.stdout.split()[0]}").json()
+        assert run["status"] == "succeeded", run
+        return {"take": run["takes"][0], "pixels": Image.open(out.stdout.split()[1]).tobytes()}
+
+    plain = render()
+    with_loras = render("--lora", f"{loras[0]}:0.8", "--lora", f"{loras[1]}:0.5:0")
+    sha = [file_sha256(data_dirs["models"] / "loras" / name) for name in loras]
+    assert with_loras["take"]["loras"] == {
+        f"loras/{loras[0]}": {"sha256": sha[0], "strength": 0.8},
+        f"loras/{loras[1]}": {"sha256": sha[1], "strength": 0.5}}
+    assert "loras" not in plain["take"]
+    assert with_loras["pixels"] != plain["pixels"]
+
+    # SDXL's smoke LoRA has both halves: the checkpoint's encoder goes through the chain too
+    from workers.models.sdxl.plugin import write_tiny_stack
+
+    sdxl = write_tiny_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    while not {sdxl["checkpoint"], sdxl["lora"]} <= {
+            f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the SDXL smoke stack"
+        time.sleep(0.2)
+    out = farm_cli(farm, personas["owner"], "render", "a red door", "--size", "32x32", "--steps",
+                   "2", "--seed", "5", "-o", str(tmp_path / "sdxl"), "--model",
+                   sdxl["checkpoint"], "--lora", f"{sdxl['lora']}:0.7:0.4")
+    assert out.returncode == 0, out.stderr
+    take = owner.get(f"/v1/runs/{out.stdout.split()[0]}").json()["takes"][0]
+    lora_sha = file_sha256(data_dirs["models"] / "loras" / sdxl["lora"])
+    assert take["loras"] == {f"loras/{sdxl['lora']}": {"sha256": lora_sha, "strength": 0.7}}
+    assert take["textEncoderLoras"] == {f"loras/{sdxl['lora']}": {"sha256": lora_sha,
+                                                                  "strength": 0.4}}
+
+    refused = farm_cli(farm, personas["owner"], "render", "--graph", str(tmp_path / "g.json"),
+                       "--lora", loras[0], "-o", str(tmp_path / "refused"))
+    assert refused.returncode == 1 and "--lora adds LoRAs to a prompt's graph" in refused.stderr

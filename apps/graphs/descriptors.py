@@ -28,12 +28,14 @@ VALUE_KINDS = ("text", "int", "float", "bool")
 @dataclass(frozen=True)
 class Port:
     """One input or output of a node type. An input also `accepts` outputs of those other kinds
-    (a math input takes an int or a bool as well as a float)."""
+    (a math input takes an int or a bool as well as a float). An output that `passes` an
+    optional input on (load/lora's text encoder) exists only when that input is wired."""
 
     name: str
     kind: str
     required: bool = True
     accepts: tuple[str, ...] = ()
+    passes: str | None = None
 
     def __post_init__(self) -> None:
         for kind in (self.kind, *self.accepts):

@@ -124,13 +124,18 @@ MODELS = (
     ),
     NodeDescriptor(
         "load/lora", "Load LoRA", "loaders",
-        inputs=(Port("model", "model"),),
-        outputs=(Port("model", "model"),),
+        inputs=(Port("model", "model"), Port("encoder", "text-encoder", required=False)),
+        outputs=(Port("model", "model"), Port("encoder", "text-encoder", passes="encoder")),
         params=(Param("lora", "model", required=True, options_from="loras"),
                 Param("strength", "float", 1.0, min=-20.0, max=20.0,
-                      description="The LoRA's weight (ComfyUI's strength_model).")),
-        description="The model with one more LoRA (chain them to stack LoRAs). The base "
-        "weights are shared: runs with other LoRAs, or none, share its forwards.",
+                      description="The LoRA's weight on the model (ComfyUI's strength_model)."),
+                Param("strength_clip", "float", 1.0, min=-20.0, max=20.0,
+                      description="The LoRA's weight on the wired text encoder (ComfyUI's "
+                      "strength_clip; 0: the text encoder passes unchanged).")),
+        description="The model with one more LoRA (chain them to stack LoRAs) and, when a text "
+        "encoder is wired, that encoder with the LoRA's text-encoder half (CLIP for SDXL and "
+        "FLUX.1). The base weights are shared: runs with other LoRAs, or none, share its "
+        "forwards and encodes.",
     ),
     NodeDescriptor(
         "load/vae", "Load VAE", "loaders",

@@ -181,6 +181,13 @@ def _inputs_validate(
                 f"output {ref.port!r}",
                 node_id,
             )
+        if source.passes is not None and source.passes not in upstream.inputs:
+            raise GraphInvalid(
+                "missing_input",
+                f"{upstream.type}'s output {ref.port!r} passes on its input {source.passes!r}, "
+                f"which is not connected (node {node_id!r} reads it)",
+                ref.node,
+            )
         if not port.takes(source.kind):
             raise GraphInvalid(
                 "kind_mismatch",

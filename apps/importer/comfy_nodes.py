@@ -255,13 +255,6 @@ _LORA_PARAMS = {"lora_name": ParamMap("lora", folder="loras"),
                 "strength_model": ParamMap("strength")}
 
 
-def _lora_clip(values: dict[str, Any]) -> list[str]:
-    strength = values.get("strength_clip", 1.0)
-    if isinstance(strength, list) or strength in (0, None):
-        return []
-    return [f"strength_clip {strength!r} is not applied: the farm applies LoRAs to the "
-            "diffusion model only (the text encoder is used as it is)"]
-
 RULES: dict[str, Rule] = {
     "CheckpointLoaderSimple": Rule(  # an all-in-one file (SDXL's): MODEL, CLIP, VAE
         "load/checkpoint", outputs=("model", "encoder", "vae"),
@@ -286,9 +279,9 @@ RULES: dict[str, Rule] = {
     "LoraLoaderModelOnly": Rule(
         "load/lora", inputs={"model": "model"}, outputs=("model",), params=_LORA_PARAMS,
     ),
-    "LoraLoader": Rule(  # its CLIP output is its clip input (PASSED)
-        "load/lora", inputs={"model": "model"}, outputs=("model", None), params=_LORA_PARAMS,
-        warnings=(_lora_clip,),
+    "LoraLoader": Rule(  # MODEL and CLIP: the text encoder's half at strength_clip
+        "load/lora", inputs={"model": "model", "clip": "encoder"}, outputs=("model", "encoder"),
+        params={**_LORA_PARAMS, "strength_clip": ParamMap("strength_clip")},
     ),
     "VAELoader": Rule(
         "load/vae", outputs=("vae",), params={"vae_name": ParamMap("file", folder="vae")},
@@ -406,8 +399,8 @@ CUT: dict[str, str] = {
 
 UNSUPPORTED: dict[str, str] = {}
 
-# Passed through: output slot → the input it is, unchanged, on this farm (LoraLoader's CLIP:
-# the text-encoder side of a LoRA is not applied; the rule warns when it would matter).
-PASSED: dict[str, dict[int, str]] = {"LoraLoader": {1: "clip"}}
+# Passed through: output slot → the input it is, unchanged, on this farm (none today; LoraLoader's
+# CLIP output was one until load/lora applied the text encoder's half).
+PASSED: dict[str, dict[int, str]] = {}
 
 

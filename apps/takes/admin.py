@@ -18,7 +18,7 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from apps.takes.models import Asset, Take, TakeRemoval
@@ -40,6 +40,35 @@ def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString
         'object-fit:contain;image-rendering:pixelated;vertical-align:middle" alt="take {}"></a>',
         href, src, size, size, short_id(take.pk),
     )
+
+
+def lora_table(lineage: dict[str, Any]) -> SafeString | str:
+    """A take's LoRAs as a table: each file, its strength on the model (lineage `loras`:
+    {"loras/<name>": {sha256, strength}}) and on the text encoder (`textEncoderLoras`, the
+    same shape; "—": not applied there), and its content hash (short; the full one in the
+    title)."""
+    sides = [side if isinstance(side := lineage.get(key), dict) else {}
+             for key in ("loras", "textEncoderLoras")]
+    names = sorted({*sides[0], *sides[1]})
+    if not names:
+        return "—"
+
+    def strength(entry: Any) -> str:
+        value = entry.get("strength") if isinstance(entry, dict) else None
+        if value is None:
+            return "—"
+        return f"{value:g}" if isinstance(value, float | int) else str(value)
+
+    rows = []
+    for name in names:
+        model, clip = sides[0].get(name), sides[1].get(name)
+        sha = str(next((e.get("sha256") for e in (model, clip) if isinstance(e, dict)), ""))
+        rows.append((name, strength(model), strength(clip), sha, sha[:12]))
+    body = format_html_join("", '<tr><td>{}</td><td>{}</td><td>{}</td>'
+                            '<td title="{}"><code>{}</code></td></tr>', rows)
+    return format_html('<table class="take-loras"><thead><tr><th>LoRA</th><th>model</th>'
+                       '<th>text encoder</th><th>sha256</th></tr></thead><tbody>{}</tbody>'
+                       '</table>', body)
 
 
 def _blob_response(request: HttpRequest, sha256: str, media_type: str, name: str
@@ -71,10 +100,11 @@ class TakeAdmin(ViewOnlyAdmin):
         (None, {"fields": ("preview",)}),
         ("Take", {"fields": ("id", "run_link", "owner", "node_id", "index", "media_type", "dims",
                              "file_size", "seed", "sha256", "created_at")}),
-        ("Lineage", {"fields": ("lineage_pretty",)}),
+        ("Lineage", {"fields": ("loras", "lineage_pretty")}),
     )
     readonly_fields = ("preview", "id", "run_link", "owner", "node_id", "index", "media_type",
-                       "dims", "file_size", "seed", "sha256", "created_at", "lineage_pretty")
+                       "dims", "file_size", "seed", "sha256", "created_at", "loras",
+                       "lineage_pretty")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Take]:
         return super().get_queryset(request).select_related("owner", "run")
@@ -108,6 +138,10 @@ class TakeAdmin(ViewOnlyAdmin):
     @admin.display(description="image")
     def preview(self, take: Take) -> SafeString:
         return take_thumbnail(take, size=384, link="bytes")
+
+    @admin.display(description="LoRAs")
+    def loras(self, take: Take) -> SafeString | str:
+        return lora_table(take.lineage if isinstance(take.lineage, dict) else {})
 
     @admin.display(description="lineage")
     def lineage_pretty(self, take: Take) -> SafeString:

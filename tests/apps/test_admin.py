@@ -32,11 +32,13 @@ def lead(client):
     return user
 
 
-def _take(run: Run, node_id: str = "out", data: bytes | None = None, index: int = 0) -> Take:
+def _take(run: Run, node_id: str = "out", data: bytes | None = None, index: int = 0,
+          **lineage: object) -> Take:
     data = data or png(8, 8)
     return Take.objects.create(run=run, owner=run.owner, node_id=node_id, index=index,
                                sha256=blob_put(data), media_type="image/png", size=len(data),
-                               width=8, height=8, lineage={"prompt": "a fox " * 40, "seed": 7})
+                               width=8, height=8,
+                               lineage={"prompt": "a fox " * 40, "seed": 7, **lineage})
 
 
 @pytest.fixture
@@ -121,6 +123,25 @@ def test_a_run_page_shows_its_graph_take_thumbnails_and_worker(client, run_with_
     assert f'href="/admin/fleet/worker/{worker.pk}/change/"' in page
     preview = client.get(f"/admin/takes/take/{take.pk}/bytes/")
     assert preview.status_code == 200 and preview["Content-Type"] == "image/png"
+
+
+def test_a_take_page_shows_its_loras_with_strengths_and_content_hashes(client, run_with_take):
+    run, plain = run_with_take
+    style, detail = "a" * 64, "b" * 64
+    take = _take(run, node_id="styled", data=png(9, 9), loras={
+        "loras/style.safetensors": {"sha256": style, "strength": 0.8},
+        "loras/detail.safetensors": {"sha256": detail, "strength": -0.25}},
+        textEncoderLoras={"loras/style.safetensors": {"sha256": style, "strength": 0.5}})
+    page = client.get(f"/admin/takes/take/{take.pk}/change/").content.decode()
+    table = page[page.index('<table class="take-loras">'):]
+    table = table[:table.index("</table>")]
+    assert table.index("loras/detail.safetensors") < table.index("loras/style.safetensors")
+    assert ("<td>loras/style.safetensors</td><td>0.8</td><td>0.5</td>"
+            f'<td title="{style}"><code>{style[:12]}</code></td>') in table
+    assert ("<td>loras/detail.safetensors</td><td>-0.25</td><td>—</td>"
+            f'<td title="{detail}"><code>{detail[:12]}</code></td>') in table
+    none = client.get(f"/admin/takes/take/{plain.pk}/change/").content.decode()
+    assert 'class="take-loras"' not in none and "LoRAs" in none
 
 
 def _log(run: Run, *events: tuple[str, dict]) -> None:

@@ -54,3 +54,30 @@ def test_a_flux_lora_on_a_z_image_model_is_refused_naming_the_lora_node(artist):
         run_submit(owner=artist, graph=graph, target="save")
     assert (refused.value.code, refused.value.node_id) == ("family_mismatch", "lora")
     assert "flux1" in refused.value.message and "zimage" in refused.value.message
+
+
+def with_clip_lora(graph: GraphDoc, lora: str, *, wire_encoder: bool) -> GraphDoc:
+    doc = with_lora(graph, lora).model_dump()
+    doc["nodes"]["lora"]["params"]["strength_clip"] = 0.5
+    if wire_encoder:
+        doc["nodes"]["lora"]["inputs"]["encoder"] = {"node": "clip", "port": "encoder"}
+    doc["nodes"]["pos"]["inputs"]["encoder"] = {"node": "lora", "port": "encoder"}
+    return GraphDoc.model_validate(doc)
+
+
+def test_a_lora_s_text_encoder_half_submits_wired_between_the_encoder_and_its_encodes(artist):
+    graph = with_clip_lora(chain("flux1-dev.safetensors", "ae.safetensors", "t5xxl.safetensors",
+                                 "clip_l.safetensors"), "flux-style.safetensors",
+                           wire_encoder=True)
+    run, created = run_submit(owner=artist, graph=graph, target="save")
+    assert created and run.graph.document["nodes"]["lora"]["params"]["strength_clip"] == 0.5
+
+
+def test_reading_the_lora_node_s_encoder_without_wiring_one_in_is_refused_naming_it(artist):
+    graph = with_clip_lora(chain("flux1-dev.safetensors", "ae.safetensors", "t5xxl.safetensors",
+                                 "clip_l.safetensors"), "flux-style.safetensors",
+                           wire_encoder=False)
+    with pytest.raises(GraphInvalid) as refused:
+        run_submit(owner=artist, graph=graph, target="save")
+    assert (refused.value.code, refused.value.node_id) == ("missing_input", "lora")
+    assert "'encoder'" in refused.value.message and "'pos'" in refused.value.message

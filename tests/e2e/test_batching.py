@@ -3,7 +3,9 @@
 A worker with 8 slots renders 8 Z-Image runs of mixed sizes, steps, seeds and guidance at once:
 they share transformer forwards (and text encodes / VAE decodes), yet each take is its solo
 render; cancelling one leaves the others untouched. Then 2 workers × 4 slots take 20 queued
-runs: never more than 8 at once, and no run waits while a slot is free.
+runs: never more than 8 at once, and no run waits while a slot is free. And 8 runs with 8
+different LoRA sets (none, one file at two strengths, a stack of two) share forwards over one
+base model (issue 35).
 
 Private farm (its own database and Redis, tests/e2e/recovery_helpers.py) so that worker layouts
 can change; events are written as they happen (INLINE_EVENT_FLUSH_SECONDS=0) so the test sees
@@ -226,6 +228,100 @@ def test_cancelling_one_run_mid_batch_leaves_the_others_unchanged(
         later = [p for p in progress_of(batch_farm, run_id) if p["step"] > seen[run_id] + 1]
         # The step in flight at the cancel may still include the victim; none after it does.
         assert later and all(p["batch"] <= 3 for p in later), later[:3]
+
+
+# 8 LoRA sets (issue 35): none twice, one file at two strengths, a stack of two; two use CFG.
+LORA_SETS: list[tuple[tuple[tuple[int, float], ...], float]] = [
+    ((), 0.0), (((0, 1.0),), 0.0), (((0, 0.5),), 0.0), (((1, 1.0),), 2.0),
+    (((2, 0.7),), 0.0), (((3, 1.2),), 0.0), (((1, 0.8), (2, 0.6)), 0.0), ((), 2.0)]
+LORA_SIDE, LORA_STEPS = 64, 4
+
+
+def lora_graph(stack: dict[str, str], loras: list[tuple[str, float]], seed: int,
+               guidance: float) -> dict[str, Any]:
+    """The generic nodes with a chain of load/lora nodes between the model and the sampler."""
+    def ref(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    nodes: dict[str, Any] = {
+        "model": {"type": "load/diffusion-model", "params": {"file": stack["model"]}},
+        "vae": {"type": "load/vae", "params": {"file": stack["vae"]}},
+        "encoder": {"type": "load/text-encoder", "params": {"file": stack["text_encoder"]}}}
+    model = ref("model", "model")
+    for i, (name, strength) in enumerate(loras):
+        nodes[f"lora{i}"] = {"type": "load/lora", "params": {"lora": name, "strength": strength},
+                             "inputs": {"model": model}}
+        model = ref(f"lora{i}", "model")
+    nodes |= {
+        "positive": {"type": "encode/text", "params": {"text": PROMPT},
+                     "inputs": {"encoder": ref("encoder", "encoder")}},
+        "latent": {"type": "latent/empty", "params": {"width": LORA_SIDE, "height": LORA_SIDE}},
+        "sample": {"type": "sample", "params": {"seed": seed, "steps": LORA_STEPS,
+                                                "guidance": guidance, "denoise": 1.0},
+                   "inputs": {"model": model, "positive": ref("positive", "conditioning"),
+                              "latent": ref("latent", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": ref("vae", "vae"),
+                                                    "latent": ref("sample", "latent")}},
+        "out": {"type": "image/save", "inputs": {"image": ref("decode", "image")}}}
+    return {"graph": {"nodes": nodes}, "target": "out"}
+
+
+def lora_solo_render(models_dir: Any, loras: list[tuple[str, float]], seed: int,
+                     guidance: float) -> np.ndarray:
+    """What ZImagePipeline renders alone with the same LoRA files loaded (load_lora_weights,
+    set_adapters at the same strengths)."""
+    from workers.models.zimage.tiny import smoke_pipeline
+
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    if loras:
+        pipe.set_adapters([f"a{i}" for i in range(len(loras))],
+                          adapter_weights=[strength for _, strength in loras])
+    image = pipe(PROMPT, width=LORA_SIDE, height=LORA_SIDE, num_inference_steps=LORA_STEPS,
+                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed)
+                 ).images[0]
+    return np.asarray(image.convert("RGB")).astype(np.int16)
+
+
+def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    from pathlib import Path
+
+    from workers.models.zimage.tiny import write_tiny_lora
+
+    models_dir = Path(batch_farm.env["INLINE_MODELS_DIR"])
+    files = [write_tiny_lora(models_dir, f"e2e-style-{i}.safetensors", seed=50 + i)
+             for i in range(4)]
+    wait_until("the worker reporting the LoRA files", lambda: set(files) <= {
+        f["name"] for f in alice.get("/v1/models/files").json()["files"]}, 60, every=0.2)
+    worker = batch_farm.current["worker8"]
+    before = worker_stats(batch_farm, worker)
+    sets = [([(files[i], strength) for i, strength in loras], guidance)
+            for loras, guidance in LORA_SETS]
+    ids = submit_all(alice, [lora_graph(stack, loras, 60 + n, guidance)
+                             for n, (loras, guidance) in enumerate(sets)])
+    runs = wait_all(alice, ids)
+    done = before.get("runs_succeeded", 0) + len(sets)
+    after = wait_until("a heartbeat counting the 8 runs", lambda: (
+        s := worker_stats(batch_farm, worker)).get("runs_succeeded", 0) >= done and s, 30)
+
+    batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
+    diffs = [int(np.abs(take_pixels(alice, run) - lora_solo_render(
+        models_dir, loras, 60 + n, guidance)).max()) for n, (run, (loras, guidance)) in
+        enumerate(zip(runs, sets, strict=True))]
+    print(f"\n8 LoRA sets: batch sizes {sorted(batches)}; pixel differences from solo {diffs}; "
+          f"denoiser loads {after.get('denoiser_loads')}, LoRA loads "
+          f"{after.get('lora_loads', 0) - before.get('lora_loads', 0)}")
+    assert max(batches) > 1
+    assert all(diff <= PIXEL_TOLERANCE for diff in diffs), diffs
+    lineage = runs[6]["takes"][0]["loras"]  # the stack of two names both files and strengths
+    assert {name: entry["strength"] for name, entry in lineage.items()} == {
+        f"loras/{files[1]}": 0.8, f"loras/{files[2]}": 0.6}
+    # One base model for every LoRA set (this worker's only model): read from disk once.
+    assert after["denoiser_loads"] == 1
+    assert after.get("lora_loads", 0) - before.get("lora_loads", 0) == len(files)
 
 
 def test_two_workers_of_four_slots_run_at_most_eight_and_leave_no_slot_idle(

@@ -385,3 +385,299 @@ def test_the_node_cache_key_of_a_lora_node_follows_the_file_s_content(settings, 
     assert key() == first
     write_tiny_lora(tmp_path, "swap.safetensors", seed=2)
     assert key() != first
+
+
+# --- the text-encoder half (strength_clip): ComfyUI's LoraLoader's CLIP side --------------------
+
+
+def lora_with_clip(ctx: Any, model: Any, encoder: Any, name: str, strength: float,
+                   strength_clip: float) -> tuple[Any, Any]:
+    out = run(ctx, "load/lora", {"lora": name, "strength": strength,
+                                 "strength_clip": strength_clip},
+              {"model": model, "encoder": encoder})
+    return out["model"], out["encoder"]
+
+
+def render_sdxl_te(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float, float], ...],
+                   seed: int = 7) -> tuple[Any, Any]:
+    """render_sdxl with each LoRA's text-encoder half wired (name, strength, strength_clip)."""
+    loaded = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})
+    model, encoder = loaded["model"], loaded["encoder"]
+    for name, strength, strength_clip in loras:
+        model, encoder = lora_with_clip(ctx, model, encoder, name, strength, strength_clip)
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    negative = run(ctx, "encode/text", {"text": NEGATIVE}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": SDXL_GUIDANCE, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "negative": negative, "latent": empty})["latent"]
+    return latent.samples, run(ctx, "vae/decode", {}, {"vae": loaded["vae"],
+                                                       "latent": latent})["image"]
+
+
+@pytest.fixture(scope="module")
+def sdxl_te_names(sdxl_lora_stack) -> dict[str, str]:
+    from workers.models.sdxl.tiny import write_tiny_lora
+
+    models_dir, names = sdxl_lora_stack
+    return {**names, **{f"te{seed}": write_tiny_lora(models_dir, f"xl-te-{seed}.safetensors",
+                                                     seed=10 + seed, text_encoders=True)
+                        for seed in range(2)}}
+
+
+def test_an_sdxl_lora_s_clip_halves_paint_what_the_pipeline_paints_at_strength_clip(
+        sdxl_lora_stack, sdxl_te_names, make_ctx):
+    from workers.models.sdxl.tiny import smoke_pipeline
+
+    models_dir, _ = sdxl_lora_stack
+    names = sdxl_te_names
+    loras = ((names["te0"], 0.9, 0.6), (names["te1"], 0.5, -0.8))
+    ctx = make_ctx(models_dir=models_dir)
+    _, ours = render_sdxl_te(ctx, names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    assert set(pipe.get_list_adapters()) == {"unet", "text_encoder", "text_encoder_2"}
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[
+        {"unet": s, "text_encoder": c, "text_encoder_2": c} for _, s, c in loras])
+    theirs = pipe(PROMPT, negative_prompt=NEGATIVE, height=H, width=W,
+                  num_inference_steps=STEPS, guidance_scale=SDXL_GUIDANCE + 1,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, unet_only = render_sdxl_te(make_ctx(models_dir=models_dir), names,
+                                  tuple((n, s, 0.0) for n, s, _ in loras))
+    _, model_only = render_sdxl(make_ctx(models_dir=models_dir), names,
+                                tuple((n, s) for n, s, _ in loras))
+    assert max_diff(unet_only, model_only) == 0  # strength_clip 0: the encoder passes unchanged
+    assert max_diff(ours, unet_only) > 8  # the CLIP halves do change the image
+    file = lambda n: file_sha256(models_dir / "loras" / n)  # noqa: E731
+    assert ctx.lineage["loras"] == {f"loras/{n}": {"sha256": file(n), "strength": s}
+                                    for n, s, _ in loras}
+    assert ctx.lineage["textEncoderLoras"] == {f"loras/{n}": {"sha256": file(n), "strength": c}
+                                               for n, _, c in loras}
+
+
+def test_encodes_with_different_clip_loras_share_one_encoder_forward(sdxl_lora_stack,
+                                                                    sdxl_te_names, make_ctx):
+    """Texts of other LoRA sets (and none) in one batched encode: each equals its lone encode,
+    and the shared base encoder's weights are untouched."""
+    from workers.models.lora import encode_rows
+    from workers.models.sdxl.engine import encode_prompts
+    from workers.runners.diffusion import encode
+
+    models_dir, _ = sdxl_lora_stack
+    names = sdxl_te_names
+    ctx = make_ctx(models_dir=models_dir)
+    loaded = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})
+    base = loaded["encoder"]
+    before = {k: v.clone() for k, v in base.model[0].state_dict().items()}
+    encoders = [base]
+    for name, clip in ((names["te0"], 1.0), (names["te0"], 0.4), (names["te1"], 0.7)):
+        encoders.append(lora_with_clip(ctx, loaded["model"], base, name, 1.0, clip)[1])
+    encoders.append(lora_with_clip(ctx, loaded["model"], encoders[1], names["te1"], 1.0, 0.7)[1])
+    lone = [encode(e, PROMPT) for e in encoders]
+    # what the encode coalescer runs for requests that arrive together: one call, mixed rows
+    batched = encode_rows(encode_prompts, base, [(PROMPT, e.loras) for e in encoders])
+    for one, together in zip(lone, batched, strict=True):
+        assert torch.allclose(one.embeds, together.embeds, atol=1e-5)
+        assert torch.allclose(one.pooled, together.pooled, atol=1e-5)
+    assert not torch.allclose(lone[0].embeds, lone[1].embeds, atol=1e-3)
+    assert not torch.allclose(lone[1].embeds, lone[2].embeds, atol=1e-3)  # strength_clip counts
+    for key, value in base.model[0].state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_flux_lora_s_clip_l_half_paints_what_flux_pipeline_paints(lora_stack, make_ctx):
+    from workers.models.flux1.tiny import smoke_pipeline, write_tiny_lora
+
+    models_dir, names = lora_stack
+    name = write_tiny_lora(models_dir, "clip-style.safetensors", seed=20, text_encoder=True)
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "file_2": names["text_encoder_2"]})["encoder"]
+
+    def paint(strength_clip: float) -> Any:
+        m, e = lora_with_clip(ctx, model, encoder, name, 0.8, strength_clip)
+        positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": e})["conditioning"]
+        empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+        params = {"seed": 7, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0}
+        latent = run(ctx, "sample", params, {"model": m, "positive": positive,
+                                             "latent": empty})["latent"]
+        vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+        return run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+    ours = paint(1.3)
+    pipe = smoke_pipeline()
+    pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name="a")
+    pipe.set_adapters(["a"], adapter_weights=[{"transformer": 0.8, "text_encoder": 1.3}])
+    theirs = pipe(PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=GUIDANCE,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    assert max_diff(ours, paint(0.0)) > 8
+
+
+def test_a_flux_lora_with_a_t5_half_is_refused_naming_the_file_unless_strength_clip_is_0(
+        lora_stack, make_ctx):
+    from safetensors.torch import load_file, save_file
+
+    models_dir, names = lora_stack
+    state = load_file(str(models_dir / "loras" / names["lora0"]))
+    state["lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight"] = torch.ones(4, 32)
+    state["lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight"] = torch.ones(32, 4)
+    save_file(state, models_dir / "loras" / "with-t5.safetensors")
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "file_2": names["text_encoder_2"]})["encoder"]
+    with pytest.raises(NodeFailed, match=r"loras/with-t5\.safetensors has T5 .*strength_clip"):
+        lora_with_clip(ctx, model, encoder, "with-t5.safetensors", 1.0, 1.0)
+    _, same = lora_with_clip(ctx, model, encoder, "with-t5.safetensors", 1.0, 0.0)
+    assert same is encoder
+
+
+def test_z_image_passes_its_encoder_on_and_refuses_a_text_encoder_half(zimage_lora_stack,
+                                                                        make_ctx):
+    from safetensors.torch import load_file, save_file
+
+    models_dir, names = zimage_lora_stack
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"]})["encoder"]
+    m, same = lora_with_clip(ctx, model, encoder, names["lora0"], 1.0, 1.0)
+    assert same is encoder and len(m.loras) == 1  # no text-encoder half: nothing to apply
+    state = load_file(str(models_dir / "loras" / names["lora0"]))
+    state["lora_te_layers_0_self_attn_q_proj.lora_down.weight"] = torch.ones(4, 8)
+    state["lora_te_layers_0_self_attn_q_proj.lora_up.weight"] = torch.ones(8, 4)
+    save_file(state, models_dir / "loras" / "z-te.safetensors")
+    with pytest.raises(NodeFailed, match=r"loras/z-te\.safetensors has text-encoder weights.*"
+                                         r"zimage.*strength_clip"):
+        lora_with_clip(ctx, model, encoder, "z-te.safetensors", 1.0, 1.0)
+
+
+# --- LoCon: kohya conv LoRAs on SDXL's UNet resnets ---------------------------------------------
+
+
+def test_an_sdxl_locon_paints_what_the_pipeline_paints_and_batches_with_other_sets(
+        sdxl_lora_stack, make_ctx):
+    from workers.models.sdxl.tiny import smoke_pipeline, write_tiny_lora
+
+    models_dir, names = sdxl_lora_stack
+    locon = write_tiny_lora(models_dir, "xl-locon.safetensors", seed=30, locon=True)
+    loras = ((locon, 0.8), (names["lora1"], 0.5))
+    _, ours = render_sdxl(make_ctx(models_dir=models_dir), names, loras)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    assert "a0" in pipe.unet.down_blocks[0].resnets[0].conv1.lora_A  # diffusers loads the convs
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = pipe(PROMPT, negative_prompt=NEGATIVE, height=H, width=W,
+                  num_inference_steps=STEPS, guidance_scale=SDXL_GUIDANCE + 1,
+                  generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert max_diff(ours, theirs) <= 1
+    _, linear_only = render_sdxl(make_ctx(models_dir=models_dir), names,
+                                 ((write_tiny_lora(models_dir, "xl-linear.safetensors", seed=30),
+                                   0.8), (names["lora1"], 0.5)))
+    assert max_diff(ours, linear_only) > 8  # the conv deltas do change the image
+
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((locon, 1.0),), ((locon, 0.4),), ((locon, 0.7), (names["lora0"], 0.5))]
+    solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
+            for i, s in enumerate(sets)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
+                                 seed=i)[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(sets)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+
+
+def test_a_conv_lora_of_the_wrong_kernel_fails_naming_the_file_and_the_layer(sdxl_lora_stack,
+                                                                             make_ctx):
+    from safetensors.torch import save_file
+
+    models_dir, names = sdxl_lora_stack
+    key = "lora_unet_input_blocks_1_0_in_layers_2"
+    save_file({f"{key}.lora_down.weight": torch.zeros(4, 32, 5, 5),
+               f"{key}.lora_up.weight": torch.zeros(32, 4, 1, 1)},
+              models_dir / "loras" / "bad-kernel.safetensors")
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/checkpoint", {"file": names["checkpoint"]})["model"]
+    with pytest.raises(NodeFailed, match=r"loras/bad-kernel\.safetensors does not fit "
+                                         r"down_blocks\.0\.resnets\.0\.conv1: .*kernel \(3, 3\)"):
+        run(ctx, "load/lora", {"lora": "bad-kernel.safetensors", "strength": 1.0},
+            {"model": model})
+
+
+@pytest.mark.django_db
+def test_a_run_s_take_names_both_halves_and_the_cache_keys_on_strength_clip(
+        sdxl_lora_stack, sdxl_te_names, settings):
+    """Through the executor: a LoRA with both halves, then a model-only one (its node does not
+    see the encoder, yet the take keeps the first's text-encoder half); another strength_clip
+    re-encodes (the node cache keys on it) and paints another image; the same one reuses the
+    cached encode."""
+    from apps.takes.models import Take
+    from tests.workers.vocab_helpers import render as execute_graph
+    from tests.workers.vocab_helpers import wire
+    from workers.nodecache import NodeCache
+
+    models_dir, _ = sdxl_lora_stack
+    names = sdxl_te_names
+    settings.INLINE_MODELS_DIR = models_dir
+    sha = {n: file_sha256(models_dir / "loras" / names[n]) for n in ("te0", "lora1")}
+
+    def nodes(strength_clip: float) -> dict[str, Any]:
+        return {
+            "ckpt": {"type": "load/checkpoint", "params": {"file": names["checkpoint"]}},
+            "both": {"type": "load/lora", "params": {"lora": names["te0"], "strength": 0.9,
+                                                     "strength_clip": strength_clip},
+                     "inputs": {"model": wire("ckpt", "model"),
+                                "encoder": wire("ckpt", "encoder")}},
+            "unet": {"type": "load/lora", "params": {"lora": names["lora1"], "strength": 0.5},
+                     "inputs": {"model": wire("both", "model")}},
+            "pos": {"type": "encode/text", "params": {"text": PROMPT},
+                    "inputs": {"encoder": wire("both", "encoder")}},
+            "empty": {"type": "latent/empty", "params": {"width": W, "height": H}},
+            "sample": {"type": "sample", "params": {"seed": 3, "steps": STEPS, "guidance": 0.0},
+                       "inputs": {"model": wire("unet", "model"),
+                                  "positive": wire("pos", "conditioning"),
+                                  "latent": wire("empty", "latent")}},
+            "decode": {"type": "vae/decode", "inputs": {"vae": wire("ckpt", "vae"),
+                                                        "latent": wire("sample", "latent")}},
+            "save": {"type": "image/save", "inputs": {"image": wire("decode", "image")}}}
+
+    cache = NodeCache(256 << 20)
+    first, run = execute_graph(nodes(0.6), "save", cache=cache)
+    assert first.status == "succeeded", first.error
+    take = Take.objects.get(run=run)
+    assert take.lineage["loras"] == {
+        f"loras/{names['te0']}": {"sha256": sha["te0"], "strength": 0.9},
+        f"loras/{names['lora1']}": {"sha256": sha["lora1"], "strength": 0.5}}
+    assert take.lineage["textEncoderLoras"] == {
+        f"loras/{names['te0']}": {"sha256": sha["te0"], "strength": 0.6}}
+    def cached(run: Any) -> set[str]:
+        return {e.payload["nodeId"] for e in run.events.filter(type="node_done")
+                if e.payload["cached"]}
+
+    other, again = execute_graph(nodes(-0.6), "save", cache=cache)
+    assert other.status == "succeeded", other.error
+    assert "empty" in cached(again) and "pos" not in cached(again)  # re-encoded
+    assert Take.objects.get(run=again).sha256 != take.sha256
+    _, same = execute_graph(nodes(-0.6), "save", cache=cache)
+    assert {"pos", "sample"} <= cached(same)  # the same strength_clip: the cached encode
+    assert Take.objects.get(run=same).sha256 == Take.objects.get(run=again).sha256

@@ -115,6 +115,12 @@ Policy = Any  # workers.device.policy.DevicePolicy
 #   `eps`, flow matching's σ = 1; SDXL scales by its scheduler's init_noise_sigma).
 # - advance(job, output) -> Tensor: the family's own sampler step, the job's next latents
 #   (default: flow-matching Euler; SDXL: EulerDiscreteScheduler.step, bit-identical).
+# - text_encoder_parts(encoder) -> {name: module} and text_encoder_lora_state_dict(path,
+#   encoder, denoiser) -> {"<name>.<module>": (A, B, scale)}: the text encoders a LoRA file's
+#   text-encoder half adapts (diffusers' component names: SDXL `text_encoder` + `text_encoder_2`,
+#   FLUX.1 `text_encoder`) and that half of the file (`load/lora`'s `strength_clip`; a
+#   ValueError for one it cannot apply). Without them a file with such a half is refused when
+#   asked to apply it (workers/models/lora.py `text_encoder_keys`).
 # - to_denoised(job, output) -> Tensor: the x0 estimate ("denoised", in the sampler's sigma
 #   space) from the model's output for `job` at `job.sigmas[job.step]`, for k-diffusion-style
 #   samplers (the session's seam: it joins the contract once every family has it).

@@ -16,6 +16,14 @@ weights are the very objects of the base model, shared by every run whatever its
   rows that all carry the same LoRAs as two plain matmuls each, mixed rows as one batched pair
   (each row's LoRAs stacked along the rank, the scale folded into B).
   A forward whose rows carry no LoRA gets nothing added (bit-identical to the hook-free model).
+- Convolutions (LoCon: kohya / LyCORIS conv LoRAs on SDXL's UNet resnets): the same hooks on
+  nn.Conv2d, a down conv k×k and an up conv 1×1 per row group (workers/models/lora_conv.py).
+- Text encoders (`strength_clip`, ComfyUI's LoraLoader's CLIP half): the same hooks on the
+  encoder's Linear layers. A family that reads text-encoder LoRAs names its encoders
+  (`text_encoder_parts(encoder)`: {"text_encoder": CLIP-L, …}, diffusers' component names) and
+  converts a file's weights for them (`text_encoder_lora_state_dict`); the encode coalescer
+  declares each text's LoRAs (`encode_rows`), so the shared base encoder is never changed and
+  encodes with different LoRA sets share one forward.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workers.models import lora_conv
 
 Tensor = Any  # torch.Tensor
 
@@ -91,6 +101,8 @@ def _hook(name: str) -> Any:
         members = [row for row, loras in enumerate(carried) if loras]
         if not members:
             return None
+        if isinstance(module, torch.nn.Conv2d):  # LoCon: workers/models/lora_conv.py
+            return lora_conv.add_deltas(name, module, x, output, carried)
         keys = {tuple((id(lora.weights), lora.strength) for lora in carried[row])
                 for row in members}
         if len(members) == len(per_row) and len(keys) == 1:  # every row the same LoRAs
@@ -139,11 +151,9 @@ def install_hooks(transformer: Any, weights: LoraWeights) -> None:
 def check_fit(transformer: Any, modules: dict[str, tuple[Tensor, Tensor, float]],
               what: str) -> None:
     """LoraMismatch unless every module exists in `transformer` as an nn.Linear of A's input
-    and B's output width."""
+    and B's output width, or an nn.Conv2d of a LoCon's shapes (workers/models/lora_conv.py)."""
     import torch
 
-    if not modules:
-        raise LoraMismatch(f"{what} has no LoRA weights for this model's denoiser")
     named = dict(transformer.named_modules())
     missing = [m for m in modules if m not in named]
     if missing:
@@ -151,11 +161,16 @@ def check_fit(transformer: Any, modules: dict[str, tuple[Tensor, Tensor, float]]
                            f"(e.g. {missing[0]}): a LoRA of another family or model")
     for name, (a, b, _) in modules.items():
         module = named[name]
+        if isinstance(module, torch.nn.Conv2d):
+            problem = lora_conv.fits(module, a, b)
+            if problem is not None:
+                raise LoraMismatch(f"{what} does not fit {name}: {problem}")
+            continue
         if not isinstance(module, torch.nn.Linear):
             raise LoraMismatch(f"{what} targets {name}, a {type(module).__name__}: only Linear "
-                               "layers take LoRAs here")
-        if a.shape[1] != module.in_features or b.shape[0] != module.out_features or (
-                a.shape[0] != b.shape[1]):
+                               "and Conv2d layers take LoRAs here")
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != module.in_features or (
+                b.shape[0] != module.out_features or a.shape[0] != b.shape[1]):
             raise LoraMismatch(
                 f"{what} does not fit {name}: A {tuple(a.shape)}, B {tuple(b.shape)} for a "
                 f"Linear {module.in_features} → {module.out_features}")
@@ -164,38 +179,133 @@ def check_fit(transformer: Any, modules: dict[str, tuple[Tensor, Tensor, float]]
 _CACHES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def lora_for(family_plugin: Any, path: Path, sha256: str, transformer: Any) -> LoraWeights:
-    """`read_lora`, cached per base denoiser (the LoRAs go when it goes; the model cache's
-    base models are not evicted by LoRAs) by the file's content sha256: the last
-    INLINE_LORA_CACHE_SIZE (32) LoRAs of each denoiser."""
+def _cache(owner: Any) -> Any:
+    """The LoRA weights read for `owner` (a base module), by file sha256: they go when it goes
+    (the model cache's base models are not evicted by LoRAs); the last INLINE_LORA_CACHE_SIZE
+    (32) of each."""
     from workers.models.cache import ModelCache
 
     with _HOOKED_LOCK:
-        cache = _CACHES.get(transformer)
+        cache = _CACHES.get(owner)
         if cache is None:
-            cache = _CACHES[transformer] = ModelCache(max(1, LORA_CACHE_SIZE))
-    return cache.get_or_load(sha256, lambda: read_lora(family_plugin, path, sha256, transformer))
+            cache = _CACHES[owner] = ModelCache(max(1, LORA_CACHE_SIZE))
+    return cache
+
+
+def lora_for(family_plugin: Any, path: Path, sha256: str, transformer: Any) -> LoraWeights:
+    """`read_lora`, cached per base denoiser by the file's content sha256."""
+    return _cache(transformer).get_or_load(
+        sha256, lambda: read_lora(family_plugin, path, sha256, transformer))
 
 
 def read_lora(family_plugin: Any, path: Path, sha256: str, transformer: Any) -> LoraWeights:
     """The LoRA file at `path` for `transformer` (checked, on its device and dtype, hooks
-    installed). LoraMismatch when it does not fit."""
-    try:
+    installed; no module when the file has only text-encoder weights). LoraMismatch when it
+    does not fit."""
+    with _unreadable(path):
         modules = family_plugin.lora_state_dict(path, transformer)
+    return _applied(transformer, modules, path, sha256, transformer.device, transformer.dtype)
+
+
+def encoder_lora_for(family_plugin: Any, path: Path, sha256: str, encoder: Any,
+                     denoiser: Any) -> LoraWeights:
+    """The text-encoder half of the LoRA file at `path` for the family's text encoder(s)
+    `encoder` (a TextEncoder; `denoiser`: the model the LoRA's other half goes on, whose
+    config some converters read), cached per base encoder by sha256: checked, on the
+    encoder's device and dtype, hooks installed; no module when the file has none."""
+    import torch
+
+    parts = family_plugin.text_encoder_parts(encoder)  # {"text_encoder": module, …}
+    owner = next(iter(parts.values()))
+
+    def read() -> LoraWeights:
+        with _unreadable(path):
+            modules = family_plugin.text_encoder_lora_state_dict(path, encoder, denoiser)
+        root = torch.nn.ModuleDict(parts)  # names "text_encoder.<module>" as the converters'
+        dtype = next(owner.parameters()).dtype
+        return _applied(root, modules, path, sha256, encoder.placement.device, dtype)
+
+    return _cache(owner).get_or_load(sha256, read)
+
+
+@contextmanager
+def _unreadable(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except LoraMismatch:
+        raise
     except (ValueError, KeyError) as exc:  # diffusers' converters reject foreign keys so
         detail = " ".join(str(exc).split())[:300]
         raise LoraMismatch(f"loras/{path.name} is not a LoRA this family reads: {detail}") from exc
-    check_fit(transformer, modules, f"loras/{path.name}")
+
+
+def _applied(root: Any, modules: dict[str, tuple[Tensor, Tensor, float]], path: Path,
+             sha256: str, device: Any, dtype: Any) -> LoraWeights:
+    """`modules` checked against `root`, on `device` / `dtype`, with `root`'s hooks."""
+    check_fit(root, modules, f"loras/{path.name}")
     from workers.counters import count
 
-    count("lora_loads")
-    device, dtype = transformer.device, transformer.dtype
+    if modules:
+        count("lora_loads")
     weights = LoraWeights(path.name, sha256, {
         name: (a.to(device=device, dtype=dtype).contiguous(),
                b.to(device=device, dtype=dtype).contiguous(), float(scale))
         for name, (a, b, scale) in modules.items()})
-    install_hooks(transformer, weights)
+    install_hooks(root, weights)
     return weights
+
+
+def encode_rows(encode: Any, encoder: Any, items: Sequence[tuple[str, tuple[AppliedLora, ...]]]
+                ) -> list[Any]:
+    """`encode(encoder, texts)` (a family's `encode_prompts`) over `(text, its encoder's
+    LoRAs)` items: each text's rows carry its own LoRAs (one forward for every LoRA set)."""
+    with rows([loras for _, loras in items]):
+        return list(encode(encoder, [text for text, _ in items]))
+
+
+# kohya `lora_te_` / `lora_te1_` / `lora_te2_`, diffusers `text_encoder[_2].`, ComfyUI
+# `text_encoders.`, and the `te.` / `te1.` / `te2.` some trainers write
+TEXT_ENCODER_PREFIXES = ("lora_te", "text_encoder", "te.", "te1.", "te2.")
+
+
+def text_encoder_keys(path: Path) -> list[str]:
+    """The keys of a LoRA file that are text-encoder weights (kohya `lora_te*_`, diffusers
+    `text_encoder*.`, ComfyUI `text_encoders.`), read from its header only."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return [k for k in f.keys() if k.startswith(TEXT_ENCODER_PREFIXES)]  # noqa: SIM118 (safe_open is no dict)
+
+
+def encoder_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None, prefix: str,
+                    part: Any) -> dict[str, tuple[Tensor, Tensor, float]]:
+    """{"<prefix>.<module>": (A, B, alpha / r)} of the `<prefix>.` keys (a text encoder's, e.g.
+    `text_encoder_2`) of a diffusers LoRA state dict for the transformers encoder `part`,
+    converted as diffusers' `_load_lora_into_text_encoder` converts them (old diffusers names
+    → PEFT; no `text_model.` level in a flattened CLIPTextModel); each module's alpha is its
+    down weight's (`<prefix>.<key>.alpha`, kohya's per-module alpha; none: scale 1)."""
+    from diffusers.utils.state_dict_utils import (
+        convert_state_dict_to_diffusers,
+        convert_state_dict_to_peft,
+    )
+
+    own = {k.removeprefix(f"{prefix}."): v for k, v in state.items() if k.startswith(f"{prefix}.")}
+    if not own:
+        return {}
+    # the converters rename keys only: convert the keys themselves to know each one's origin
+    origin = convert_state_dict_to_peft(convert_state_dict_to_diffusers({k: k for k in own}))
+    flat = not hasattr(part, "text_model")
+
+    def name(key: str) -> str:
+        return key.removeprefix("text_model.") if flat else key
+
+    renamed = {name(new): old for new, old in origin.items()}
+    modules = peft_modules({new: own[old] for new, old in renamed.items()}, None, "")
+    out: dict[str, tuple[Tensor, Tensor, float]] = {}
+    for module, (a, b, scale) in modules.items():
+        alpha = (alphas or {}).get(f"{prefix}.{renamed[f'{module}.lora_A.weight']}.alpha")
+        out[f"{prefix}.{module}"] = (a, b, scale if alpha is None else float(alpha) / a.shape[0])
+    return out
 
 
 def peft_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None,
@@ -215,3 +325,23 @@ def peft_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None,
                 rank = a.shape[0]
                 out[module] = (a, b, 1.0 if alpha is None else float(alpha) / rank)
     return out
+
+
+def random_clip_lora(prefix: str, width: int, ffn: int, layers: Sequence[int], generator: Any,
+                     rank: int = 4, alpha: float = 2.0) -> dict[str, Tensor]:
+    """A random kohya LoRA of a CLIP text encoder's attention and MLP Linears (`<prefix>`
+    `lora_te1` / `lora_te2`: `lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.
+    weight`, …), as kohya's trainers write them: the tiny stacks' text-encoder halves."""
+    import torch
+
+    shapes = {"self_attn_q_proj": (width, width), "self_attn_v_proj": (width, width),
+              "self_attn_out_proj": (width, width), "mlp_fc1": (width, ffn),
+              "mlp_fc2": (ffn, width)}
+    state: dict[str, Tensor] = {}
+    for layer in layers:
+        for module, (fan_in, fan_out) in shapes.items():
+            key = f"{prefix}_text_model_encoder_layers_{layer}_{module}"
+            state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+            state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+            state[f"{key}.alpha"] = torch.tensor(alpha)
+    return state

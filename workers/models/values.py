@@ -51,9 +51,13 @@ class TextEncoder:
     model: Any  # e.g. transformers.Qwen3Model
     tokenizer: Any
     placement: Placement
-    # workers.sampling.Coalescer of text -> embeds: encodes that arrive together share a call
+    # workers.sampling.Coalescer of (text, loras) -> embeds: encodes that arrive together share
+    # a call, each text's rows with its own LoRAs (workers/models/lora.py `encode_rows`)
     batched: Any = field(default=None, repr=False)
     family: str = ""  # the plug-in that loaded it (workers/models/families.py)
+    # workers.models.lora.AppliedLora of the load/lora nodes' text-encoder halves (strength_clip),
+    # applied per row at each encode; the base `model` is shared, never changed
+    loras: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

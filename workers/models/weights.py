@@ -135,3 +135,21 @@ def vae_model(*, name: str, sha: str, module: Any, placement: Placement, policy:
         cost=lambda x: latent.tokens(int(x.shape[-2]), int(x.shape[-1])),
         key=lambda latents: tuple(latents.shape), observe=batcher_observer("vae_decodes"))
     return Vae(name, sha, module, placement, decoder, family)
+
+
+def text_encoder_model(*, name: str, sha: str, model: Any, tokenizer: Any, placement: Placement,
+                       policy: DevicePolicy, encode: Any, family: Any) -> Any:
+    """A loaded text encoder (or a family's tuple of them) as the farm's TextEncoder, with its
+    coalescer of encodes — `encode(encoder, texts)` (the family's `encode_prompts`) over the
+    (text, LoRAs) requests of every slot, each text's rows with its own text-encoder LoRAs,
+    bounded by the policy, counted for the heartbeat. Every family's encoder loader ends here."""
+    from workers.counters import batcher_observer
+    from workers.models.lora import encode_rows
+    from workers.models.values import TextEncoder
+    from workers.sampling.coalesce import Coalescer
+
+    te = TextEncoder(name, sha, model, tokenizer, placement, family=family)
+    batched: Coalescer[Any, Any] = Coalescer(
+        lambda items: encode_rows(encode, te, items), max_items=policy.batch_bounds().items,
+        observe=batcher_observer("text_encodes"))
+    return TextEncoder(name, sha, model, tokenizer, placement, batched, family)

@@ -59,16 +59,42 @@ def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str
 
 @runner("load/lora")
 def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    """The model it gets with one more LoRA (`loras/<lora>` at `strength`), chainable. The base
-    weights are not touched: the LoRA is applied per batch row at each forward
-    (workers/models/lora.py), so runs with other LoRAs, or none, share the same forwards."""
+    """The model it gets with one more LoRA (`loras/<lora>` at `strength`), chainable; with a
+    text encoder wired, that encoder with the file's text-encoder half at `strength_clip`
+    (ComfyUI's LoraLoader). No base weight is touched: each half is applied per batch row at
+    each forward / encode (workers/models/lora.py), so runs with other LoRAs, or none, share
+    the same forwards and encodes."""
     from dataclasses import replace
 
-    from workers.models.catalog import file_sha256
-    from workers.models.lora import AppliedLora, LoraMismatch, lora_for
+    from workers.models.lora import AppliedLora
 
     model = expect(inputs, "model", DiffusionModel)
-    name, strength = str(params["lora"]), float(params.get("strength", 1.0))
+    encoder = None if inputs.get("encoder") is None else expect(inputs, "encoder", TextEncoder)
+    strength = float(params.get("strength", 1.0))
+    strength_clip = float(params.get("strength_clip", 1.0))
+    weights, encoder_weights = _lora_halves(ctx, str(params["lora"]), model, encoder,
+                                            strength_clip)
+    if weights.modules:  # else a file with a text-encoder half only
+        model = replace(model, loras=(*model.loras, AppliedLora(weights, strength)))
+        ctx.note_lineage(loras=_lora_lineage(model.loras))
+    if encoder is None:
+        return {"model": model}
+    if encoder_weights is not None and encoder_weights.modules:
+        encoder = replace(encoder, loras=(*encoder.loras,
+                                          AppliedLora(encoder_weights, strength_clip)))
+        # its own key: a later node without the encoder wired keeps it upstream
+        ctx.note_lineage(textEncoderLoras=_lora_lineage(encoder.loras))
+    return {"model": model, "encoder": encoder}
+
+
+def _lora_halves(ctx: NodeContext, name: str, model: DiffusionModel, encoder: TextEncoder | None,
+                 strength_clip: float) -> tuple[Any, Any]:
+    """(the denoiser's LoraWeights, the text encoder's or None) of `loras/<name>`, read (on the
+    device thread: hooks are installed between forwards) and cached by content; a NodeFailed
+    naming the file when it does not fit or holds nothing for them."""
+    from workers.models.catalog import file_sha256
+    from workers.models.lora import LoraMismatch, lora_for
+
     family = plugin(model.family)
     if not hasattr(family, "lora_state_dict"):
         raise NodeFailed(f"{model.family} models take no LoRAs yet")
@@ -77,16 +103,45 @@ def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     except ModelFileMissing as exc:
         raise NodeFailed(str(exc)) from exc
     sha = file_sha256(path)
-
-    try:  # on the device thread: hooks are installed between forwards
+    try:
         weights = on_device_thread(lambda: lora_for(family, path, sha, model.transformer))
+        encoder_weights = None
+        if encoder is not None:
+            _same_family(model, encoder, "encoder")
+            encoder_weights = _encoder_lora(family, path, sha, model, encoder, strength_clip)
     except LoraMismatch as exc:
         raise NodeFailed(f"{exc} ({model.name} is a {model.family} model)") from exc
-    out = replace(model, loras=(*model.loras, AppliedLora(weights, strength)))
-    ctx.note_lineage(loras={f"loras/{a.weights.name}": {"sha256": a.weights.sha256,
-                                                         "strength": a.strength}
-                            for a in out.loras})
-    return {"model": out}
+    if not weights.modules and not (encoder_weights and encoder_weights.modules):
+        raise NodeFailed(f"loras/{name} has no LoRA weights for {model.name} "
+                         f"({model.family}){'' if encoder else ' (nor is a text encoder wired)'}")
+    return weights, encoder_weights
+
+
+def _lora_lineage(loras: tuple[Any, ...]) -> dict[str, dict[str, Any]]:
+    """{"loras/<name>": {sha256, strength}} of a chain of AppliedLoras (the whole chain: each
+    load/lora node notes what its value carries)."""
+    return {f"loras/{a.weights.name}": {"sha256": a.weights.sha256, "strength": a.strength}
+            for a in loras}
+
+
+def _encoder_lora(family: Any, path: Any, sha: str, model: DiffusionModel, encoder: TextEncoder,
+                  strength_clip: float) -> Any:
+    """The text-encoder half of `path` for `encoder` (LoraWeights, possibly without modules),
+    None at strength_clip 0. A family that reads no text-encoder LoRAs passes the encoder on
+    unchanged when the file has no such half, and refuses one that has (LoraMismatch)."""
+    from workers.models.lora import LoraMismatch, encoder_lora_for, text_encoder_keys
+
+    if strength_clip == 0:
+        return None
+    if not hasattr(family, "text_encoder_lora_state_dict"):
+        keys = text_encoder_keys(path)
+        if keys:
+            raise LoraMismatch(f"loras/{path.name} has text-encoder weights ({keys[0]}, …), which "
+                               f"{model.family} text encoders do not take yet: set strength_clip "
+                               "to 0 (the model half still applies)")
+        return None
+    return on_device_thread(lambda: encoder_lora_for(family, path, sha, encoder,
+                                                     model.transformer))
 
 
 @runner("encode/text")
@@ -374,13 +429,16 @@ def _negative_embeds(positive: Conditioning, negative: Any, guidance: float) -> 
 
 
 def encode(encoder: TextEncoder, text: str) -> Any:
-    """The conditioning of `text` in the encoder's family's form, in one encoder call with other
-    slots' texts that are waiting at the same moment (the worker's batched encoder); alone, the
-    pipeline's call."""
+    """The conditioning of `text` in the encoder's family's form (with the encoder's LoRAs), in
+    one encoder call with other slots' texts that are waiting at the same moment (the worker's
+    batched encoder); alone, the pipeline's call."""
     if encoder.batched is None:
+        from workers.models.lora import encode_rows
+
         encode_prompts = plugin(encoder.family).encode_prompts
-        return on_device_thread(lambda: encode_prompts(encoder, [text])[0])
-    return encoder.batched.call(text)
+        return on_device_thread(
+            lambda: encode_rows(encode_prompts, encoder, [(text, encoder.loras)])[0])
+    return encoder.batched.call((text, encoder.loras))
 
 
 def decode(vae: Vae, latents: Any) -> Any:

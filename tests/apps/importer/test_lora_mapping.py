@@ -1,5 +1,6 @@
-"""ComfyUI's LoRA loaders → load/lora: LoraLoaderModelOnly, LoraLoader (its CLIP output is its
-clip input: the text-encoder side is not applied, and the report says so) and stacked chains."""
+"""ComfyUI's LoRA loaders → load/lora: LoraLoaderModelOnly, LoraLoader (its CLIP input and
+output are load/lora's text encoder, its strength_clip the text-encoder half's strength) and
+stacked chains."""
 
 from __future__ import annotations
 
@@ -29,15 +30,17 @@ def test_a_stack_of_lora_loaders_becomes_a_chain_of_load_lora_nodes():
     result = imported(ui.doc())
     nodes = graph(result)
     assert nodes["12"]["type"] == nodes["13"]["type"] == "load/lora"
-    assert nodes["12"]["params"] == {"lora": "style.safetensors", "strength": 0.8}
-    assert nodes["13"]["params"] == {"lora": "detail.safetensors", "strength": -0.5}
+    assert nodes["12"]["params"] == {"lora": "style.safetensors", "strength": 0.8,
+                                     "strength_clip": 1.0}  # the default: no encoder wired
+    assert nodes["13"]["params"] == {"lora": "detail.safetensors", "strength": -0.5,
+                                     "strength_clip": 1.0}
     assert nodes["12"]["inputs"]["model"] == {"node": "1", "port": "model"}
     assert nodes["13"]["inputs"]["model"] == {"node": "12", "port": "model"}
     assert nodes["8"]["inputs"]["model"] == {"node": "13", "port": "model"}
     assert result.report.unmapped == []
 
 
-def test_lora_loader_s_clip_output_is_its_clip_input_with_a_warning():
+def test_lora_loader_s_clip_goes_through_the_lora_node_at_its_strength_clip():
     ui = turbo_ui()
     ui.add(12, "LoraLoader", ["style.safetensors", 1.0, 0.7],
            inputs=[("model", "MODEL"), ("clip", "CLIP")], outputs=["MODEL", "CLIP"])
@@ -45,17 +48,27 @@ def test_lora_loader_s_clip_output_is_its_clip_input_with_a_warning():
     ui.rewire(12, 1, 5, "clip")
     result = imported(ui.doc())
     nodes = graph(result)
-    assert nodes["12"]["type"] == "load/lora" and set(nodes["12"]["inputs"]) == {"model"}
-    assert nodes["5"]["inputs"]["encoder"] == {"node": "2", "port": "encoder"}
+    assert nodes["12"]["type"] == "load/lora"
+    assert nodes["12"]["params"] == {"lora": "style.safetensors", "strength": 1.0,
+                                     "strength_clip": 0.7}
+    assert nodes["12"]["inputs"] == {"model": {"node": "1", "port": "model"},
+                                     "encoder": {"node": "2", "port": "encoder"}}
+    assert nodes["5"]["inputs"]["encoder"] == {"node": "12", "port": "encoder"}
     assert nodes["8"]["inputs"]["model"] == {"node": "12", "port": "model"}
-    warnings = [w for w in result.report.warnings if w["id"] == "12"]
-    assert len(warnings) == 1 and "strength_clip 0.7 is not applied" in warnings[0]["message"]
-
-
-def test_lora_loader_at_clip_strength_zero_warns_nothing():
-    ui = turbo_ui()
-    ui.add(12, "LoraLoader", ["style.safetensors", 1.0, 0],
-           inputs=[("model", "MODEL"), ("clip", "CLIP")], outputs=["MODEL", "CLIP"])
-    ui.link(1, 0, 12, "model").link(2, 0, 12, "clip").rewire(12, 0, 4, "model")
-    result = imported(ui.doc())
+    assert result.report.unmapped == []
     assert [w for w in result.report.warnings if w["id"] == "12"] == []
+
+
+def test_a_stack_of_lora_loaders_chains_both_the_model_and_the_text_encoder():
+    ui = turbo_ui()
+    ui.add(12, "LoraLoader", ["style.safetensors", 1.0, 0.5],
+           inputs=[("model", "MODEL"), ("clip", "CLIP")], outputs=["MODEL", "CLIP"])
+    ui.add(13, "LoraLoader", ["detail.safetensors", 0.6, 0],
+           inputs=[("model", "MODEL"), ("clip", "CLIP")], outputs=["MODEL", "CLIP"])
+    ui.link(1, 0, 12, "model").link(2, 0, 12, "clip").link(12, 0, 13, "model")
+    ui.link(12, 1, 13, "clip").rewire(13, 0, 4, "model").rewire(13, 1, 5, "clip")
+    nodes = graph(imported(ui.doc()))
+    assert nodes["13"]["inputs"] == {"model": {"node": "12", "port": "model"},
+                                     "encoder": {"node": "12", "port": "encoder"}}
+    assert nodes["13"]["params"]["strength_clip"] == 0
+    assert nodes["5"]["inputs"]["encoder"] == {"node": "13", "port": "encoder"}

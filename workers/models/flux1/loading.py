@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -33,9 +32,9 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    text_encoder_model,
     vae_model,
 )
-from workers.sampling import Coalescer
 
 FAMILY = "flux1"
 CONFIGS = Path(__file__).parent / "configs"
@@ -90,12 +89,10 @@ def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePoli
     def load() -> TextEncoder:
         clip, clip_tok = _load_encoder(clip_path, placement, "CLIPTextModel")
         t5, t5_tok = _load_encoder(t5_path, placement, "T5EncoderModel")
-        name = f"{clip_path.name} + {t5_path.name}"
-        te = TextEncoder(name, sha, (clip, t5), (clip_tok, t5_tok), placement, family=FAMILY)
-        batched: Coalescer[str, Any] = Coalescer(
-            lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
-            observe=batcher_observer("text_encodes"))
-        return TextEncoder(name, sha, (clip, t5), (clip_tok, t5_tok), placement, batched, FAMILY)
+        return text_encoder_model(name=f"{clip_path.name} + {t5_path.name}", sha=sha,
+                                  model=(clip, t5), tokenizer=(clip_tok, t5_tok),
+                                  placement=placement, policy=policy,
+                                  encode=engine.encode_prompts, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("flux1-text-encoders", sha, placement), load)
 

@@ -18,11 +18,15 @@ from workers.models.flux1.loading import load_diffusion_model, load_text_encoder
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "renoise", "schedule", "text_encoder_lora_state_dict", "text_encoder_parts",
+           "to_denoised", "write_tiny_stack"]
+
+T5_KEYS = ("lora_te2_", "text_encoder_2.", "text_encoders.t5xxl.")  # a FLUX LoRA's T5 half
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+    return {**tiny.write_smoke_stack(models_dir),
+            "lora": tiny.write_tiny_lora(models_dir, text_encoder=True)}  # with its CLIP-L half
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
@@ -39,6 +43,32 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
         state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
         alphas = {f"transformer.{k}": v for k, v in (alphas or {}).items()}
     return peft_modules(state, alphas, "transformer.")
+
+
+def text_encoder_parts(encoder: Any) -> dict[str, Any]:
+    """The text encoder a FLUX.1 LoRA may adapt: CLIP-L (diffusers' `text_encoder`)."""
+    clip, _t5 = encoder.model
+    return {"text_encoder": clip}
+
+
+def text_encoder_lora_state_dict(path: Path, encoder: Any, denoiser: Any) -> dict[str, Any]:
+    """{"text_encoder.<module>": (A, B, scale)} of a FLUX.1 LoRA file's CLIP-L half (kohya
+    `lora_te1_`, diffusers `text_encoder.`), through FluxPipeline.lora_state_dict. A T5 half
+    (rare) is refused: diffusers' converters drop it, and a silent half would paint another
+    image than the trainer's."""
+    from diffusers import FluxPipeline
+
+    from workers.models.lora import LoraMismatch, encoder_modules, text_encoder_keys
+
+    t5 = [k for k in text_encoder_keys(path) if k.startswith(T5_KEYS)]
+    if t5:
+        raise LoraMismatch(f"loras/{path.name} has T5 text-encoder weights ({t5[0]}, …), which "
+                           "this farm does not apply: set strength_clip to 0 (the transformer "
+                           "half still applies)")
+    state, alphas = FluxPipeline.lora_state_dict(str(path), return_alphas=True,
+                                                 local_files_only=True)
+    return encoder_modules(state, alphas, "text_encoder", text_encoder_parts(encoder)
+                           ["text_encoder"])
 
 
 def to_denoised(job: Any, output: Any) -> Any:

@@ -135,11 +135,14 @@ def _config(path: Path, class_name: str, config: dict[str, Any]) -> None:
 
 
 def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
-                    rank: int = 4, alpha: float = 2.0) -> str:
+                    rank: int = 4, alpha: float = 2.0, text_encoder: bool = False) -> str:
     """A random LoRA of the tiny transformer in kohya / ComfyUI keys (`lora_unet_double_blocks_
     0_img_attn_qkv.lora_down.weight`, `.lora_up.weight`, `.alpha`), as FLUX.1 trainers publish
-    them, under `loras/<name>`; returns the name. Other seeds: other LoRAs."""
+    them, under `loras/<name>`; returns the name. Other seeds: other LoRAs. With
+    `text_encoder`, CLIP-L's half too (`lora_te1_…`)."""
     from safetensors.torch import save_file
+
+    from workers.models.lora import random_clip_lora
 
     d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
     targets = {  # kohya module: (in, out)
@@ -154,6 +157,8 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
         state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
         state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
         state[f"{key}.alpha"] = torch.tensor(alpha)
+    if text_encoder:
+        state |= random_clip_lora("lora_te1", WIDTH, 37, (0, 1), generator, rank, alpha)
     (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
     save_file(state, Path(models_dir) / "loras" / name)
     return name

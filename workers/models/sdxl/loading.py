@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -35,9 +34,9 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    text_encoder_model,
     vae_model,
 )
-from workers.sampling import Coalescer
 
 FAMILY = "sdxl"
 CONFIGS = Path(__file__).parent / "configs"
@@ -170,11 +169,9 @@ def _vae(name: str, sha: str, module: Any, placement: Placement, policy: DeviceP
 def _text_encoder(name: str, sha: str, models: tuple[Any, ...], tokenizers: tuple[Any, Any],
                   placement: Placement, policy: DevicePolicy) -> TextEncoder:
     """Both CLIPs as one value (`model` (CLIP-L, bigG), `tokenizer` theirs), batching encodes."""
-    te = TextEncoder(name, sha, models, tokenizers, placement, family=FAMILY)
-    batched: Coalescer[str, Any] = Coalescer(
-        lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
-        observe=batcher_observer("text_encodes"))
-    return TextEncoder(name, sha, models, tokenizers, placement, batched, FAMILY)
+    return text_encoder_model(name=name, sha=sha, model=models, tokenizer=tokenizers,
+                              placement=placement, policy=policy, encode=engine.encode_prompts,
+                              family=FAMILY)
 
 
 def _v_pred(path: Path) -> bool:

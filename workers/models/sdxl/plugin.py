@@ -26,8 +26,8 @@ from workers.models.sdxl.loading import (
 
 __all__ = ["advance", "decode_latents_batch", "encode_image", "encode_prompts", "init_noise",
            "load_checkpoint", "load_diffusion_model", "load_text_encoder", "load_vae",
-           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule", "to_denoised",
-           "write_tiny_stack"]
+           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule",
+           "text_encoder_lora_state_dict", "text_encoder_parts", "to_denoised", "write_tiny_stack"]
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
@@ -39,7 +39,8 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+    return {**tiny.write_smoke_stack(models_dir),
+            "lora": tiny.write_tiny_lora(models_dir, text_encoders=True)}  # UNet + both CLIPs
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
@@ -69,3 +70,23 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
                 ".lora_A.weight")
         module_alphas[f"{name}.alpha"] = alpha
     return peft_modules(unet, module_alphas, "")
+
+
+def text_encoder_parts(encoder: Any) -> dict[str, Any]:
+    """SDXL's two CLIPs by diffusers' component names (its LoRA converters' prefixes)."""
+    clip_l, big_g = encoder.model
+    return {"text_encoder": clip_l, "text_encoder_2": big_g}
+
+
+def text_encoder_lora_state_dict(path: Path, encoder: Any, denoiser: Any) -> dict[str, Any]:
+    """{"text_encoder[_2].<module>": (A, B, scale)} of an SDXL LoRA file's CLIP-L and bigG
+    halves (kohya `lora_te1_` / `lora_te2_`, diffusers `text_encoder[_2].`), through
+    StableDiffusionXLPipeline.lora_state_dict (the UNet's config maps the file's other half)."""
+    from diffusers import StableDiffusionXLPipeline
+
+    from workers.models.lora import encoder_modules
+
+    state, alphas = StableDiffusionXLPipeline.lora_state_dict(
+        str(path), unet_config=denoiser.config, local_files_only=True)
+    return {name: weights for prefix, part in text_encoder_parts(encoder).items()
+            for name, weights in encoder_modules(state, alphas, prefix, part).items()}

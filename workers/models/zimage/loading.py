@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -35,11 +34,11 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    text_encoder_model,
     vae_model,
 )
 from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
-from workers.sampling import Coalescer
 
 
 @cache
@@ -103,11 +102,9 @@ def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> Text
     def load() -> TextEncoder:
         _model_libraries()
         model, tokenizer = _load_text_encoder(path, placement)
-        te = TextEncoder(name, sha, model, tokenizer, placement, family=FAMILY)
-        batched: Coalescer[str, Any] = Coalescer(
-            lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
-            observe=batcher_observer("text_encodes"))
-        return TextEncoder(name, sha, model, tokenizer, placement, batched, FAMILY)
+        return text_encoder_model(name=name, sha=sha, model=model, tokenizer=tokenizer,
+                                  placement=placement, policy=policy,
+                                  encode=engine.encode_prompts, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
 

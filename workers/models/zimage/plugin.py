@@ -49,12 +49,16 @@ def write_tiny_stack(models_dir: Path) -> dict[str, str]:
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     """{transformer module: (A, B, scale)} of a Z-Image LoRA file in any format
     ZImagePipeline.lora_state_dict reads (kohya, ComfyUI / ai-toolkit `diffusion_model.`,
-    diffusers / PEFT): its converter bakes each module's alpha into the weights."""
+    diffusers / PEFT): its converter bakes each module's alpha into the weights. Text-encoder
+    keys are left out first (its converter would take them for the transformer's): Z-Image's
+    encoder takes no LoRA here, and `load/lora` refuses that half when asked to apply it."""
     from diffusers import ZImagePipeline
+    from safetensors.torch import load_file
 
-    from workers.models.lora import peft_modules
+    from workers.models.lora import TEXT_ENCODER_PREFIXES, peft_modules
 
-    state = ZImagePipeline.lora_state_dict(str(path), local_files_only=True)
+    raw = {k: v for k, v in load_file(str(path)).items() if not k.startswith(TEXT_ENCODER_PREFIXES)}
+    state = ZImagePipeline.lora_state_dict(raw)
     if not any(k.startswith("transformer.") for k in state):
         state = {f"transformer.{k}": v for k, v in state.items()}
     modules = peft_modules(state, None, "transformer.")
