@@ -324,6 +324,43 @@ def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(
     assert after.get("lora_loads", 0) - before.get("lora_loads", 0) == len(files)
 
 
+# Four ComfyUI samplers (each with its scheduler) of one graph shape: one worker, one base model.
+MIXED_SAMPLERS = (("euler", "simple"), ("dpmpp_2m", "karras"), ("heun", "normal"),
+                  ("euler_ancestral", "simple"))
+
+
+def sampler_graph(stack: dict[str, str], sampler: str, scheduler: str, seed: int,
+                  parallel: str = "auto") -> dict[str, Any]:
+    from inline_farm.terminal import prompt_graph
+
+    body = prompt_graph(prompt=PROMPT, negative="", files=stack, width=64, height=48, steps=6,
+                        seed=seed, guidance=None, image_asset=None, strength=1.0)
+    body["graph"]["nodes"]["sample"]["params"] |= {
+        "sampler": sampler, "scheduler": scheduler, "parallel": parallel}
+    return body
+
+
+def test_four_runs_with_four_samplers_share_forwards_and_each_equals_its_solo_run(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    """Each job in the step batcher keeps its own sampler state: runs with different samplers
+    share forwards on a live worker, and each take is its solo run's (run alone first, one at a
+    time; `parallel: "off"` keeps the node cache from answering one with the other)."""
+    solo = [wait_all(alice, submit_all(alice, [sampler_graph(stack, *pair, 70 + n, "off")]))[0]
+            for n, pair in enumerate(MIXED_SAMPLERS)]
+    ids = submit_all(alice, [sampler_graph(stack, *pair, 70 + n)
+                             for n, pair in enumerate(MIXED_SAMPLERS)])
+    together = wait_all(alice, ids)
+    assert all(run["status"] == "succeeded" for run in solo + together), solo + together
+    batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
+    diffs = [int(np.abs(take_pixels(alice, a) - take_pixels(alice, b)).max())
+             for a, b in zip(solo, together, strict=True)]
+    print(f"\n4 samplers side by side: batch sizes {sorted(batches)}; pixel differences from "
+          f"solo {diffs}")
+    assert max(batches) > 1, batches
+    assert all(diff <= PIXEL_TOLERANCE for diff in diffs), diffs
+
+
 def test_two_workers_of_four_slots_run_at_most_eight_and_leave_no_slot_idle(
     batch_farm: BatchFarm, alice: Client
 ) -> None:
