@@ -222,11 +222,10 @@ def test_sdxl_loras_are_recognised_and_a_render_is_what_the_sdxl_pipeline_paints
     assert max_diff(ours, plain) > 8
 
 
-def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, make_ctx):
-    models_dir, names = sdxl_lora_stack
-    sets: list[tuple[tuple[str, float], ...]] = [
-        (), ((names["lora0"], 1.0),), ((names["lora1"], 0.7),),
-        ((names["lora0"], 0.5), (names["lora1"], 0.5))]
+def assert_sdxl_sets_share_forwards_as_solo(make_ctx: Any, models_dir: Any, names: Any,
+                                            sets: list[tuple[tuple[str, float], ...]]) -> None:
+    """SDXL renders with these LoRA sets, on threads at once: they share forwards (a progress
+    report with batch > 1) and each equals its render alone."""
     solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
             for i, s in enumerate(sets)]
     batches: list[int] = []
@@ -250,6 +249,14 @@ def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, ma
     assert max(batches) > 1
     for i in range(len(sets)):
         assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+
+
+def test_sdxl_cfg_runs_with_and_without_loras_share_forwards(sdxl_lora_stack, make_ctx):
+    models_dir, names = sdxl_lora_stack
+    sets: list[tuple[tuple[str, float], ...]] = [
+        (), ((names["lora0"], 1.0),), ((names["lora1"], 0.7),),
+        ((names["lora0"], 0.5), (names["lora1"], 0.5))]
+    assert_sdxl_sets_share_forwards_as_solo(make_ctx, models_dir, names, sets)
 
 
 # --- Z-Image: kohya keys, per-item lists (a CFG job's two items carry its LoRAs) ----------------
@@ -582,29 +589,7 @@ def test_an_sdxl_locon_paints_what_the_pipeline_paints_and_batches_with_other_se
 
     sets: list[tuple[tuple[str, float], ...]] = [
         (), ((locon, 1.0),), ((locon, 0.4),), ((locon, 0.7), (names["lora0"], 0.5))]
-    solo = [render_sdxl(make_ctx(models_dir=models_dir), names, s, seed=i)[0]
-            for i, s in enumerate(sets)]
-    batches: list[int] = []
-    results: dict[int, Any] = {}
-
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
-    def one(i: int) -> None:
-        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
-                                 seed=i)[0]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert max(batches) > 1
-    for i in range(len(sets)):
-        assert torch.allclose(results[i], solo[i], atol=1e-4), sets[i]
+    assert_sdxl_sets_share_forwards_as_solo(make_ctx, models_dir, names, sets)
 
 
 def test_a_conv_lora_of_the_wrong_kernel_fails_naming_the_file_and_the_layer(sdxl_lora_stack,
