@@ -93,6 +93,21 @@ def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_cont
         stored = f.keys()
     assert any(k.startswith("model.layers.") for k in stored)  # the checkpoint's layout
     assert any(k.startswith("visual.") for k in stored)  # with its vision tower
+    with safe_open(models_dir / "vae" / names["vae"], "pt") as f:
+        stored = f.keys()
+    assert "decoder.conv1.weight" in stored and "decoder.upsamples.3.resample.1.weight" in stored
+
+
+def test_the_vae_s_original_layout_is_what_diffusers_own_converter_reads():
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    from workers.models.qwenimage import keys
+    from workers.models.qwenimage.tiny import build_tiny_components
+
+    state = dict(build_tiny_components()["vae"].state_dict())
+    theirs = convert_wan_vae_to_diffusers(keys.to_original(state))
+    assert theirs.keys() == state.keys()
+    assert all(torch.equal(theirs[k], v) for k, v in state.items())
 
 
 def test_the_generic_nodes_paint_exactly_what_qwen_image_pipeline_paints(qwen_stack, make_ctx,

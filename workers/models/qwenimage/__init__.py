@@ -2,8 +2,8 @@
 
 - `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
 - `plugin`: the contract's torch half; `loading` (local-only: ComfyUI single files or diffusers /
-  transformers folders), `engine` (reproduces `QwenImagePipeline` bit for bit on CPU), `tiny`
-  (a random-weight stack as studios lay Qwen-Image out).
+  transformers folders), `engine` (reproduces `QwenImagePipeline` bit for bit on CPU), `keys`
+  (the VAE's original Wan layout), `tiny` (a random-weight stack as studios lay Qwen-Image out).
 Files: the MMDiT transformer (`transformer_blocks.N.img_mod` / `txt_norm`, diffusers' keys, which
 ComfyUI keeps, with or without `model.diffusion_model.`), the Qwen2.5-VL text encoder (one file:
 its language model and vision tower) and the 16-channel Wan-style 3-D VAE (`qwen_image_vae`:

@@ -3,7 +3,8 @@
 - transformer `diffusion_models/<name>`: a single file (diffusers' names, which ComfyUI keeps,
   with or without `model.diffusion_model.`) or a diffusers folder; its config is the sidecar
   `<stem>.config.json`, else the shipped Qwen-Image one (`configs/transformer/`).
-- VAE `vae/<name>`: AutoencoderKLQwenImage (diffusers' keys) or a folder; config as above.
+- VAE `vae/<name>`: AutoencoderKLQwenImage in the original (Wan) keys ComfyUI ships or
+  diffusers', or a folder; config as above.
 - text encoder `text_encoders/<name>`: Qwen2.5-VL, a transformers folder with its tokenizer, or
   a single file (the checkpoint's `model.layers` / `visual.` keys) with `<stem>.config.json`
   and `<stem>.tokenizer/` beside it.
@@ -20,7 +21,7 @@ from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
 from workers.models.family import ModelLoadError
-from workers.models.qwenimage import DIFFUSION_PREFIX, LATENT, engine
+from workers.models.qwenimage import DIFFUSION_PREFIX, LATENT, engine, keys
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
     check_complete,
@@ -130,6 +131,8 @@ def _from_file(cls: Any, path: Path, config_path: Path, placement: Placement, pr
     from safetensors.torch import load_file
 
     state = {k.removeprefix(prefix) if prefix else k: v for k, v in load_file(str(path)).items()}
+    if keys.is_original(state):  # a VAE in the original (Wan) layout
+        state = keys.from_original(state)
     with init_empty_weights(include_buffers=False):
         model = cls.from_config(cls.load_config(str(config_path)))
     result = model.load_state_dict(state, strict=False, assign=True)

@@ -3,15 +3,17 @@ smoke`, tests). The same seed always builds the same weights. What `write_smoke_
 
     diffusion_models/smoke-qwenimage.safetensors   ComfyUI's keys: `model.diffusion_model.` +
                                                    diffusers' names (+ .config.json)
-    vae/smoke-qwenimage-vae.safetensors            AutoencoderKLQwenImage (+ .config.json)
+    vae/smoke-qwenimage-vae.safetensors            the original (Wan) keys ComfyUI ships
+                                                   (`decoder.upsamples.N`) (+ .config.json)
     text_encoders/smoke-qwenimage-qwen25vl.safetensors
                                                    Qwen2.5-VL in its checkpoint keys (`model.layers`,
                                                    `visual.`) (+ .config.json, .tokenizer/)
 
 Sizes follow diffusers' own Qwen-Image tests (tests/pipelines/qwenimage/): 2 blocks of 2 heads of
 16 (rope axes 8+4+4), a 2-layer Qwen2.5-VL of width 16 (= joint_attention_dim) with a 2-block
-vision tower; the VAE keeps Qwen-Image's geometry (16 latent channels, ÷8: 3 downsamples) at
-width 16. The tokenizer is byte-level with Qwen's chat and vision specials (no download).
+vision tower; the VAE keeps Qwen-Image's geometry (16 latent channels, ÷8: 3 downsamples, 2 res
+blocks per stage as the original layout has them) at width 16. The tokenizer is byte-level with
+Qwen's chat and vision specials (no download).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.models.qwenimage import DIFFUSION_PREFIX, LATENT
+from workers.models.qwenimage import DIFFUSION_PREFIX, LATENT, keys
 
 SMOKE = "smoke-qwenimage"
 WIDTH = 16  # the text encoder's hidden size == the transformer's joint_attention_dim
@@ -34,7 +36,7 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "joint_attention_dim": WIDTH, "guidance_embeds": False, "axes_dims_rope": [8, 4, 4],
 }
 VAE_CONFIG: dict[str, Any] = {
-    "base_dim": 16, "z_dim": LATENT.channels, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
+    "base_dim": 16, "z_dim": LATENT.channels, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
     "temperal_downsample": [False, True, True],
 }
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
@@ -112,7 +114,7 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
                for k, v in parts["transformer"].state_dict().items()}, transformer)
     _config(transformer, "QwenImageTransformer2DModel", TRANSFORMER_CONFIG)
     vae = models_dir / "vae" / names["vae"]
-    save_file({k: v.contiguous() for k, v in parts["vae"].state_dict().items()}, vae)
+    save_file(keys.to_original(parts["vae"].state_dict()), vae)
     _config(vae, "AutoencoderKLQwenImage", VAE_CONFIG)
     _single_file_encoder(parts["text_encoder"], parts["tokenizer"],
                          models_dir / "text_encoders" / names["text_encoder"])
