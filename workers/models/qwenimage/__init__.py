@@ -44,8 +44,8 @@ def recognise(header: ModelHeader) -> str | None:
 def is_qwen_lora(header: ModelHeader) -> bool:
     """A LoRA of Qwen-Image's blocks: diffusers / ComfyUI (`transformer_blocks.0.img_mlp.`,
     `.txt_mlp.`, `.img_mod.`) or kohya (`lora_unet_transformer_blocks_0_img_mlp_`) names."""
-    return any(header.has(f) for f in (".img_mlp.", ".txt_mlp.", ".img_mod.", ".txt_mod.",
-                                        "_img_mlp_", "_txt_mlp_", "_img_mod_", "_txt_mod_"))
+    return any(header.has("transformer_blocks", part)  # FLUX.1's `double_blocks` have img_mlp
+               for part in ("img_mlp", "txt_mlp", "img_mod", "txt_mod"))
 
 
 def is_qwen_vae(header: ModelHeader) -> bool:
