@@ -77,17 +77,20 @@ def test_the_fleet_reports_each_qwen_image_file_s_family_and_role(owner, qwen):
 
 
 def test_queued_qwen_image_runs_render_what_the_pipeline_renders(owner, qwen):
-    """Three runs of other prompts and seeds queued at once (they may share forwards, their
-    prompts padded under the mask): each is the pipeline's image within rounding; alone, the
-    first is it exactly."""
+    """Three runs of other prompts and seeds queued at once (they may share forwards and text
+    encodes, their prompts padded under the mask): each is the pipeline's image within
+    rounding; a run alone (a prompt and seed none of them used: no cached node, such as
+    a text encode shared with them, answers it) is it exactly."""
     runs = [(SEED, PROMPT), (SEED + 1, "a kite"), (SEED + 2, f"{PROMPT} at noon, wide angle")]
     posted = [owner.post("/v1/runs", json=graph(qwen, seed=s, prompt=p)) for s, p in runs]
     assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
     for (seed, prompt), response in zip(runs, posted, strict=True):
         ours = take_pixels(owner, owner.wait_run(response.json()["runId"]))[0].astype(int)
         assert np.abs(ours - pipeline_pixels(seed, prompt)).max() <= 1, seed
-    alone = owner.wait_run(owner.post("/v1/runs", json=graph(qwen)).json()["runId"])
-    assert np.array_equal(take_pixels(owner, alone)[0], pipeline_pixels())
+    seed, prompt = SEED + 3, "a lantern in the fog"
+    alone = owner.post("/v1/runs", json=graph(qwen, seed=seed, prompt=prompt)).json()["runId"]
+    assert np.array_equal(take_pixels(owner, owner.wait_run(alone))[0],
+                          pipeline_pixels(seed, prompt))
 
 
 def qwen_image_ui(qwen: dict[str, str]) -> dict[str, Any]:
