@@ -25,12 +25,14 @@ SampleJob each, the family's `predict`) vs that family's diffusers pipeline call
 the list of N prompts' embeds (latents out), on a mid-size random stack. Target ≥ 0.95×.
   - flux1: FluxPipeline, a ~14 M-parameter FluxTransformer2DModel (2 double + 4 single blocks,
            width 384) with the tiny CLIP-L / T5 / VAE, 128², guidance 3.5.
+  - qwenimage: QwenImagePipeline, a ~16 M-parameter QwenImageTransformer2DModel (4 blocks,
+           width 384) with the tiny Qwen2.5-VL, 128², true CFG (scale 4) with the empty negative.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|sdxl|lora   # those rows only (no farm)
+    .venv/bin/python bench/batching.py --family flux1|qwenimage|sdxl|lora   # those rows only
 """
 
 from __future__ import annotations
@@ -362,7 +364,71 @@ def flux1_row(steps: int) -> dict[int, tuple[float, float]]:
         return row
 
 
-FAMILY_ROWS = {"flux1": flux1_row}
+QWEN_MID: dict[str, Any] = {  # ~16 M parameters: 4 blocks of width 384, the tiny encoder's 16
+    "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 4,
+    "attention_head_dim": 64, "num_attention_heads": 6, "joint_attention_dim": 16,
+    "guidance_embeds": False, "axes_dims_rope": [16, 24, 24],
+}
+QWEN_SIDE, QWEN_GUIDANCE = 128, 3.0  # the farm's g: the pipeline's true_cfg_scale g + 1
+
+
+def qwenimage_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (QwenImagePipeline with the n prompts' embeds and masks and the empty negative's,
+    true CFG on; the farm's step batcher: each job's two rows in the shared forward, prompts
+    padded under the mask) images/s, the best of REPEAT alternating runs each; denoise only."""
+    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
+    from diffusers.utils import logging as diffusers_logging
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.qwenimage import LATENT, engine
+    from workers.models.qwenimage.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    diffusers_logging.set_verbosity_error()  # its "no mask given" note when a batch needs none
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["transformer"] = QwenImageTransformer2DModel.from_config(QWEN_MID).eval()
+    pipe: Any = QwenImagePipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
+                          policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(pipe.transformer, jobs), bounds.items,
+                          bounds.tokens)
+    sigmas, timesteps = engine.schedule(steps, QWEN_SIDE, QWEN_SIDE)
+
+    def pipeline(n: int) -> float:
+        embeds, mask = pipe.encode_prompt(prompts(n))
+        negative, negative_mask = pipe.encode_prompt([""] * n)
+        start = time.perf_counter()
+        pipe(prompt_embeds=embeds, prompt_embeds_mask=mask, negative_prompt_embeds=negative,
+             negative_prompt_embeds_mask=negative_mask, true_cfg_scale=QWEN_GUIDANCE + 1,
+             width=QWEN_SIDE, height=QWEN_SIDE, num_inference_steps=steps, output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        [empty] = engine.encode_prompts(encoder, [""])
+        jobs = [SampleJob(noise(LATENT.shape(QWEN_SIDE, QWEN_SIDE),
+                                torch.Generator("cpu").manual_seed(i), "cpu"),
+                          sigmas, timesteps, conds[i], negative=empty, guidance=QWEN_GUIDANCE)
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    with torch.no_grad():
+        pipeline(1), sampler(1)  # warm
+        row = {}
+        for n in CONCURRENCY:  # alternating, the best of REPEAT each: the machine is shared
+            pairs = [(pipeline(n), sampler(n)) for _ in range(REPEAT)]
+            row[n] = (max(p for p, _ in pairs), max(s for _, s in pairs))
+        return row
+
+
+FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

@@ -22,7 +22,7 @@ from workers.models.upscale import KNOWN as UPSCALE_KNOWN
 UPSCALE_FOLDER = "upscale_models"  # files of no family (workers/models/upscale)
 
 # Every id a file's family may take: the registered families, then those still to come.
-FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwen-image", "krea2", "wan",
+FAMILY_IDS: tuple[str, ...] = ("zimage", "flux1", "sdxl", "flux2", "qwenimage", "krea2", "wan",
                                "ltx2")
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 # Port kinds whose values belong to one family (a FLUX.1 latent is no SDXL latent).

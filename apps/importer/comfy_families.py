@@ -14,7 +14,7 @@ A workflow whose evidence names a family that is not registered on this farm is 
 (`unsupported_family`, naming the node) before anything reaches a worker.
 
 Family ids: ours are workers/models/families.py `REGISTERED`; the others are named here as
-apps/graphs/families.py `FAMILY_IDS` names those still to come (`qwen-image`, `wan`, …).
+apps/graphs/families.py `FAMILY_IDS` names those still to come (`wan`, …).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 # and SDXL's CLIP alike, so it says nothing.
 CLIP_TYPES: dict[str, str] = {
     "lumina2": "zimage", "flux": "flux1", "sdxl": "sdxl", "sd3": "sd3",
-    "qwen_image": "qwen-image", "wan": "wan", "hidream": "hidream", "ltxv": "ltxv",
+    "qwen_image": "qwenimage", "wan": "wan", "hidream": "hidream", "ltxv": "ltxv",
     "hunyuan_video": "hunyuan-video", "hunyuan_video_15": "hunyuan-video",
     "hunyuan_image": "hunyuan-image", "chroma": "chroma", "stable_cascade": "stable-cascade",
     "stable_audio": "stable-audio", "mochi": "mochi", "pixart": "pixart", "cosmos": "cosmos",
@@ -53,10 +53,10 @@ FAMILY_NODES: dict[str, str] = {
     "ConditioningStableAudio": "stable-audio", "CLIPTextEncodePixArtAlpha": "pixart",
     "EmptyFlux2LatentImage": "flux2", "Flux2Scheduler": "flux2",
     "EmptyChromaRadianceLatentImage": "chroma-radiance",
-    "EmptyQwenImageLayeredLatentImage": "qwen-image",
+    "EmptyQwenImageLayeredLatentImage": "qwenimage",
 }
 FAMILY_NODE_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("Wan", "wan"), ("TextEncodeQwenImage", "qwen-image"), ("QwenImage", "qwen-image"),
+    ("Wan", "wan"), ("TextEncodeQwenImage", "qwenimage"), ("QwenImage", "qwenimage"),
     ("LTXV", "ltxv"), ("StableCascade_", "stable-cascade"), ("Cosmos", "cosmos"),
     ("HunyuanVideo15", "hunyuan-video"), ("Kandinsky5", "kandinsky5"),
 )

@@ -112,11 +112,11 @@ def _node(class_type: str, inputs: dict[str, Any]):
     (lambda doc: doc.update({"2": {"class_type": "CLIPLoader", "inputs": {
         "clip_name": "umt5_xxl.safetensors", "type": "wan", "device": "default"}}}), "2", "wan"),
     (lambda doc: doc.update({"2": {"class_type": "CLIPLoader", "inputs": {
-        "clip_name": "qwen_2.5_vl_7b.safetensors", "type": "qwen_image"}}}), "2", "qwen-image"),
+        "clip_name": "byt5.safetensors", "type": "hunyuan_image"}}}), "2", "hunyuan-image"),
     (lambda doc: doc.update({"2": {"class_type": "TripleCLIPLoader", "inputs": {
         "clip_name1": "clip_g.safetensors", "clip_name2": "clip_l.safetensors",
         "clip_name3": "t5xxl.safetensors"}}}), "2", "sd3"),
-    (_node("TextEncodeQwenImageEdit", {"clip": ["2", 0], "prompt": "x"}), "20", "qwen-image"),
+    (_node("CLIPTextEncodeHunyuanDiT", {"clip": ["2", 0], "bert": "x"}), "20", "hunyuan-dit"),
     (_node("WanImageToVideo", {"positive": ["4", 0], "width": 64}), "20", "wan"),
     (_node("LTXVConditioning", {"positive": ["4", 0], "frame_rate": 25}), "20", "ltxv"),
     (lambda doc: doc["5"].update(class_type="EmptyHunyuanLatentVideo"), "5", "hunyuan-video"),
@@ -299,3 +299,59 @@ def test_model_sampling_flux_in_the_ui_format_reads_its_widgets_in_comfyuis_orde
     result = comfy_import(workflow=ui.doc(), catalog=ZIMAGE_CATALOG)
     shift = result.graph.model_dump()["nodes"]["8"]["params"]["shift"]
     assert shift == pytest.approx(math.exp(1.15))  # mu 1.15 at 1024², whatever the latent
+
+
+# --- Qwen-Image: its CLIPLoader type, ModelSamplingAuraFlow, cfg ------------------------------
+
+QWEN_CATALOG = {"diffusion_models": ["qwen_image_fp8_e4m3fn.safetensors"],
+                "vae": ["qwen_image_vae.safetensors"],
+                "text_encoders": ["qwen_2.5_vl_7b_fp8_scaled.safetensors"]}
+
+
+def qwen_workflow() -> dict[str, Any]:
+    """Qwen-Image as ComfyUI's template has it: UNETLoader, CLIPLoader type qwen_image,
+    ModelSamplingAuraFlow 3.1, a positive and an empty negative, KSampler cfg 2.5."""
+    return {
+        "37": {"class_type": "UNETLoader", "inputs": {
+            "unet_name": "qwen_image_fp8_e4m3fn.safetensors", "weight_dtype": "default"}},
+        "38": {"class_type": "CLIPLoader", "inputs": {
+            "clip_name": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "type": "qwen_image",
+            "device": "default"}},
+        "39": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
+        "66": {"class_type": "ModelSamplingAuraFlow", "inputs": {"shift": 3.1, "model": ["37", 0]}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["38", 0]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["38", 0]}},
+        "58": {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64,
+                                                               "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {
+            "model": ["66", 0], "positive": ["6", 0], "negative": ["7", 0],
+            "latent_image": ["58", 0], "seed": 1, "steps": 20, "cfg": 2.5,
+            "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["39", 0]}},
+        "60": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "q"}},
+    }
+
+
+def test_a_qwen_image_workflow_maps_to_the_generic_nodes_with_its_cfg_and_shift():
+    """The CLIPLoader's type `qwen_image` names the family (no file held yet); cfg c is the
+    family's guidance c − 1 (its pipeline's true_cfg_scale is c); AuraFlow's shift passes on."""
+    result = comfy_import(workflow=qwen_workflow(), catalog=QWEN_CATALOG)
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["38"]["type"] == "load/text-encoder"
+    assert nodes["38"]["params"]["file"] == "qwen_2.5_vl_7b_fp8_scaled.safetensors"
+    assert (nodes["3"]["params"]["guidance"], nodes["3"]["params"]["shift"]) == (1.5, 3.1)
+    assert not result.report.to_wire()["unmapped"]
+
+
+def test_a_qwen_image_workflow_s_held_files_name_the_family_over_the_loader_type():
+    files = {(folder, name): ("qwenimage",) for folder, names in QWEN_CATALOG.items()
+             for name in names}
+    doc = qwen_workflow()
+    doc["38"]["inputs"]["type"] = "sd3"  # refused without the files (SD3 is not run)
+    with pytest.raises(ImportInvalid):
+        comfy_import(workflow=doc, catalog=QWEN_CATALOG)
+    result = comfy_import(workflow=doc, catalog=QWEN_CATALOG, files=files)
+    assert sampler_params(result, "3")["guidance"] == 1.5
+    assert any("type 'sd3' is overruled: the weights of text_encoders/"
+               "qwen_2.5_vl_7b_fp8_scaled.safetensors are qwenimage's" in m
+               for m in warnings_of(result, "38"))

@@ -1,0 +1,211 @@
+"""Qwen-Image's math, written outside the pipeline (the diffusers pipeline is the reference).
+
+encode prompt (Qwen2.5-VL's last hidden state under the pipeline's system template, the
+template's 34 tokens dropped) → FlowMatchEuler sigmas with the resolution shift (mu) → start
+latents → [transformer over packed 2×2 patches, true CFG with the pipeline's norm rescale,
+per-job Euler, in the step batcher] → the 3-D VAE's decode of one frame.
+On CPU in float32 every function here reproduces the matching part of `QwenImagePipeline.__call__`
+(and `QwenImageImg2ImgPipeline`'s VAE encode) bit for bit (tests prove it): the template and
+padding, `hidden_states[-1]`, the scheduler's own sigmas (shift_terminal, exponential shift),
+the same RNG draws from a `torch.Generator("cpu")`, latents normalised by the VAE's per-channel
+mean and std.
+
+Guidance: the farm's `guidance` g is the Z-Image convention, `cond + g·(cond − uncond)` (the
+importer maps ComfyUI's cfg to cfg − 1), i.e. the pipeline's `true_cfg_scale` = g + 1; its
+result is rescaled to the conditional prediction's norm per token, as the pipeline does.
+Batching: jobs of one latent size share a forward; prompts of other lengths are zero-padded
+with an attention mask (the transformer's `encoder_hidden_states_mask`), which changes rounding
+only. Not reproduced: guidance-distilled transformers (`guidance_embeds`), `max_sequence_length`
+other than the pipeline's default 512.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from workers.models.lora import rows as lora_rows
+from workers.models.qwenimage import LATENT
+from workers.models.values import TextEncoder, Vae
+from workers.sampling.job import SampleJob
+
+CONFIGS = Path(__file__).parent / "configs"
+TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+            "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+            "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+TEMPLATE_TOKENS = 34  # the pipeline's prompt_template_encode_start_idx: dropped from the states
+TOKENIZER_MAX = 1024  # the pipeline's tokenizer_max_length (+ the template's tokens)
+MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
+
+
+@torch.no_grad()
+def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[torch.Tensor]:
+    """Each text's embeddings [L_i, D] (padding dropped), from ONE encoder forward over the
+    batch padded to its longest; one text is exactly the pipeline's call."""
+    tokens = encoder.tokenizer([TEMPLATE.format(t) for t in texts],
+                               max_length=TOKENIZER_MAX + TEMPLATE_TOKENS, padding=True,
+                               truncation=True, return_tensors="pt")
+    device = encoder.placement.device
+    ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)  # [B, T]
+    model = encoder.model
+    hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+    return [hidden[i][mask[i].bool()][TEMPLATE_TOKENS:][:MAX_SEQUENCE_LENGTH].to(model.dtype)
+            for i in range(len(texts))]  # each [L_i, D]
+
+
+@cache
+def scheduler_config() -> dict[str, Any]:
+    """Qwen-Image's scheduler config (FlowMatchEuler, dynamic exponential shift, terminal 0.02)."""
+    return json.loads((CONFIGS / "scheduler" / "scheduler_config.json").read_text())
+
+
+def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
+             shift: float | None = None) -> tuple[Any, Any]:
+    """(sigmas [n+1] ending in 0, timesteps [n]) float32 on CPU for one job; a fresh scheduler
+    per job. n = steps − the img2img pipeline's skipped steps for strength `denoise`.
+
+    `shift` None: the pipeline's schedule (mu from the image's tokens, stretched to end at
+    shift_terminal). Else the static time shift α of ComfyUI's ModelSamplingAuraFlow:
+    σ = α·t / (1 + (α − 1)·t), no terminal stretch."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    config = scheduler_config()
+    if shift is not None:
+        config = {**config, "shift": float(shift), "use_dynamic_shifting": False,
+                  "shift_terminal": None}
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
+    cfg = scheduler.config
+    mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
+                         cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
+    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    start = int(max(steps - min(steps * denoise, steps), 0))
+    if steps - start < 1:
+        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
+                         "raise denoise or steps")
+    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+
+
+def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
+    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
+    while sigma.ndim < init.ndim:
+        sigma = sigma.unsqueeze(-1)
+    return sigma * eps + (1.0 - sigma) * init
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents, frame axis dropped)."""
+    b, _, channels = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels // 4, h, w)
+
+
+@torch.no_grad()
+def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
+    """Each job's guided velocity [1, C, h, w]: one transformer forward per latent size over
+    every job of that size (its rotary table is one image size), a CFG job's conditional and
+    unconditional rows side by side."""
+    out: dict[int, torch.Tensor] = {}
+    sizes: dict[tuple[int, ...], list[int]] = {}
+    for index, job in enumerate(jobs):
+        sizes.setdefault(tuple(job.latents.shape), []).append(index)
+    for members in sizes.values():
+        group = [jobs[i] for i in members]
+        for i, velocity in zip(members, _forward(transformer, group), strict=True):
+            out[i] = velocity
+    return [out[i] for i in range(len(jobs))]
+
+
+def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
+    h, w = jobs[0].latents.shape[-2:]
+    dtype = transformer.dtype
+    rows: list[tuple[SampleJob, Any]] = []  # (job, its prompt [L, D]) per batch row
+    for job in jobs:
+        rows += [(job, job.positive), (job, job.negative)] if job.cfg else [(job, job.positive)]
+    embeds, mask = _padded([prompt for _, prompt in rows], dtype)  # [R, L, D], [R, L] or None
+    x = torch.cat([pack(job.latents) for job, _ in rows]).to(dtype)  # [R, S, 4C]
+    t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
+    with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
+        pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
+                           encoder_hidden_states_mask=mask,
+                           img_shapes=[[(1, h // 2, w // 2)]] * len(rows),
+                           return_dict=False)[0]  # [R, S, 4C]
+    velocities, row = [], 0
+    for job in jobs:
+        cond = pred[row : row + 1]
+        if job.cfg:
+            uncond = pred[row + 1 : row + 2]
+            mixed = uncond + (job.guidance + 1.0) * (cond - uncond)
+            cond = mixed * (torch.norm(cond, dim=-1, keepdim=True)
+                            / torch.norm(mixed, dim=-1, keepdim=True))
+        row += job.items
+        velocities.append(unpack(cond, h, w))  # [1, C, h, w]
+    return velocities
+
+
+def _padded(prompts: list[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+    """Prompts [L_i, D] as one batch [R, max L, D], zero-padded, with its mask [R, max L]; the
+    mask is None when every prompt has the same length (the pipeline's all-ones case)."""
+    longest = max(p.shape[0] for p in prompts)
+    embeds = torch.stack([torch.cat([p, p.new_zeros(longest - p.shape[0], p.shape[1])])
+                          for p in prompts]).to(dtype)
+    if all(p.shape[0] == longest for p in prompts):
+        return embeds, None
+    mask = torch.stack([torch.arange(longest, device=embeds.device) < p.shape[0] for p in prompts])
+    return embeds, mask
+
+
+def _image_processor() -> Any:
+    from diffusers.image_processor import VaeImageProcessor
+
+    return VaeImageProcessor(vae_scale_factor=LATENT.pixel_multiple)
+
+
+def _stats(module: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's per-channel latents mean and 1/std as [1, C, 1, 1, 1] (the pipeline's)."""
+    cfg = module.config
+    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
+    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(like.device,
+                                                                                 like.dtype)
+    return mean, inv_std
+
+
+@torch.no_grad()
+def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Latents [1, 16, H/8, W/8] float32 of an RGB image: the posterior sampled with a generator
+    (the img2img pipeline's draw, before its noise), else its mode; normalised per channel."""
+    m = LATENT.pixel_multiple
+    if image.width % m or image.height % m:
+        raise ValueError(f"image sides must be multiples of {m}, got {image.width}×{image.height}")
+    pixels = _image_processor().preprocess(image, height=image.height, width=image.width)
+    module = vae.module
+    pixels = pixels.unsqueeze(2).to(device=vae.placement.device, dtype=module.dtype)  # [1, 3, 1, H, W]
+    dist = module.encode(pixels).latent_dist
+    latents = dist.sample(generator) if generator is not None else dist.mode()  # [1, C, 1, h, w]
+    mean, inv_std = _stats(module, latents)
+    return ((latents - mean) * inv_std)[:, :, 0].float()
+
+
+@torch.no_grad()
+def decode_latents_batch(vae: Vae, latents: list[torch.Tensor]) -> list[Image.Image]:
+    """The RGB images of same-shape latents [1, 16, h, w], from ONE VAE decode."""
+    module = vae.module
+    x = torch.cat(latents).unsqueeze(2).to(device=vae.placement.device, dtype=module.dtype)
+    mean, inv_std = _stats(module, x)
+    pixels = module.decode(x / inv_std + mean, return_dict=False)[0][:, :, 0]  # [B, 3, H, W]
+    return list(_image_processor().postprocess(pixels, output_type="pil"))
