@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers.counters import batcher_observer
 from workers.device.policy import DevicePolicy, Placement
 from workers.models.cache import MODEL_CACHE
 from workers.models.catalog import file_sha256, resolve
@@ -32,9 +31,9 @@ from workers.models.weights import (
     refuse_int8,
     rest,
     sidecar,
+    text_encoder_model,
     vae_model,
 )
-from workers.sampling import Coalescer
 
 FAMILY = "qwenimage"
 CONFIGS = Path(__file__).parent / "configs"
@@ -81,11 +80,9 @@ def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePoli
 
     def load() -> TextEncoder:
         model, tokenizer = _load_encoder(path, placement)
-        te = TextEncoder(path.name, sha, model, tokenizer, placement, family=FAMILY)
-        batched: Coalescer[str, Any] = Coalescer(
-            lambda texts: engine.encode_prompts(te, texts), max_items=policy.batch_bounds().items,
-            observe=batcher_observer("text_encodes"))
-        return TextEncoder(path.name, sha, model, tokenizer, placement, batched, FAMILY)
+        return text_encoder_model(name=path.name, sha=sha, model=model, tokenizer=tokenizer,
+                                  placement=placement, policy=policy,
+                                  encode=engine.encode_prompts, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("qwenimage-text-encoder", sha, placement), load)
 
