@@ -66,3 +66,21 @@ def test_recognising_files_imports_no_torch(smoke_stack):
     out = subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True,
                          text=True)
     assert out.stdout.strip() == "vae"
+
+
+def test_a_diffusers_lora_of_joint_blocks_is_flux_s_unless_it_has_qwen_image_s_modules(tmp_path):
+    """Attention keys (`add_q_proj`) are in both FLUX.1's and Qwen-Image's joint blocks; one
+    `img_mlp` / `txt_mod` module makes the file Qwen-Image's."""
+    import torch
+    from safetensors.torch import save_file
+
+    def lora(name: str, modules: list[str]) -> Path:
+        path = tmp_path / name
+        save_file({f"transformer_blocks.0.{m}.lora_{ab}.weight": torch.zeros(4, 4)
+                   for m in modules for ab in "AB"}, str(path))
+        return path
+
+    attention = ["attn.to_q", "attn.add_q_proj"]
+    assert identify(lora("flux.safetensors", attention), "loras").family == "flux1"
+    qwen = identify(lora("qwen.safetensors", [*attention, "img_mlp.net.2"]), "loras")
+    assert (qwen.role, qwen.family) == ("lora", "qwenimage")

@@ -39,10 +39,13 @@ def recognise(header: ModelHeader) -> str | None:
 def is_flux_lora(header: ModelHeader) -> bool:
     """A LoRA of FLUX.1's transformer: kohya / ComfyUI (`double_blocks` / `single_blocks`),
     diffusers (`single_transformer_blocks`, or joint blocks with `add_q_proj`) or XLabs
-    (`double_blocks.N.processor`) keys."""
+    (`double_blocks.N.processor`) keys. Joint blocks with Qwen-Image's own modules (`img_mlp`,
+    `txt_mod`, …) are Qwen-Image's; attention-only diffusers keys fit both families."""
+    qwen = any(header.has("transformer_blocks.", part)
+               for part in ("img_mlp", "txt_mlp", "img_mod", "txt_mod"))
     return (header.has("double_blocks") or header.has("single_blocks")
             or header.has("single_transformer_blocks.")
-            or header.has("transformer_blocks.", "add_q_proj"))
+            or (header.has("transformer_blocks.", "add_q_proj") and not qwen))
 
 
 def clip_kind(header: ModelHeader) -> str | None:
