@@ -7,6 +7,7 @@ from dataclasses import replace
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE
 from apps.graphs.nodes_logic import SWITCHES, VALUES
+from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
 SAVE_FORMATS = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
@@ -143,7 +144,11 @@ MODELS = (
         params=(Param("file", "model", required=True, options_from="text_encoders"),
                 Param("file_2", "model", options_from="text_encoders",
                       description="A family's second text encoder (FLUX.1: CLIP-L and T5, "
-                      "in either order).")),
+                      "in either order)."),
+                Param("family", "enum", "auto", choices=("auto", *REGISTERED),
+                      description="The family whose encoder this is, where several read the "
+                      "same file (a Qwen3: Z-Image or FLUX.2 Klein; ComfyUI's CLIPLoader "
+                      "type); auto: the first that recognises it.")),
     ),
     NodeDescriptor(
         "encode/text", "Encode text", "conditioning",

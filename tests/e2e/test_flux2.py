@@ -1,0 +1,96 @@
+"""FLUX.2 Klein through /v1 on a real worker: its files as the fleet reports them, and runs with
+and without CFG, queued together, each the pixels of diffusers' Flux2KleinPipeline."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.e2e.test_flux1 import rendered
+from tests.e2e.test_generation import take_pixels
+from tests.livefarm import Client
+
+pytestmark = pytest.mark.e2e
+
+W, H, STEPS = 64, 48, 3
+PROMPT = "a glasshouse in the snow"
+
+
+@pytest.fixture(scope="module")
+def flux2(farm, data_dirs, personas) -> dict[str, str]:
+    """The tiny FLUX.2 Klein stack in the worker's models dir, once its heartbeat reports it."""
+    from workers.models.flux2.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    with Client(base_url=farm.url, headers={"Authorization": f"Bearer {personas['owner']}"},
+                timeout=30) as client:
+        while time.monotonic() < deadline:
+            files = client.get("/v1/models/files?family=flux2").json()["files"]
+            if set(names.values()) <= {f["name"] for f in files}:
+                return names
+            time.sleep(0.2)
+    raise AssertionError("no worker reported the FLUX.2 smoke stack")
+
+
+def graph(names: dict[str, str], *, seed: int, guidance: float) -> dict[str, Any]:
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    return {"graph": {"nodes": {
+        "unet": {"type": "load/diffusion-model", "params": {"file": names["model"]}},
+        "vae": {"type": "load/vae", "params": {"file": names["vae"]}},
+        "te": {"type": "load/text-encoder",
+               "params": {"file": names["text_encoder"], "family": "flux2"}},
+        "pos": {"type": "encode/text", "params": {"text": PROMPT},
+                "inputs": {"encoder": wire("te", "encoder")}},
+        "empty": {"type": "latent/empty", "params": {"width": W, "height": H}},
+        "sample": {"type": "sample", "params": {"steps": STEPS, "seed": seed, "guidance": guidance},
+                   "inputs": {"model": wire("unet", "model"), "positive": wire("pos", "conditioning"),
+                              "latent": wire("empty", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": wire("vae", "vae"),
+                                                    "latent": wire("sample", "latent")}},
+        "out": {"type": "image/save", "inputs": {"image": wire("decode", "image")}},
+    }}, "target": "out"}
+
+
+def klein_reference(seed: int, guidance: float) -> np.ndarray:
+    """Flux2KleinPipeline on the same tiny weights (its scale is the farm's guidance + 1)."""
+    from workers.models.flux2.tiny import smoke_pipeline
+
+    image = smoke_pipeline()(prompt=PROMPT, width=W, height=H, num_inference_steps=STEPS,
+                             guidance_scale=guidance + 1.0,
+                             generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    return np.asarray(image.convert("RGB"))
+
+
+def test_the_fleet_reports_each_flux2_file_s_family_and_role(owner, flux2):
+    files = {f["name"]: f for f in owner.get("/v1/models/files").json()["files"]}
+    assert (files[flux2["model"]]["family"], files[flux2["model"]]["role"]) == (
+        "flux2", "transformer")
+    assert (files[flux2["vae"]]["family"], files[flux2["vae"]]["role"]) == ("flux2", "vae")
+    assert files[flux2["text_encoder"]]["families"] == ["zimage", "flux2"]
+    workers = owner.get("/v1/workers").json()["items"]
+    assert any("flux2" in w["families"] for w in workers)
+
+
+def test_a_klein_render_is_the_pipelines_pixels(owner, flux2):
+    ours = rendered(owner, graph(flux2, seed=5, guidance=0.0))
+    assert np.array_equal(ours, klein_reference(5, 0.0))
+
+
+def test_klein_runs_with_and_without_cfg_queued_together_each_render_their_reference(owner, flux2):
+    cases = {(seed, guidance) for seed in (1, 2) for guidance in (0.0, 2.0)}
+    runs = {case: owner.post("/v1/runs", json=graph(flux2, seed=case[0], guidance=case[1]))
+            for case in cases}
+    assert all(r.status_code == 201 for r in runs.values()), {k: r.text for k, r in runs.items()}
+    for (seed, guidance), response in runs.items():
+        run = owner.wait_run(response.json()["runId"])
+        assert run["status"] == "succeeded", run
+        ours = take_pixels(owner, run)[0].astype(int)
+        # within rounding: runs that share a forward batch round a hair apart from solo ones
+        assert np.abs(ours - klein_reference(seed, guidance)).max() <= 1, (seed, guidance)

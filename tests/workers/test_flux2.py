@@ -1,0 +1,187 @@
+"""FLUX.2 through the family seam: the tiny Klein stack as studios lay it out, the generic nodes
+against diffusers' Flux2KleinPipeline, and runs batching across threads."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.workers.conftest import Recorder
+from tests.workers.helpers import pixels, png_bytes
+from workers.models.catalog import scan
+from workers.runners import RUNNERS
+from workers.runners.base import NodeFailed
+
+W, H, STEPS = 64, 48, 3
+PROMPT = "a lighthouse at dusk"
+
+
+@pytest.fixture(scope="session")
+def flux2_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from workers.models.flux2.tiny import write_smoke_stack
+
+    models_dir = tmp_path_factory.mktemp("flux2-models")
+    return models_dir, write_smoke_stack(models_dir)
+
+
+@pytest.fixture(scope="session")
+def klein_pipeline() -> Any:
+    from workers.models.flux2.tiny import smoke_pipeline
+
+    return smoke_pipeline()
+
+
+def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None):
+    return RUNNERS[node_type](ctx, params, inputs or {})
+
+
+def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT,
+          guidance: float = 0.0, **sample_params: Any) -> Any:
+    """load ×3 (the Qwen3 as FLUX.2's) → encode → empty → sample → decode."""
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "flux2"})["encoder"]
+    positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    params = {"seed": seed, "steps": STEPS, "guidance": guidance, "denoise": 1.0,
+              **sample_params}
+    latent = run(ctx, "sample", params, {"model": model, "positive": positive,
+                                         "latent": empty})["latent"]
+    return latent, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
+def reference(pipe: Any, scale: float, seed: int = 7) -> Any:
+    return pipe(prompt=PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=scale,
+                generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+
+
+def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_contents(flux2_stack):
+    models_dir, names = flux2_stack
+    entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
+    assert entries[("diffusion_models", names["model"])]["role"] == "transformer"
+    assert entries[("diffusion_models", names["model"])]["families"] == ["flux2"]  # not FLUX.1
+    assert entries[("vae", names["vae"])]["families"] == ["flux2"]
+    # Klein's Qwen3 is the same kind of file Z-Image reads: the loader names its family
+    assert entries[("text_encoders", names["text_encoder"])]["families"] == ["zimage", "flux2"]
+    assert all(name.startswith("smoke-") for name in names.values())
+    from safetensors import safe_open
+
+    with safe_open(models_dir / "diffusion_models" / names["model"], "pt") as f:
+        stored = f.keys()  # a safe_open is no mapping: keys() is its listing
+    assert any(k.startswith("model.diffusion_model.double_blocks.") for k in stored)
+
+
+def test_the_original_layout_is_what_diffusers_own_converter_reads():
+    from workers.models.flux2 import keys
+    from workers.models.flux2.tiny import build_tiny_components
+
+    state = dict(build_tiny_components()["transformer"].state_dict())
+    theirs = keys.from_original(keys.to_original(state))
+    assert theirs.keys() == state.keys()
+    assert all(torch.equal(theirs[k], state[k]) for k in state)
+
+
+def test_without_cfg_the_generic_nodes_paint_exactly_what_the_klein_pipeline_paints(
+        flux2_stack, make_ctx, klein_pipeline):
+    models_dir, names = flux2_stack
+    _, image = chain(make_ctx(models_dir=models_dir), names, guidance=0.0)
+    assert png_bytes(image) == png_bytes(reference(klein_pipeline, 1.0))
+    assert png_bytes(image) != png_bytes(reference(klein_pipeline, 1.0, seed=8))
+
+
+def test_with_cfg_the_generic_nodes_paint_what_the_klein_pipeline_paints(flux2_stack, make_ctx,
+                                                                         klein_pipeline):
+    """The farm's guidance g is the pipeline's scale − 1 (ComfyUI's cfg − 1). The pipeline runs
+    the negative in a forward of its own, the farm in the same forward as the positive: on
+    this stack the PNGs are still byte-identical."""
+    models_dir, names = flux2_stack
+    _, image = chain(make_ctx(models_dir=models_dir), names, guidance=2.0)
+    theirs = reference(klein_pipeline, 3.0)
+    assert png_bytes(image) == png_bytes(theirs)
+    assert abs(pixels(image) - pixels(reference(klein_pipeline, 1.0))).max() > 1  # CFG reaches it
+
+
+def test_eight_concurrent_runs_share_forwards_and_each_matches_its_solo_run(flux2_stack, make_ctx):
+    models_dir, names = flux2_stack
+    guidance = {s: (2.0 if s % 2 else 0.0) for s in range(8)}  # CFG and plain runs mixed
+    solo = [chain(make_ctx(models_dir=models_dir), names, seed=s, guidance=guidance[s])[0].samples
+            for s in range(8)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(seed: int) -> None:
+        ctx = make_ctx(Batches(), models_dir=models_dir)
+        results[seed] = chain(ctx, names, seed=seed, guidance=guidance[seed])[0].samples
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for seed in range(8):
+        assert torch.allclose(results[seed], solo[seed], atol=1e-4), seed
+
+
+def test_the_generic_euler_on_the_familys_sigmas_is_the_pipelines_sampler(flux2_stack, make_ctx):
+    models_dir, names = flux2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    own, _ = chain(ctx, names)
+    generic, _ = chain(ctx, names, sampler="euler")
+    assert torch.allclose(own.samples, generic.samples, atol=1e-5, rtol=0)
+
+
+def test_the_qwen3_loaded_for_z_image_cannot_condition_a_flux2_model(flux2_stack, make_ctx):
+    models_dir, names = flux2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"]})["encoder"]
+    assert encoder.family == "zimage"  # auto: the first registered family that reads it
+    positive = run(ctx, "encode/text", {"text": "x"}, {"encoder": encoder})["conditioning"]
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    with pytest.raises(NodeFailed, match=r"zimage.*flux2"):
+        run(ctx, "sample", {"seed": 0, "steps": 1, "guidance": 0.0, "denoise": 1.0},
+            {"model": model, "positive": positive, "latent": empty})
+
+
+def test_a_family_that_does_not_read_the_file_is_a_clear_error(flux2_stack, make_ctx):
+    models_dir, names = flux2_stack
+    with pytest.raises(NodeFailed, match=r"smoke-flux2-qwen3.*text_encoders/.*\(sdxl\)"):
+        run(make_ctx(models_dir=models_dir), "load/text-encoder",
+            {"file": names["text_encoder"], "family": "sdxl"})
+
+
+def test_a_missing_tokenizer_or_config_names_where_to_put_it(flux2_stack, make_ctx, tmp_path):
+    models_dir, names = flux2_stack
+    for folder in ("diffusion_models", "text_encoders"):
+        (tmp_path / folder).mkdir()
+    encoder = names["text_encoder"]
+    for folder, name in (("text_encoders", encoder), ("diffusion_models", names["model"])):
+        other_weights(models_dir / folder / name, tmp_path / folder / name)  # not the cached
+    ctx = make_ctx(models_dir=tmp_path)
+    with pytest.raises(NodeFailed, match=r"no tokenizer .*/smoke-flux2-qwen3\.tokenizer/"):
+        run(ctx, "load/text-encoder", {"file": encoder, "family": "flux2"})
+    with pytest.raises(NodeFailed, match=r"smoke-flux2-klein\.config\.json"):
+        run(ctx, "load/diffusion-model", {"file": names["model"]})
+
+
+def other_weights(source: Path, target: Path) -> None:
+    """A copy of the weight file `source` with one weight changed (a model the worker's cache
+    has not seen)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(source))
+    first = next(iter(state))
+    state[first] = state[first] + 1.0
+    save_file(state, str(target))

@@ -1,0 +1,83 @@
+"""FLUX.2 (dev and Klein) through diffusers: the `flux2` model family. This module is torch-free.
+
+- `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
+- `plugin`: the contract's torch half; `loading`, `engine` (reproduces `Flux2KleinPipeline` /
+  `Flux2Pipeline`'s denoise bit for bit on CPU), `keys` (the original / ComfyUI transformer
+  layout), `tiny` (a random-weight Klein stack as studios lay FLUX.2 out).
+Files: the `Flux2Transformer2DModel` (original `double_blocks.*` keys with the shared
+`*_stream_modulation` layers, or diffusers'), the 32-channel `AutoencoderKLFlux2` (its latents'
+batch-norm statistics `bn.running_*` tell it apart) and the text encoder: a Qwen3 for Klein
+(the same files Z-Image reads: a loader names the family, ComfyUI's CLIPLoader type), a
+Mistral-class LLM for dev.
+
+Two variants, told apart by the transformer's own weights: dev embeds a distilled guidance
+scale (`guidance_in` / `guidance_embedder` weights: one forward per step, the sampler's
+`guidance` goes into the model); Klein has none and mixes classifier-free guidance.
+"""
+
+from __future__ import annotations
+
+from workers.models.family import FamilyInfo, LatentFormat
+from workers.models.header import ModelHeader
+
+# ComfyUI's Flux2 latents: the VAE's 32 channels patchified 2×2 into 128 at ÷16 (one token each).
+LATENT = LatentFormat(channels=128, downscale=16, patch=1)
+VAE_CHANNELS = 32  # AutoencoderKLFlux2's own latent channels (before the 2×2 patchify)
+QWEN3 = ("Qwen3Model", "Qwen3ForCausalLM")
+MISTRAL = ("Mistral3ForConditionalGeneration", "MistralModel", "MistralForCausalLM")
+
+
+def recognise(header: ModelHeader) -> str | None:
+    """transformer: the shared stream modulations (`single_stream_modulation.`, original and
+    diffusers keys); vae: an AutoencoderKLFlux2 (32 latent channels and the batch-norm of its
+    patchified latents); text_encoder: a Qwen3 (Klein) or a Mistral (dev) language model."""
+    if header.is_lora():
+        return None  # FLUX.2 LoRAs: not yet
+    name = header.class_name
+    if name == "Flux2Transformer2DModel" or header.has("single_stream_modulation."):
+        return "transformer"
+    if name == "AutoencoderKLFlux2" or (
+        "bn.running_mean" in header.shapes and header.latent_channels() == VAE_CHANNELS
+    ):
+        return "vae"
+    if text_encoder_kind(header) is not None:
+        return "text_encoder"
+    return None
+
+
+def text_encoder_kind(header: ModelHeader) -> str | None:
+    """"qwen3" (Klein's: per-head q_norm), "mistral" (dev's: a Mistral config, or a
+    Mistral3's language model), else None."""
+    name, model_type = header.class_name, header.config.get("model_type")
+    if name in QWEN3 or model_type == "qwen3" or (
+        header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
+    ):
+        return "qwen3"
+    if name in MISTRAL or model_type in ("mistral", "mistral3") or header.has(
+        "language_model.", "embed_tokens.weight"
+    ):
+        return "mistral"
+    return None
+
+
+def is_flux2_transformer(header: ModelHeader) -> bool:
+    """A FLUX.2 transformer, in any layout (FLUX.1's recognise defers to this: both have
+    `double_blocks.*.img_attn`)."""
+    return header.class_name == "Flux2Transformer2DModel" or header.has("single_stream_modulation.")
+
+
+FAMILY = FamilyInfo(
+    id="flux2",
+    title="FLUX.2",
+    latent=LATENT,
+    recognise=recognise,
+    splits=False,
+    # Klein 4B–9B and dev 32B at 1 MP: the text sequence (512) and reference tokens dominate.
+    activation_gb=2.0,
+    activation_gb_per_mpx=5.0,
+    guidance="cfg",  # Klein's; dev's embedded scale is per model (plugin.distilled)
+    text_encoders=("Qwen3 (Klein) or Mistral (dev)",),
+    # Klein's pipeline guides only above scale 1: the farm's g is its scale − 1 (and ComfyUI's
+    # cfg − 1), uncond + (g + 1)·(cond − uncond); g = 0 is one forward per step
+    cfg_offset=1.0,
+)
