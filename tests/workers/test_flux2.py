@@ -3,6 +3,7 @@ against diffusers' Flux2KleinPipeline, and runs batching across threads."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,45 @@ def other_weights(source: Path, target: Path) -> None:
     first = next(iter(state))
     state[first] = state[first] + 1.0
     save_file(state, str(target))
+
+
+def test_dev_s_embedded_guidance_is_what_the_flux2_pipeline_paints(flux2_stack, cpu_policy,
+                                                                  tmp_path):
+    """FLUX.2 dev (its Mistral encoder aside): the transformer file is recognised as FLUX.2 with
+    a distilled guidance, and one forward per step with the embedded scale paints what
+    Flux2Pipeline paints from the same text embeddings."""
+    from diffusers import Flux2Pipeline
+    from safetensors.torch import save_file
+
+    from workers.models.families import identify, plugin
+    from workers.models.flux2 import engine, keys
+    from workers.models.flux2.tiny import TRANSFORMER_CONFIG, build_dev_transformer, build_tiny_components
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob
+
+    models_dir, names = flux2_stack
+    dev = build_dev_transformer()
+    (tmp_path / "diffusion_models").mkdir()
+    path = tmp_path / "diffusion_models" / "flux2-dev.safetensors"
+    save_file(keys.to_original(dev.state_dict()), path)
+    path.with_name("flux2-dev.config.json").write_text(json.dumps(
+        {"_class_name": "Flux2Transformer2DModel", **TRANSFORMER_CONFIG, "guidance_embeds": True}))
+    assert identify(path, "diffusion_models").families == ("flux2",)
+    flux2 = plugin("flux2")
+    model = flux2.load_diffusion_model(tmp_path, path.name, cpu_policy)
+    assert flux2.distilled(model)  # type: ignore[attr-defined]
+    vae = flux2.load_vae(models_dir, names["vae"], cpu_policy)
+
+    embeds = torch.randn(1, 512, 3 * 16, generator=torch.Generator().manual_seed(3))
+    sigmas, timesteps = flux2.schedule(STEPS, W, H, 1.0)
+    start = noise((1, 128, H // 16, W // 16), torch.Generator("cpu").manual_seed(7), "cpu")
+    job = SampleJob(latents=start, sigmas=sigmas, timesteps=timesteps,
+                    positive=engine.Flux2Prompt(embeds[0]), extra={"guidance": 2.5})
+    ours = flux2.decode_latents_batch(vae, [model.batcher.run(job)])[0]
+    parts = build_tiny_components()
+    pipe: Any = Flux2Pipeline(scheduler=parts["scheduler"], vae=parts["vae"], text_encoder=None,
+                         tokenizer=None, transformer=dev)
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(prompt_embeds=embeds, height=H, width=W, num_inference_steps=STEPS,
+                  guidance_scale=2.5, generator=torch.Generator("cpu").manual_seed(7)).images[0]
+    assert png_bytes(ours) == png_bytes(theirs)

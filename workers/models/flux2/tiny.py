@@ -90,6 +90,15 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     }
 
 
+def build_dev_transformer(seed: int = 1) -> Any:
+    """A tiny FLUX.2 dev transformer: Klein's sizes with the distilled guidance embedding."""
+    from diffusers import Flux2Transformer2DModel
+
+    torch.manual_seed(seed)
+    model: Any = Flux2Transformer2DModel(**{**TRANSFORMER_CONFIG, "guidance_embeds": True})
+    return model.eval()
+
+
 def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     """Write the tiny stack under `models_dir`; the file name per role:
     {"model", "vae", "text_encoder"}."""
