@@ -1,8 +1,10 @@
-"""FLUX.2 Klein through /v1 on a real worker: its files as the fleet reports them, and runs with
-and without CFG, queued together, each the pixels of diffusers' Flux2KleinPipeline."""
+"""FLUX.2 Klein through /v1 on a real worker: its files as the fleet reports them, runs with and
+without CFG queued together, and ComfyUI's Klein workflow (UI format) imported onto the smoke
+stack, each the pixels of diffusers' Flux2KleinPipeline."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.apps.importer.test_flux2_mapping import klein_ui
 from tests.e2e.test_flux1 import rendered
 from tests.e2e.test_generation import take_pixels
 from tests.livefarm import Client
@@ -94,3 +97,18 @@ def test_klein_runs_with_and_without_cfg_queued_together_each_render_their_refer
         ours = take_pixels(owner, run)[0].astype(int)
         # within rounding: runs that share a forward batch round a hair apart from solo ones
         assert np.abs(ours - klein_reference(seed, guidance)).max() <= 1, (seed, guidance)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_comfyui_s_klein_workflow_imports_and_renders_the_pipelines_pixels(owner, flux2, cfg):
+    """CLIPLoader type flux2, EmptyFlux2LatentImage, Flux2Scheduler, CFGGuider, euler: ComfyUI's
+    cfg is the pipeline's guidance_scale (cfg 1: no CFG)."""
+    doc = klein_ui(model=flux2["model"], vae=flux2["vae"], encoder=flux2["text_encoder"],
+                   prompt=PROMPT, width=W, height=H, steps=STEPS, cfg=cfg, seed=9).doc()
+    response = owner.post("/v1/import/comfy", content=json.dumps(doc).encode(),
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    body = {"graph": response.json()["graph"], "target": response.json()["target"]}
+    ours = rendered(owner, body).astype(int)
+    # the generic euler steps on x0 = x − σ·v: the pipeline's Euler within float rounding
+    assert np.abs(ours - klein_reference(9, cfg - 1.0)).max() <= 1

@@ -17,6 +17,8 @@ scale (`guidance_in` / `guidance_embedder` weights: one forward per step, the sa
 
 from __future__ import annotations
 
+import math
+
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
 
@@ -58,6 +60,26 @@ def text_encoder_kind(header: ModelHeader) -> str | None:
     ):
         return "mistral"
     return None
+
+
+def empirical_mu(tokens: int, steps: int) -> float:
+    """FLUX.2's sigma shift mu for `tokens` latent tokens sampled in `steps` steps (BFL's
+    compute_empirical_mu, as diffusers' pipelines and ComfyUI's Flux2Scheduler have it)."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if tokens > 4300:
+        return a2 * tokens + b2
+    m_200, m_10 = a2 * tokens + b2, a1 * tokens + b1
+    a = (m_200 - m_10) / 190.0
+    return a * steps + (m_200 - 200.0 * a)
+
+
+def comfy_sigmas(steps: int, width: int, height: int) -> list[float]:
+    """ComfyUI's Flux2Scheduler: `steps` + 1 sigmas from 1 to 0, t ↦ e^mu / (e^mu + 1/t − 1)
+    over an even t grid, mu from the image's 16-px tokens and the steps."""
+    mu = empirical_mu(round(width * height / (16 * 16)), steps)
+    grid = [1.0 - i / steps for i in range(steps + 1)]
+    return [math.exp(mu) / (math.exp(mu) + (1 / t - 1)) if t > 0 else 0.0 for t in grid]
 
 
 def is_flux2_transformer(header: ModelHeader) -> bool:
