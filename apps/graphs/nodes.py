@@ -224,6 +224,21 @@ MODELS = (
         ),
         description="Text-to-image (or img2img with an input image) with Z-Image Turbo.",
     ),
+    NodeDescriptor(
+        "flux2/reference", "FLUX.2 reference images", "conditioning",
+        inputs=(
+            Port("conditioning", "conditioning"),
+            Port("vae", "vae"),
+            Port("image", "image"),
+            Port("image_2", "image", required=False),
+            Port("image_3", "image", required=False),
+        ),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.2 image editing: the prompt conditioned on 1–3 reference images "
+        "(uploaded or upstream), each scaled to at most 1 MP and cropped to multiples of 16 "
+        "as the pipelines do, then VAE-encoded as reference latents (ComfyUI's "
+        "ReferenceLatent). Chain it for more references.",
+    ),
 )
 
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",

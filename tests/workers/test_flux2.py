@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.workers.conftest import Recorder
-from tests.workers.helpers import pixels, png_bytes
+from tests.workers.helpers import noise_image, pixels, png_bytes
 from workers.models.catalog import scan
 from workers.runners import RUNNERS
 from workers.runners.base import NodeFailed
@@ -41,13 +41,18 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 
 def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT,
-          guidance: float = 0.0, **sample_params: Any) -> Any:
-    """load ×3 (the Qwen3 as FLUX.2's) → encode → empty → sample → decode."""
+          guidance: float = 0.0, references: tuple[Any, ...] = (), **sample_params: Any) -> Any:
+    """load ×3 (the Qwen3 as FLUX.2's) → encode → [flux2/reference] → empty → sample →
+    decode."""
     model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
     vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
     encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
                                              "family": "flux2"})["encoder"]
     positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": encoder})["conditioning"]
+    if references:
+        ports = dict(zip(("image", "image_2", "image_3"), references, strict=False))
+        positive = run(ctx, "flux2/reference", {}, {"conditioning": positive, "vae": vae,
+                                                    **ports})["conditioning"]
     empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
     params = {"seed": seed, "steps": STEPS, "guidance": guidance, "denoise": 1.0,
               **sample_params}
@@ -56,9 +61,15 @@ def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMP
     return latent, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
 
 
-def reference(pipe: Any, scale: float, seed: int = 7) -> Any:
+def reference(pipe: Any, scale: float, seed: int = 7, images: tuple[Any, ...] = ()) -> Any:
     return pipe(prompt=PROMPT, height=H, width=W, num_inference_steps=STEPS, guidance_scale=scale,
+                image=list(images) or None,
                 generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+
+
+# Reference images as studios upload them: one square, one that needs its sides floored to 16s.
+REF_A, REF_B, REF_C = noise_image(64, 64, seed=1), noise_image(100, 70, seed=2), noise_image(
+    80, 96, seed=3)
 
 
 def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_contents(flux2_stack):
@@ -228,3 +239,67 @@ def test_dev_s_embedded_guidance_is_what_the_flux2_pipeline_paints(flux2_stack, 
     theirs = pipe(prompt_embeds=embeds, height=H, width=W, num_inference_steps=STEPS,
                   guidance_scale=2.5, generator=torch.Generator("cpu").manual_seed(7)).images[0]
     assert png_bytes(ours) == png_bytes(theirs)
+
+
+@pytest.mark.parametrize("images", [(REF_A,), (REF_A, REF_B), (REF_C, REF_A, REF_B)],
+                         ids=["one", "two", "three"])
+@pytest.mark.parametrize("guidance", [0.0, 2.0], ids=["plain", "cfg"])
+def test_editing_with_reference_images_paints_what_the_klein_pipeline_paints(
+        flux2_stack, make_ctx, klein_pipeline, images, guidance):
+    models_dir, names = flux2_stack
+    edited, image = chain(make_ctx(models_dir=models_dir), names, guidance=guidance,
+                          references=images)
+    assert png_bytes(image) == png_bytes(reference(klein_pipeline, guidance + 1.0, images=images))
+    plain, _ = chain(make_ctx(models_dir=models_dir), names, guidance=guidance)
+    # the references reach the model (the tiny VAE's decode flattens most of it in the pixels)
+    assert (edited.samples - plain.samples).abs().max() > 1e-3
+
+
+def test_runs_with_different_references_batch_by_layout_and_each_matches_its_solo_run(
+        flux2_stack, make_ctx):
+    """Jobs share a forward when their latents and references have the same sizes; others run
+    apart in the same iteration (engine.layout). Each result is its solo run's."""
+    models_dir, names = flux2_stack
+    cases = {0: (), 1: (REF_A,), 2: (REF_A,), 3: (REF_C,), 4: (REF_A, REF_B), 5: (REF_B, REF_A),
+             6: (REF_A, REF_B, REF_C), 7: ()}
+    solo = {s: chain(make_ctx(models_dir=models_dir), names, seed=s, references=refs)[0].samples
+            for s, refs in cases.items()}
+    results: dict[int, Any] = {}
+    batches: list[int] = []
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(seed: int) -> None:
+        ctx = make_ctx(Batches(), models_dir=models_dir)
+        results[seed] = chain(ctx, names, seed=seed, references=cases[seed])[0].samples
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for seed in cases:
+        assert torch.allclose(results[seed], solo[seed], atol=1e-4), seed
+
+
+def test_a_reference_needs_flux2_s_vae_and_a_usable_size(flux2_stack, smoke_stack, make_ctx):
+    from PIL import Image
+
+    models_dir, names = flux2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "flux2"})["encoder"]
+    positive = run(ctx, "encode/text", {"text": "x"}, {"encoder": encoder})["conditioning"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    with pytest.raises(NodeFailed, match=r"64"):
+        run(ctx, "flux2/reference", {}, {"conditioning": positive, "vae": vae,
+                                         "image": Image.new("RGB", (32, 32))})
+    zimage_vae = run(make_ctx(), "load/vae", {"file": smoke_stack.names["vae"]})["vae"]
+    with pytest.raises(NodeFailed, match=r"'vae'.*flux1"):
+        run(ctx, "flux2/reference", {}, {"conditioning": positive, "vae": zimage_vae,
+                                         "image": REF_A})

@@ -36,12 +36,14 @@ KLEIN_LAYERS = (9, 18, 27)  # Flux2KleinPipeline's text_encoder_out_layers
 
 class Flux2Prompt(NamedTuple):
     """One prompt's conditioning: text embeddings [512, 3·D] (three hidden layers side by
-    side)."""
+    side) and the reference latents it edits from (`references`: each [1, 128, h, w], the
+    `flux2/reference` node's; empty for text-to-image)."""
 
     embeds: torch.Tensor
+    references: tuple[torch.Tensor, ...] = ()
 
     def to(self, device: Any) -> Flux2Prompt:
-        return Flux2Prompt(self.embeds.to(device))
+        return Flux2Prompt(self.embeds.to(device), tuple(r.to(device) for r in self.references))
 
 
 @torch.no_grad()
@@ -131,6 +133,20 @@ def latent_ids(h: int, w: int, t: int = 0) -> torch.Tensor:
                                 torch.arange(1))
 
 
+def image_ids(h: int, w: int, references: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """[h·w + Σ refs' tokens, 4]: the image's positions, then each reference's at t = 10·(i + 1)
+    (the pipeline's _prepare_image_ids)."""
+    parts = [latent_ids(h, w)]
+    parts += [latent_ids(r.shape[-2], r.shape[-1], 10 * (i + 1)) for i, r in enumerate(references)]
+    return torch.cat(parts)
+
+
+def layout(job: SampleJob) -> tuple[tuple[int, ...], ...]:
+    """What must match for jobs to share a forward: the latent's shape and each reference's
+    (the transformer reads one set of positions for its whole batch)."""
+    return (tuple(job.latents.shape), *(tuple(r.shape) for r in job.positive.references))
+
+
 def text_ids(length: int) -> torch.Tensor:
     """[L, 4] positions (0, 0, 0, l) of text tokens."""
     zero = torch.arange(1)
@@ -139,14 +155,15 @@ def text_ids(length: int) -> torch.Tensor:
 
 @torch.no_grad()
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
-    """Each job's guided velocity [1, 128, h, w]: one transformer forward per latent size over
-    every job of that size (the transformer reads one set of positions for its whole batch).
+    """Each job's guided velocity [1, 128, h, w]: one transformer forward per `layout` (latent
+    size and reference sizes) over every job of it; jobs of other layouts run apart.
     Klein: a CFG job (guidance g > 0) puts its negative and positive rows in the forward and
-    mixes uncond + (g + 1)·(cond − uncond). Dev: `job.extra["guidance"]` is embedded."""
+    mixes uncond + (g + 1)·(cond − uncond); both rows see the positive's references, as in the
+    pipeline. Dev: `job.extra["guidance"]` is embedded."""
     out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[int, ...], list[int]] = {}
+    sizes: dict[tuple[tuple[int, ...], ...], list[int]] = {}
     for index, job in enumerate(jobs):
-        sizes.setdefault(tuple(job.latents.shape), []).append(index)
+        sizes.setdefault(layout(job), []).append(index)
     for members in sizes.values():
         group = [jobs[i] for i in members]
         for i, velocity in zip(members, _forward(transformer, group), strict=True):
@@ -160,7 +177,9 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
         rows += [(job, job.positive), (job, job.negative)] if job.cfg else [(job, job.positive)]
     h, w = jobs[0].latents.shape[-2:]
     device, dtype = jobs[0].latents.device, transformer.dtype
-    x = torch.cat([pack(job.latents) for job, _ in rows]).to(dtype)  # [R, h·w, 128]
+    refs = jobs[0].positive.references
+    x = torch.cat([torch.cat([pack(job.latents), *(pack(r) for r in job.positive.references)],
+                             dim=1) for job, _ in rows]).to(dtype)  # [R, h·w + refs, 128]
     t = torch.stack([job.timesteps[job.step].to(job.latents.dtype) for job, _ in rows])  # [R]
     embeds = torch.stack([prompt.embeds for _, prompt in rows])  # [R, 512, 3·D]
     guidance = None
@@ -171,7 +190,7 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
         pred = transformer(hidden_states=x, timestep=t / 1000, guidance=guidance,
                            encoder_hidden_states=embeds,
                            txt_ids=text_ids(embeds.shape[1]).to(device),
-                           img_ids=latent_ids(h, w).to(device), return_dict=False)[0]
+                           img_ids=image_ids(h, w, refs).to(device), return_dict=False)[0]
     pred = pred[:, : h * w]
     outputs, row = [], 0
     for job in jobs:
@@ -219,6 +238,21 @@ def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None
     if image.width % m or image.height % m:
         raise ValueError(f"image sides must be multiples of {m}, got {image.width}×{image.height}")
     pixels = image_processor().preprocess(image, height=image.height, width=image.width)
+    return encode_pixels(vae, pixels)
+
+
+@torch.no_grad()
+def encode_reference(vae: Vae, image: Image.Image) -> torch.Tensor:
+    """A reference image's latents [1, 128, h, w] float32, sized as the pipelines size it:
+    scaled down to 1024² pixels of area when larger, each side floored to a multiple of 16
+    and center-cropped there. A ValueError (the pipelines' own check) for sides under 64 px or
+    an aspect ratio beyond 8:1."""
+    processor, m = image_processor(), LATENT.pixel_multiple
+    processor.check_image_input(image)
+    if image.width * image.height > 1024 * 1024:
+        image = processor._resize_to_target_area(image, 1024 * 1024)
+    width, height = (image.width // m) * m, (image.height // m) * m
+    pixels = processor.preprocess(image, height=height, width=width, resize_mode="crop")
     return encode_pixels(vae, pixels)
 
 
