@@ -239,6 +239,13 @@ MODELS = (
         "as the pipelines do, then VAE-encoded as reference latents (ComfyUI's "
         "ReferenceLatent). Chain it for more references.",
     ),
+    NodeDescriptor(
+        "flux2/reference-latent", "FLUX.2 reference latent", "conditioning",
+        inputs=(Port("conditioning", "conditioning"), Port("latent", "latent")),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.2 image editing from an encoded reference (ComfyUI's ReferenceLatent "
+        "after a VAE encode): the prompt conditioned on the latent as is.",
+    ),
 )
 
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",

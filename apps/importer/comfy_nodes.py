@@ -46,6 +46,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "EmptySD3LatentImage": ("width", "height", "batch_size"),
     "EmptyFlux2LatentImage": ("width", "height", "batch_size"),
     "Flux2Scheduler": ("steps", "width", "height"),
+    "ReferenceLatent": (),
     "KSampler": ("seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler", "denoise"),
     "KSamplerAdvanced": (
         "add_noise", "noise_seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler",
@@ -336,6 +337,10 @@ RULES: dict[str, Rule] = {
         "latent/empty", outputs=("latent",),
         params={"width": ParamMap("width"), "height": ParamMap("height")},
         warnings=(_differs("batch_size", 1, "the farm renders one image per run"),),
+    ),
+    "ReferenceLatent": Rule(  # FLUX.2's (Klein / dev editing): the latent is a reference
+        "flux2/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
+        outputs=("conditioning",),
     ),
     "Flux2Scheduler": Rule(  # its sigmas depend only on its widgets: written out at import
         "sampling/manual-sigmas", outputs=("sigmas",), derive=_flux2_sigmas,

@@ -1,9 +1,11 @@
 """FLUX.2 Klein through /v1 on a real worker: its files as the fleet reports them, runs with and
-without CFG queued together, and ComfyUI's Klein workflow (UI format) imported onto the smoke
-stack, each the pixels of diffusers' Flux2KleinPipeline."""
+without CFG queued together, editing with uploaded reference images, and ComfyUI's Klein
+workflows (text-to-image and edit, UI format) imported onto the smoke stack, each the pixels of
+diffusers' Flux2KleinPipeline."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from typing import Any
@@ -11,8 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from tests.apps.importer.test_flux2_mapping import klein_ui
+from tests.conftest import upload
 from tests.e2e.test_flux1 import rendered
 from tests.e2e.test_generation import take_pixels
 from tests.livefarm import Client
@@ -61,14 +65,23 @@ def graph(names: dict[str, str], *, seed: int, guidance: float) -> dict[str, Any
     }}, "target": "out"}
 
 
-def klein_reference(seed: int, guidance: float) -> np.ndarray:
+def klein_reference(seed: int, guidance: float, images: tuple[Image.Image, ...] = ()) -> np.ndarray:
     """Flux2KleinPipeline on the same tiny weights (its scale is the farm's guidance + 1)."""
     from workers.models.flux2.tiny import smoke_pipeline
 
     image = smoke_pipeline()(prompt=PROMPT, width=W, height=H, num_inference_steps=STEPS,
-                             guidance_scale=guidance + 1.0,
+                             guidance_scale=guidance + 1.0, image=list(images) or None,
                              generator=torch.Generator("cpu").manual_seed(seed)).images[0]
     return np.asarray(image.convert("RGB"))
+
+
+def uploaded(owner: Client, seed: int, width: int, height: int) -> tuple[str, Image.Image]:
+    """A random RGB image uploaded as an asset: (its id, the image)."""
+    image = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (height, width, 3),
+                                                                 dtype=np.uint8))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return upload(owner, buf.getvalue()).json()["id"], image
 
 
 def test_the_fleet_reports_each_flux2_file_s_family_and_role(owner, flux2):
@@ -112,3 +125,31 @@ def test_comfyui_s_klein_workflow_imports_and_renders_the_pipelines_pixels(owner
     ours = rendered(owner, body).astype(int)
     # the generic euler steps on x0 = x − σ·v: the pipeline's Euler within float rounding
     assert np.abs(ours - klein_reference(9, cfg - 1.0)).max() <= 1
+
+
+def test_editing_with_two_uploaded_references_renders_the_pipelines_pixels(owner, flux2):
+    (first, image_a), (second, image_b) = uploaded(owner, 1, 64, 64), uploaded(owner, 2, 100, 70)
+    body = graph(flux2, seed=4, guidance=2.0)
+    nodes = body["graph"]["nodes"]
+    nodes["a"] = {"type": "image/load", "params": {"asset": first}}
+    nodes["b"] = {"type": "image/load", "params": {"asset": second}}
+    nodes["edit"] = {"type": "flux2/reference", "inputs": {
+        "conditioning": {"node": "pos", "port": "conditioning"}, "vae": {"node": "vae", "port": "vae"},
+        "image": {"node": "a", "port": "image"}, "image_2": {"node": "b", "port": "image"}}}
+    nodes["sample"]["inputs"]["positive"] = {"node": "edit", "port": "conditioning"}
+    ours = rendered(owner, body)
+    assert np.array_equal(ours, klein_reference(4, 2.0, (image_a, image_b)))
+
+
+def test_comfyui_s_klein_edit_workflow_imports_and_renders_the_pipelines_pixels(owner, flux2):
+    asset, image = uploaded(owner, 3, 64, 64)
+    doc = klein_ui(model=flux2["model"], vae=flux2["vae"], encoder=flux2["text_encoder"],
+                   prompt=PROMPT, width=W, height=H, steps=STEPS, cfg=3.0, seed=6,
+                   reference="reference.png").doc()
+    response = owner.post("/v1/import/comfy", content=json.dumps(doc).encode(),
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    body = {"graph": response.json()["graph"], "target": response.json()["target"]}
+    body["graph"]["nodes"]["20"]["params"]["asset"] = asset  # the LoadImage, uploaded
+    ours = rendered(owner, body).astype(int)
+    assert np.abs(ours - klein_reference(6, 2.0, (image,))).max() <= 1

@@ -303,3 +303,6 @@ def test_a_reference_needs_flux2_s_vae_and_a_usable_size(flux2_stack, smoke_stac
     with pytest.raises(NodeFailed, match=r"'vae'.*flux1"):
         run(ctx, "flux2/reference", {}, {"conditioning": positive, "vae": zimage_vae,
                                          "image": REF_A})
+    flux1_latent = run(ctx, "vae/encode", {}, {"vae": zimage_vae, "image": REF_A})["latent"]
+    with pytest.raises(NodeFailed, match=r"FLUX\.2 latent \[1, 128, h, w\].*\(1, 16, 8, 8\)"):
+        run(ctx, "flux2/reference-latent", {}, {"conditioning": positive, "latent": flux1_latent})

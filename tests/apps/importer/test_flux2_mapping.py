@@ -19,9 +19,11 @@ FILES = {("diffusion_models", MODEL): ("flux2",), ("vae", VAE): ("flux2",),
 
 def klein_ui(*, model: str = MODEL, vae: str = VAE, encoder: str = ENCODER, prompt: str = "a fox",
              width: int = 1024, height: int = 1024, steps: int = 4, cfg: float = 1.0,
-             seed: int = 42) -> Ui:
+             seed: int = 42, reference: str | None = None) -> Ui:
     """FLUX.2 Klein text-to-image as ComfyUI's template lays it out: custom sampling with
-    CFGGuider, EmptyFlux2LatentImage and Flux2Scheduler (the negative is the empty prompt)."""
+    CFGGuider, EmptyFlux2LatentImage and Flux2Scheduler (the negative is the empty prompt).
+    With `reference` (a LoadImage file), Klein editing: LoadImage → VAEEncode →
+    ReferenceLatent on both prompts."""
     ui = Ui()
     ui.add(1, "UNETLoader", [model, "default"], outputs=["MODEL"])
     ui.add(2, "CLIPLoader", [encoder, "flux2", "default"], outputs=["CLIP"])
@@ -46,6 +48,17 @@ def klein_ui(*, model: str = MODEL, vae: str = VAE, encoder: str = ENCODER, prom
        .link(6, 0, 11, "guider").link(9, 0, 11, "sampler").link(8, 0, 11, "sigmas")
        .link(7, 0, 11, "latent_image").link(11, 0, 12, "samples").link(3, 0, 12, "vae")
        .link(12, 0, 13, "images"))
+    if reference is not None:
+        ui.add(20, "LoadImage", [reference, "image"], outputs=["IMAGE", "MASK"])
+        ui.add(21, "VAEEncode", [], inputs=[("pixels", "IMAGE"), ("vae", "VAE")],
+               outputs=["LATENT"])
+        ui.link(20, 0, 21, "pixels").link(3, 0, 21, "vae")
+        for node_id, prompt_node, port in ((22, 4, "positive"), (23, 5, "negative")):
+            ui.add(node_id, "ReferenceLatent", [], inputs=[("conditioning", "CONDITIONING"),
+                                                          ("latent", "LATENT")],
+                   outputs=["CONDITIONING"])
+            ui.link(prompt_node, 0, node_id, "conditioning").link(21, 0, node_id, "latent")
+            ui.rewire(node_id, 0, 6, port)
     return ui
 
 
@@ -89,3 +102,15 @@ def test_a_flux2_scheduler_with_wired_sizes_is_refused_naming_it_not_guessed():
     ui.link(20, 0, 8, "width")
     with pytest.raises(ImportInvalid, match=r"node 8 \(Flux2Scheduler\).*not wired"):
         comfy_import(workflow=ui.doc(), catalog=CATALOG, files=FILES)
+
+
+def test_the_klein_edit_template_conditions_both_prompts_on_the_reference_latent():
+    nodes = nodes_of(klein_ui(cfg=4.0, reference="cat.png").doc())
+    assert (nodes["20"]["type"], nodes["20"]["params"]) == ("image/load", {"asset": "cat.png"})
+    assert nodes["21"]["type"] == "vae/encode"
+    for node_id, prompt in (("22", "4"), ("23", "5")):
+        assert nodes[node_id]["type"] == "flux2/reference-latent"
+        assert nodes[node_id]["inputs"] == {"conditioning": {"node": prompt, "port": "conditioning"},
+                                            "latent": {"node": "21", "port": "latent"}}
+    assert nodes["6"]["inputs"]["positive"] == {"node": "22", "port": "conditioning"}
+    assert nodes["6"]["inputs"]["negative"] == {"node": "23", "port": "conditioning"}

@@ -1,14 +1,15 @@
-"""The `flux2/reference` node: FLUX.2's image editing. A prompt's conditioning gains 1–3
-reference images as reference latents (the pipelines' `image` argument; ComfyUI's
-ReferenceLatent), which the transformer attends to beside the image it denoises. Registered
-with the family (FAMILY.nodes)."""
+"""FLUX.2's image editing nodes. `flux2/reference`: a prompt's conditioning gains 1–3
+reference images as reference latents (the pipelines' `image` argument), which the transformer
+attends to beside the image it denoises; `flux2/reference-latent`: the same from a latent
+already encoded (ComfyUI's ReferenceLatent after a VAEEncode). Registered with the family
+(FAMILY.nodes)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from workers.device.thread import on_device_thread
-from workers.models.values import Conditioning, Vae
+from workers.models.values import Conditioning, Latent, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
 from workers.runners.diffusion import checked, expect
 
@@ -40,6 +41,29 @@ def flux2_reference(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, 
         return checked(lambda: on_device_thread(engine.encode_reference, vae, image))
 
     latents = [encoded(image) for image in images]
+    return {"conditioning": with_references(conditioning, latents)}
+
+
+@runner("flux2/reference-latent")
+def flux2_reference_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`conditioning` with `latent` (FLUX.2's [1, 128, h, w], e.g. a `vae/encode` of the
+    reference image) appended to its references."""
+    from workers.models.flux2 import LATENT
+
+    conditioning = expect(inputs, "conditioning", Conditioning)
+    latent = expect(inputs, "latent", Latent)
+    if conditioning.encoder.family != FAMILY:
+        raise NodeFailed(f"input 'conditioning' is {conditioning.encoder.name}'s "
+                         f"({conditioning.encoder.family}); reference latents condition FLUX.2 "
+                         "prompts")
+    samples = latent.samples
+    if latent.empty or samples.ndim != 4 or samples.shape[1] != LATENT.channels:
+        raise NodeFailed(f"input 'latent' must be a FLUX.2 latent [1, {LATENT.channels}, h, w] "
+                         f"(a FLUX.2 VAE's encode), got {tuple(samples.shape)}")
+    return {"conditioning": with_references(conditioning, [samples])}
+
+
+def with_references(conditioning: Conditioning, latents: list[Any]) -> Conditioning:
     prompt = conditioning.embeds
     embeds = prompt._replace(references=(*prompt.references, *latents))
-    return {"conditioning": Conditioning(embeds, conditioning.text, conditioning.encoder)}
+    return Conditioning(embeds, conditioning.text, conditioning.encoder)
