@@ -240,6 +240,17 @@ MODELS = (
         "ReferenceLatent). Chain it for more references.",
     ),
     NodeDescriptor(
+        "flux2/scheduler", "FLUX.2 scheduler", "sampling",
+        inputs=(Port("steps", "int", required=False), Port("width", "int", required=False),
+                Port("height", "int", required=False)),
+        outputs=(Port("sigmas", "sigmas"),),
+        params=(Param("steps", "int", 20, min=1, max=MAX_STEPS, input="steps"),
+                Param("width", "int", 1024, min=16, max=MAX_SIDE, input="width"),
+                Param("height", "int", 1024, min=16, max=MAX_SIDE, input="height")),
+        description="FLUX.2's sigmas for `steps` at width×height (ComfyUI's Flux2Scheduler: "
+        "the shift from the image's 16-px tokens and the steps; the pipelines' schedule).",
+    ),
+    NodeDescriptor(
         "flux2/reference-latent", "FLUX.2 reference latent", "conditioning",
         inputs=(Port("conditioning", "conditioning"), Port("latent", "latent")),
         outputs=(Port("conditioning", "conditioning"),),

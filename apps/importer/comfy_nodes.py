@@ -159,22 +159,6 @@ def _clip_family(clip_type: Any) -> str:
     return family if family in REGISTERED else "auto"
 
 
-def _flux2_scheduler_literal(values: dict[str, Any]) -> str | None:
-    if all(isinstance(values.get(k), int) and values[k] >= 1 for k in ("steps", "width", "height")):
-        return None if values["steps"] <= MAX_STEPS else f"more than {MAX_STEPS} steps"
-    return "its steps, width and height must be numbers written in the node (not wired)"
-
-
-def _flux2_sigmas(values: dict[str, Any]) -> dict[str, Any]:
-    """ComfyUI's Flux2Scheduler sigmas (FLUX.2's empirical shift) as ManualSigmas' text."""
-    from workers.models.flux2 import comfy_sigmas
-
-    if _flux2_scheduler_literal(values) is not None:
-        return {}
-    sigmas = comfy_sigmas(values["steps"], values["width"], values["height"])
-    return {"sigmas": ", ".join(f"{s:.9g}" for s in sigmas)}
-
-
 def _ksampler_denoise(values: dict[str, Any]) -> dict[str, Any]:
     """ComfyUI's KSampler `denoise` d < 1 runs `steps` steps: the last ones of a schedule of
     int(steps / d) steps (comfy/samplers.py KSampler.set_steps). Ours runs the tail of its own
@@ -342,9 +326,10 @@ RULES: dict[str, Rule] = {
         "flux2/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
         outputs=("conditioning",),
     ),
-    "Flux2Scheduler": Rule(  # its sigmas depend only on its widgets: written out at import
-        "sampling/manual-sigmas", outputs=("sigmas",), derive=_flux2_sigmas,
-        refuse=_flux2_scheduler_literal,
+    "Flux2Scheduler": Rule(  # its width / height may be wired (GetImageSize in edit templates)
+        "flux2/scheduler", outputs=("sigmas",),
+        params={"steps": ParamMap("steps"), "width": ParamMap("width"),
+                "height": ParamMap("height")},
     ),
     "KSampler": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),

@@ -306,3 +306,18 @@ def test_a_reference_needs_flux2_s_vae_and_a_usable_size(flux2_stack, smoke_stac
     flux1_latent = run(ctx, "vae/encode", {}, {"vae": zimage_vae, "image": REF_A})["latent"]
     with pytest.raises(NodeFailed, match=r"FLUX\.2 latent \[1, 128, h, w\].*\(1, 16, 8, 8\)"):
         run(ctx, "flux2/reference-latent", {}, {"conditioning": positive, "latent": flux1_latent})
+
+
+def test_the_flux2_scheduler_node_gives_comfyuis_sigmas_which_are_the_pipelines(make_ctx):
+    """ComfyUI's Flux2Scheduler (an even t grid shifted by the empirical mu) is the schedule
+    FLUX.2's pipelines use for that size and step count, within float rounding."""
+    from workers.models.flux2.engine import schedule
+
+    sigmas = run(make_ctx(), "flux2/scheduler", {"steps": 4, "width": 64, "height": 48})["sigmas"]
+    pipeline, _ = schedule(4, 64, 48)
+    assert torch.allclose(sigmas.values, pipeline, atol=1e-6, rtol=0)
+    wired = run(make_ctx(), "flux2/scheduler", {"steps": 4, "width": 16, "height": 16},
+                {"width": 1024, "height": 1024})["sigmas"]
+    assert not torch.allclose(wired.values, pipeline, atol=1e-3)  # the size moves the shift
+    with pytest.raises(NodeFailed, match=r"sides ≥ 16"):
+        run(make_ctx(), "flux2/scheduler", {"steps": 4, "width": 8, "height": 48})

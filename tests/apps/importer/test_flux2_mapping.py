@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 from tests.apps.importer.builder import Ui
 
@@ -78,30 +75,21 @@ def test_the_klein_template_imports_with_its_qwen3_loaded_as_flux2_s():
     assert nodes["11"]["type"] == "sampling/custom-advanced"
 
 
-def test_flux2_scheduler_becomes_the_sigmas_comfyui_computes_which_are_the_pipelines():
-    """ComfyUI's Flux2Scheduler (empirical mu from the tokens and steps) written out as manual
-    sigmas: the schedule FLUX.2's pipelines use for that size and step count."""
-    from workers.models.flux2.engine import schedule
-
+def test_flux2_scheduler_keeps_its_steps_and_size():
     nodes = nodes_of(klein_ui(steps=4, width=64, height=48).doc())
-    assert nodes["8"]["type"] == "sampling/manual-sigmas"
-    ours = [float(s) for s in nodes["8"]["params"]["sigmas"].split(",")]
-    pipeline, _ = schedule(4, 64, 48)
-    assert len(ours) == 5 and ours[-1] == 0.0
-    assert ours == pytest.approx(pipeline.tolist(), abs=1e-6)
-    assert ours != pytest.approx([float(s) for s in nodes_of(klein_ui(
-        steps=4, width=1024, height=1024).doc())["8"]["params"]["sigmas"].split(",")], abs=1e-3)
+    assert nodes["8"]["type"] == "flux2/scheduler"
+    assert nodes["8"]["params"] == {"steps": 4, "width": 64, "height": 48}
 
 
-def test_a_flux2_scheduler_with_wired_sizes_is_refused_naming_it_not_guessed():
+def test_a_flux2_scheduler_s_wired_size_stays_wired():
+    """ComfyUI's edit templates feed Flux2Scheduler the reference's size (GetImageSize)."""
     ui = klein_ui()
     ui.add(20, "PrimitiveInt", [512, "fixed"], outputs=["INT"])
-    scheduler = ui.node(8)
-    scheduler["inputs"] = [{"name": "width", "type": "INT", "link": None,
-                            "widget": {"name": "width"}}]
+    ui.node(8)["inputs"] = [{"name": "width", "type": "INT", "link": None,
+                             "widget": {"name": "width"}}]
     ui.link(20, 0, 8, "width")
-    with pytest.raises(ImportInvalid, match=r"node 8 \(Flux2Scheduler\).*not wired"):
-        comfy_import(workflow=ui.doc(), catalog=CATALOG, files=FILES)
+    nodes = nodes_of(ui.doc())
+    assert nodes["8"]["inputs"]["width"]["node"] == "20"
 
 
 def test_the_klein_edit_template_conditions_both_prompts_on_the_reference_latent():

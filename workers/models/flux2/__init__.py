@@ -94,7 +94,7 @@ FAMILY = FamilyInfo(
     latent=LATENT,
     recognise=recognise,
     splits=False,
-    nodes=("edit",),
+    nodes=("edit", "scheduler"),
     # Klein 4B–9B and dev 32B at 1 MP: the text sequence (512) and reference tokens dominate.
     activation_gb=2.0,
     activation_gb_per_mpx=5.0,
