@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
-from workers.models.flux2 import LATENT
+from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
@@ -73,14 +73,6 @@ def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[Flux2Prompt]:
 def scheduler_config() -> dict[str, Any]:
     """FLUX.2's scheduler config (FlowMatchEuler, dynamic exponential shift)."""
     return json.loads((CONFIGS / "scheduler" / "scheduler_config.json").read_text())
-
-
-def empirical_mu(tokens: int, steps: int) -> float:
-    """FLUX.2's shift mu for an image of `tokens` latent tokens sampled in `steps` steps (the
-    pipelines' compute_empirical_mu)."""
-    from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
-
-    return float(compute_empirical_mu(image_seq_len=tokens, num_steps=steps))
 
 
 def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
