@@ -86,6 +86,30 @@ def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_cont
     with safe_open(models_dir / "diffusion_models" / names["model"], "pt") as f:
         stored = f.keys()  # a safe_open is no mapping: keys() is its listing
     assert any(k.startswith("model.diffusion_model.double_blocks.") for k in stored)
+    with safe_open(models_dir / "vae" / names["vae"], "pt") as f:
+        vae_keys = list(f.keys())  # a safe_open is no mapping
+    assert "encoder.down.0.block.0.conv1.weight" in vae_keys  # the original `ae` layout
+
+
+def test_a_vae_in_diffusers_keys_loads_the_same_weights_as_the_original_layout(
+        flux2_stack, cpu_policy, tmp_path):
+    from safetensors.torch import save_file
+
+    from workers.models.families import plugin
+    from workers.models.flux2.tiny import build_tiny_components
+
+    models_dir, names = flux2_stack
+    (tmp_path / "vae").mkdir()
+    state = build_tiny_components()["vae"].state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "vae" / "diffusers.safetensors")
+    stem = names["vae"].removesuffix(".safetensors")
+    (tmp_path / "vae" / "diffusers.config.json").write_text(
+        (models_dir / "vae" / f"{stem}.config.json").read_text())
+    ours = plugin("flux2").load_vae(tmp_path, "diffusers.safetensors", cpu_policy).module
+    original = plugin("flux2").load_vae(models_dir, names["vae"], cpu_policy).module
+    theirs = original.state_dict()
+    assert ours.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(v, theirs[k]) for k, v in ours.state_dict().items())
 
 
 def test_the_original_layout_is_what_diffusers_own_converter_reads():

@@ -86,3 +86,20 @@ def from_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def is_original(keys: list[str]) -> bool:
     return any(k.removeprefix(PREFIX).startswith(("double_blocks.", "single_blocks.")) for k in keys)
+
+
+BATCH_NORM = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+def vae_from_original(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """The original (BFL / ComfyUI `ae`) AutoencoderKLFlux2 layout → diffusers' keys: its
+    encoder / decoder / quant convs by diffusers' LDM converter, the latents' batch-norm
+    statistics as they are."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    converted = convert_ldm_vae_checkpoint(state, config)
+    return {**converted, **{k: state[k] for k in BATCH_NORM if k in state}}
+
+
+def is_original_vae(keys: list[str]) -> bool:
+    return any(k.startswith("encoder.down.") for k in keys)

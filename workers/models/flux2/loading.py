@@ -3,7 +3,8 @@
 - transformer `diffusion_models/<name>`: a single file in the original / ComfyUI layout or
   diffusers', with its config in the sidecar `<stem>.config.json`, or a diffusers folder. A file
   without `guidance_in` weights is Klein (no guidance embedding).
-- VAE `vae/<name>`: an AutoencoderKLFlux2 (diffusers keys + sidecar config, or a folder).
+- VAE `vae/<name>`: an AutoencoderKLFlux2, a single file in the original / ComfyUI `ae` layout
+  (`encoder.down.*`) or diffusers', with its sidecar config, or a diffusers folder.
 - text encoder `text_encoders/<name>`: Klein's Qwen3, a transformers folder with its tokenizer,
   or a single file with `<stem>.config.json` and `<stem>.tokenizer/` beside it.
 Nothing here downloads: a missing config or tokenizer is an error naming where to put it.
@@ -119,6 +120,8 @@ def _load_module(cls: Any, path: Path, placement: Placement, what: str, folder: 
         state = load_file(str(path))
         if keys.is_original(list(state)):
             state = keys.from_original(state)
+        elif keys.is_original_vae(list(state)):
+            state = keys.vae_from_original(state, dict(config))
         with torch.device("meta"):
             model = cls.from_config(config)
         result = model.load_state_dict(state, strict=False, assign=True)

@@ -2,7 +2,7 @@
 smoke`, tests). The same seed always builds the same weights. What `write_smoke_stack` writes:
 
     diffusion_models/smoke-flux2-klein.safetensors   original / ComfyUI keys (+ .config.json)
-    vae/smoke-flux2-vae.safetensors                  AutoencoderKLFlux2, diffusers keys (+ .config.json)
+    vae/smoke-flux2-vae.safetensors                  AutoencoderKLFlux2, original `ae` keys (+ .config.json)
     text_encoders/smoke-flux2-qwen3.safetensors      a Qwen3 (+ .config.json, .tokenizer/)
 
 Sizes follow diffusers' own FLUX.2 Klein tests (tests/pipelines/flux2/): one double and one
@@ -114,11 +114,20 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     save_file(keys.to_original(parts["transformer"].state_dict()), transformer)
     _config(transformer, "Flux2Transformer2DModel", TRANSFORMER_CONFIG)
     vae = models_dir / "vae" / names["vae"]
-    save_file({k: v.contiguous() for k, v in parts["vae"].state_dict().items()}, vae)
+    save_file(original_vae_keys(parts["vae"].state_dict()), vae)
     _config(vae, "AutoencoderKLFlux2", VAE_CONFIG)
     _single_file_encoder(parts["text_encoder"], parts["tokenizer"],
                          models_dir / "text_encoders" / names["text_encoder"])
     return names
+
+
+def original_vae_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers AutoencoderKLFlux2 keys → the original `ae` layout (FLUX.1's VAE layout, whose
+    inverse of diffusers' converter the Z-Image stack already writes; the batch-norm
+    statistics keep their names)."""
+    from workers.models.zimage.tiny import to_original_flux_vae_keys
+
+    return {k: v.contiguous() for k, v in to_original_flux_vae_keys(dict(state)).items()}
 
 
 def smoke_pipeline(seed: int = 0) -> Any:
