@@ -345,3 +345,76 @@ def test_the_flux2_scheduler_node_gives_comfyuis_sigmas_which_are_the_pipelines(
     assert not torch.allclose(wired.values, pipeline, atol=1e-3)  # the size moves the shift
     with pytest.raises(NodeFailed, match=r"sides ≥ 16"):
         run(make_ctx(), "flux2/scheduler", {"steps": 4, "width": 8, "height": 48})
+
+
+def lora_chain(ctx: Any, names: dict[str, str], loras: tuple[tuple[str, float], ...], *,
+               seed: int = 7, guidance: float = 0.0) -> Any:
+    """`chain` with the model's LoRAs (load/lora, chained)."""
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    for lora, strength in loras:
+        model = run(ctx, "load/lora", {"lora": lora, "strength": strength}, {"model": model})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "flux2"})["encoder"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": encoder})["conditioning"]
+    empty = run(ctx, "latent/empty", {"width": W, "height": H})["latent"]
+    latent = run(ctx, "sample", {"seed": seed, "steps": STEPS, "guidance": guidance,
+                                 "denoise": 1.0},
+                 {"model": model, "positive": positive, "latent": empty})["latent"]
+    return latent, run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
+def test_flux2_loras_are_recognised_and_a_render_is_what_the_klein_pipeline_paints(
+        flux2_stack, make_ctx):
+    from workers.models.flux2.tiny import smoke_pipeline, write_tiny_lora
+
+    models_dir, names = flux2_stack
+    lora0, lora1 = (write_tiny_lora(models_dir, f"smoke-flux2-lora{s}.safetensors", seed=s)
+                    for s in (0, 1))
+    entry = {(e["folder"], e["name"]): e for e in scan(models_dir)}[("loras", lora0)]
+    assert (entry["role"], entry["families"]) == ("lora", ["flux2"])
+    loras = ((lora0, 1.0), (lora1, 0.6))
+    _, ours = lora_chain(make_ctx(models_dir=models_dir), names, loras, guidance=2.0)
+    pipe = smoke_pipeline()
+    for i, (name, _) in enumerate(loras):
+        pipe.load_lora_weights(str(models_dir / "loras" / name), adapter_name=f"a{i}")
+    pipe.set_adapters(["a0", "a1"], adapter_weights=[s for _, s in loras])
+    theirs = reference(pipe, 3.0)
+    assert abs(pixels(ours) - pixels(theirs)).max() <= 1
+    _, plain = lora_chain(make_ctx(models_dir=models_dir), names, (), guidance=2.0)
+    assert abs(pixels(ours) - pixels(plain)).max() > 1
+
+
+def test_runs_with_and_without_loras_and_cfg_share_forwards(flux2_stack, make_ctx):
+    from workers.models.flux2.tiny import write_tiny_lora
+
+    models_dir, names = flux2_stack
+    lora0, lora1 = (write_tiny_lora(models_dir, f"smoke-flux2-lora{s}.safetensors", seed=s)
+                    for s in (0, 1))
+    runs: list[tuple[tuple[tuple[str, float], ...], float]] = [
+        ((), 2.0), (((lora0, 1.0),), 0.0), (((lora1, 0.7),), 2.0),
+        (((lora0, 0.5), (lora1, 0.5)), 2.0)]
+    solo = [lora_chain(make_ctx(models_dir=models_dir), names, s, seed=i, guidance=g)[0].samples
+            for i, (s, g) in enumerate(runs)]
+    batches: list[int] = []
+    results: dict[int, Any] = {}
+
+    class Batches(Recorder):
+        def report(self, step: int, total: int, preview: bytes | None,
+                   batch: int | None = None) -> None:
+            batches.append(batch or 0)
+            super().report(step, total, preview, batch)
+
+    def one(i: int) -> None:
+        loras, guidance = runs[i]
+        results[i] = lora_chain(make_ctx(Batches(), models_dir=models_dir), names, loras,
+                                seed=i, guidance=guidance)[0].samples
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batches) > 1
+    for i in range(len(runs)):
+        assert torch.allclose(results[i], solo[i], atol=1e-4), runs[i]

@@ -30,11 +30,12 @@ MISTRAL = ("Mistral3ForConditionalGeneration", "MistralModel", "MistralForCausal
 
 
 def recognise(header: ModelHeader) -> str | None:
-    """transformer: the shared stream modulations (`single_stream_modulation.`, original and
-    diffusers keys); vae: an AutoencoderKLFlux2 (32 latent channels and the batch-norm of its
-    patchified latents); text_encoder: a Qwen3 (Klein) or a Mistral (dev) language model."""
+    """lora: a LoRA of FLUX.2's transformer (is_flux2_lora); transformer: the shared stream
+    modulations (`single_stream_modulation.`, original and diffusers keys); vae: an
+    AutoencoderKLFlux2 (32 latent channels and the batch-norm of its patchified latents);
+    text_encoder: a Qwen3 (Klein) or a Mistral (dev) language model."""
     if header.is_lora():
-        return None  # FLUX.2 LoRAs: not yet
+        return "lora" if is_flux2_lora(header) else None
     name = header.class_name
     if name == "Flux2Transformer2DModel" or header.has("single_stream_modulation."):
         return "transformer"
@@ -80,6 +81,13 @@ def comfy_sigmas(steps: int, width: int, height: int) -> list[float]:
     mu = empirical_mu(round(width * height / (16 * 16)), steps)
     grid = [1.0 - i / steps for i in range(steps + 1)]
     return [math.exp(mu) / (math.exp(mu) + (1 / t - 1)) if t > 0 else 0.0 for t in grid]
+
+
+def is_flux2_lora(header: ModelHeader) -> bool:
+    """A LoRA of FLUX.2's transformer in diffusers / PEFT names: its modules FLUX.1 lacks (the
+    single blocks' fused `to_qkv_mlp_proj`, the SwiGLU `linear_in` / `linear_out`)."""
+    return any(header.has(f) for f in ("to_qkv_mlp_proj", "ff.linear_in", "ff.linear_out",
+                                        "ff_context.linear_in", "ff_context.linear_out"))
 
 
 def is_flux2_transformer(header: ModelHeader) -> bool:

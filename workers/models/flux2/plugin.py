@@ -31,7 +31,7 @@ def distilled(model: Any) -> bool:
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return tiny.write_smoke_stack(models_dir)
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:

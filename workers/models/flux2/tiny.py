@@ -155,3 +155,32 @@ def _config(path: Path, class_name: str, config: dict[str, Any]) -> None:
     stem = path.name.removesuffix(".safetensors")
     path.with_name(f"{stem}.config.json").write_text(
         json.dumps({"_class_name": class_name, **config}, indent=2) + "\n")
+
+
+LORA_TARGETS = ("transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_k_proj",
+                "transformer_blocks.0.ff.linear_in", "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+                "single_transformer_blocks.0.attn.to_out")
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4) -> str:
+    """A random LoRA of the tiny transformer in diffusers / PEFT keys
+    (`transformer.<module>.lora_A.weight` [r, in], `.lora_B.weight` [out, r]), as FLUX.2
+    trainers publish them, under `loras/<name>`; returns the name. Other seeds: other LoRAs."""
+    from diffusers import Flux2Transformer2DModel
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        model: Any = Flux2Transformer2DModel(**TRANSFORMER_CONFIG)
+    modules = dict(model.named_modules())
+    generator = torch.Generator("cpu").manual_seed(4000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for target in LORA_TARGETS:
+        linear = modules[target]
+        state[f"transformer.{target}.lora_A.weight"] = torch.randn(
+            rank, linear.in_features, generator=generator) * 0.3
+        state[f"transformer.{target}.lora_B.weight"] = torch.randn(
+            linear.out_features, rank, generator=generator) * 0.3
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
