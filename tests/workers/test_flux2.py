@@ -289,15 +289,15 @@ def test_runs_with_different_references_batch_by_layout_and_each_matches_its_sol
     solo = {s: chain(make_ctx(models_dir=models_dir), names, seed=s, references=refs)[0].samples
             for s, refs in cases.items()}
     results: dict[int, Any] = {}
-    batches: list[int] = []
-
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
+    batches: dict[int, list[int]] = {seed: [] for seed in cases}
 
     def one(seed: int) -> None:
+        class Batches(Recorder):
+            def report(self, step: int, total: int, preview: bytes | None,
+                       batch: int | None = None) -> None:
+                batches[seed].append(batch or 0)
+                super().report(step, total, preview, batch)
+
         ctx = make_ctx(Batches(), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, references=cases[seed])[0].samples
 
@@ -306,7 +306,9 @@ def test_runs_with_different_references_batch_by_layout_and_each_matches_its_sol
         t.start()
     for t in threads:
         t.join()
-    assert max(batches) > 1
+    assert max(max(b) for b in batches.values()) > 1
+    for seed in (3, 4, 5, 6):  # a layout of its own: each step's `batch` says it ran apart
+        assert set(batches[seed]) == {1}, (seed, batches[seed])
     for seed in cases:
         assert torch.allclose(results[seed], solo[seed], atol=1e-4), seed
 

@@ -27,6 +27,7 @@ from PIL import Image
 from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
+from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -160,6 +161,7 @@ def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
         group = [jobs[i] for i in members]
         for i, velocity in zip(members, _forward(transformer, group), strict=True):
             out[i] = velocity
+            jobs[i].extra[FORWARD_JOBS] = len(group)  # the progress event's `batch`
     return [out[i] for i in range(len(jobs))]
 
 
