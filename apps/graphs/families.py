@@ -149,6 +149,9 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
     if descriptor is None:
         return _Carried(None, "")
     sources: list[_Carried] = []
+    # A loader that names its family (load/text-encoder: a Qwen3 is Z-Image's or FLUX.2's):
+    # its value is that family's; "auto" is the first registered family that reads the file.
+    choice = str(spec.params.get("family") or "") if descriptor.param("family") else ""
     for param in descriptor.params:
         value = spec.params.get(param.name)
         if param.type != "model" or not value:
@@ -173,7 +176,8 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
                 f"param {param.name!r} takes a {param.family} file; {where} is "
                 f"{' / '.join(held.families)} ({held.role})", node_id)
         if not param.family:
-            sources.append(_Carried(frozenset(held.families), f"{param.name} ({where})"))
+            families = _chosen(held, choice, param.name, where, node_id)
+            sources.append(_Carried(frozenset(families), f"{param.name} ({where})"))
     for port, ref in spec.inputs.items():
         declared = descriptor.input(port)
         if declared is not None and declared.kind in FAMILY_KINDS and ref.node in graph.nodes:
@@ -182,6 +186,18 @@ def _node(graph: GraphDoc, node_id: str, files: dict[tuple[str, str], ModelFile]
             if source.families is not None:
                 sources.append(_Carried(source.families, f"input {port!r} (from {ref.node!r})"))
     return _join(sources, node_id)
+
+
+def _chosen(held: ModelFile, choice: str, param: str, where: str, node_id: str) -> tuple[str, ...]:
+    """The families a loaded file's value may belong to, given its loader's `family` choice."""
+    if choice == "auto":
+        return held.families[:1]
+    if choice and choice not in held.families:
+        raise GraphInvalid(
+            "model_family",
+            f"param {param!r}: {where} is {' / '.join(held.families)} ({held.role}), not a "
+            f"{choice} file (param 'family')", node_id)
+    return (choice,) if choice else held.families
 
 
 def _join(sources: list[_Carried], node_id: str) -> _Carried:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
+from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
 SAVE_FORMATS = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
@@ -148,7 +149,11 @@ MODELS = (
         params=(Param("file", "model", required=True, options_from="text_encoders"),
                 Param("file_2", "model", options_from="text_encoders",
                       description="A family's second text encoder (FLUX.1: CLIP-L and T5, "
-                      "in either order).")),
+                      "in either order)."),
+                Param("family", "enum", "auto", choices=("auto", *REGISTERED),
+                      description="The family whose encoder this is, where several read the "
+                      "same file (a Qwen3: Z-Image or FLUX.2 Klein; ComfyUI's CLIPLoader "
+                      "type); auto: the first that recognises it.")),
     ),
     NodeDescriptor(
         "encode/text", "Encode text", "conditioning",
@@ -223,6 +228,39 @@ MODELS = (
             _parallel,
         ),
         description="Text-to-image (or img2img with an input image) with Z-Image Turbo.",
+    ),
+    NodeDescriptor(
+        "flux2/reference", "FLUX.2 reference images", "conditioning",
+        inputs=(
+            Port("conditioning", "conditioning"),
+            Port("vae", "vae"),
+            Port("image", "image"),
+            Port("image_2", "image", required=False),
+            Port("image_3", "image", required=False),
+        ),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.2 image editing: the prompt conditioned on 1–3 reference images "
+        "(uploaded or upstream), each scaled to at most 1 MP and cropped to multiples of 16 "
+        "as the pipelines do, then VAE-encoded as reference latents (ComfyUI's "
+        "ReferenceLatent). Chain it for more references.",
+    ),
+    NodeDescriptor(
+        "flux2/scheduler", "FLUX.2 scheduler", "sampling",
+        inputs=(Port("steps", "int", required=False), Port("width", "int", required=False),
+                Port("height", "int", required=False)),
+        outputs=(Port("sigmas", "sigmas"),),
+        params=(Param("steps", "int", 20, min=1, max=MAX_STEPS, input="steps"),
+                Param("width", "int", 1024, min=16, max=MAX_SIDE, input="width"),
+                Param("height", "int", 1024, min=16, max=MAX_SIDE, input="height")),
+        description="FLUX.2's sigmas for `steps` at width×height (ComfyUI's Flux2Scheduler: "
+        "the shift from the image's 16-px tokens and the steps; the pipelines' schedule).",
+    ),
+    NodeDescriptor(
+        "flux2/reference-latent", "FLUX.2 reference latent", "conditioning",
+        inputs=(Port("conditioning", "conditioning"), Port("latent", "latent")),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.2 image editing from an encoded reference (ComfyUI's ReferenceLatent "
+        "after a VAE encode): the prompt conditioned on the latent as is.",
     ),
 )
 

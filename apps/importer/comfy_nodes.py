@@ -44,6 +44,9 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ConditioningZeroOut": (),
     "EmptyLatentImage": ("width", "height", "batch_size"),
     "EmptySD3LatentImage": ("width", "height", "batch_size"),
+    "EmptyFlux2LatentImage": ("width", "height", "batch_size"),
+    "Flux2Scheduler": ("steps", "width", "height"),
+    "ReferenceLatent": (),
     "KSampler": ("seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler", "denoise"),
     "KSamplerAdvanced": (
         "add_noise", "noise_seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler",
@@ -144,6 +147,16 @@ def tail_denoise(total: int, run: int) -> float:
             break
         denoise = math.nextafter(denoise, 0.0)
     return denoise
+
+
+def _clip_family(clip_type: Any) -> str:
+    """A text-encoder loader's `type` → our loader's `family`: the registered family ComfyUI
+    builds that encoder for, else "auto" (the first family that recognises the file)."""
+    from apps.importer.comfy_families import CLIP_TYPES
+    from workers.models.families import REGISTERED
+
+    family = CLIP_TYPES.get(str(clip_type), "")
+    return family if family in REGISTERED else "auto"
 
 
 def _ksampler_denoise(values: dict[str, Any]) -> dict[str, Any]:
@@ -265,16 +278,18 @@ RULES: dict[str, Rule] = {
         params={"unet_name": ParamMap("file", folder="diffusion_models")},
         warnings=(_differs("weight_dtype", "default", _POLICY),),
     ),
-    "CLIPLoader": Rule(
+    "CLIPLoader": Rule(  # `type`: the family whose encoder it is (a Qwen3: Z-Image or Klein)
         "load/text-encoder", outputs=("encoder",),
-        params={"clip_name": ParamMap("file", folder="text_encoders")},
-        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
+        params={"clip_name": ParamMap("file", folder="text_encoders"),
+                "type": ParamMap("family", _clip_family)},
+        warnings=(_differs("device", "default", _POLICY),),  # `type` as evidence: comfy_families
     ),
     "DualCLIPLoader": Rule(  # FLUX.1's CLIP-L + T5: the family recognises each from its keys
         "load/text-encoder", outputs=("encoder",),
         params={"clip_name1": ParamMap("file", folder="text_encoders"),
-                "clip_name2": ParamMap("file_2", folder="text_encoders")},
-        warnings=(_differs("device", "default", _POLICY),),  # `type`: comfy_families
+                "clip_name2": ParamMap("file_2", folder="text_encoders"),
+                "type": ParamMap("family", _clip_family)},
+        warnings=(_differs("device", "default", _POLICY),),  # `type` as evidence: comfy_families
     ),
     "LoraLoaderModelOnly": Rule(
         "load/lora", inputs={"model": "model"}, outputs=("model",), params=_LORA_PARAMS,
@@ -294,6 +309,20 @@ RULES: dict[str, Rule] = {
         "latent/empty", outputs=("latent",),
         params={"width": ParamMap("width"), "height": ParamMap("height")},
         warnings=(_differs("batch_size", 1, "the farm renders one image per run"),),
+    ),
+    "EmptyFlux2LatentImage": Rule(  # 128 channels at ÷16: the sampler's family makes them
+        "latent/empty", outputs=("latent",),
+        params={"width": ParamMap("width"), "height": ParamMap("height")},
+        warnings=(_differs("batch_size", 1, "the farm renders one image per run"),),
+    ),
+    "ReferenceLatent": Rule(  # FLUX.2's (Klein / dev editing): the latent is a reference
+        "flux2/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
+        outputs=("conditioning",),
+    ),
+    "Flux2Scheduler": Rule(  # its width / height may be wired (GetImageSize in edit templates)
+        "flux2/scheduler", outputs=("sigmas",),
+        params={"steps": ParamMap("steps"), "width": ParamMap("width"),
+                "height": ParamMap("height")},
     ),
     "KSampler": Rule(
         "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),

@@ -114,4 +114,5 @@ def test_scan_says_each_file_s_family_and_role_from_its_contents(smoke_stack):
     encoder = entries[("text_encoders", smoke_stack.names["text_encoder"])]
     assert (model["family"], model["role"]) == ("zimage", "transformer")
     assert (vae["role"], encoder["role"]) == ("vae", "text_encoder")
-    assert (vae["families"], encoder["families"]) == (["flux1", "zimage"], ["zimage"])
+    # a Qwen3 is also FLUX.2 Klein's encoder (its loader's `family` picks)
+    assert (vae["families"], encoder["families"]) == (["flux1", "zimage"], ["zimage", "flux2"])

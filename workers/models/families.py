@@ -16,7 +16,7 @@ from typing import cast
 from workers.models.family import FOLDER_ROLES, FamilyInfo, FamilyPlugin, ModelLoadError
 from workers.models.header import HeaderUnreadable, ModelHeader, read_header
 
-REGISTERED: tuple[str, ...] = ("flux1", "zimage", "sdxl", "qwenimage")
+REGISTERED: tuple[str, ...] = ("flux1", "zimage", "sdxl", "qwenimage", "flux2")
 
 
 def info(family_id: str) -> FamilyInfo:
@@ -77,13 +77,17 @@ def identify(path: Path, folder: str | None = None) -> Identity:
     return Identity(pickled=True) if header is None else recognise(header, folder)
 
 
-def loader_family(paths: Path | list[Path], folder: str) -> str:
+def loader_family(paths: Path | list[Path], folder: str,
+                  among: tuple[str, ...] | None = None) -> str:
     """The family whose plug-in loads `paths` (one model; a family's text encoders may be two
-    files) from `folder`: the first registered family that recognises every file (pickled files
-    constrain nothing: its loader says whether they are its own). Raises ModelLoadError naming
-    the files and their folder when no family recognises them all."""
+    files) from `folder`: the first registered family (of `among`, when given: a loader that
+    names its family) that recognises every file (pickled files constrain nothing: its loader
+    says whether they are its own). Raises ModelLoadError naming the files and their folder
+    when no family recognises them all."""
     paths = [paths] if isinstance(paths, Path) else paths
-    common = list(REGISTERED)
+    for family_id in among or ():
+        _check(family_id)
+    common = [f for f in REGISTERED if among is None or f in among]
     for path in paths:
         try:
             identity = identify(path, folder)
@@ -95,7 +99,7 @@ def loader_family(paths: Path | list[Path], folder: str) -> str:
         names = " + ".join(p.name for p in paths)
         raise ModelLoadError(
             f"cannot load {names} from {folder}/: no registered model family "
-            f"({', '.join(REGISTERED)}) recognises {'its' if len(paths) == 1 else 'all their'} "
+            f"({', '.join(among or REGISTERED)}) recognises {'its' if len(paths) == 1 else 'all their'} "
             "weights; is it in the right folder?"
         )
     return common[0]

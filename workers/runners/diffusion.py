@@ -53,8 +53,12 @@ def load_checkpoint(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, 
 
 @runner("load/text-encoder")
 def load_text_encoder(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`family` names the family whose encoder this is where several read the same file (a
+    Qwen3: Z-Image's or FLUX.2 Klein's); "auto": the first registered one that recognises it."""
     names = [params["file"], *([params["file_2"]] if params.get("file_2") else [])]
-    return {"encoder": load_file(ctx, "text_encoders", *names)}
+    family = str(params.get("family") or "auto")
+    return {"encoder": load_file(ctx, "text_encoders", *names,
+                                 family=None if family == "auto" else family)}
 
 
 @runner("load/lora")
@@ -178,7 +182,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     family, fmt = plugin(model.family), info(model.family).latent
     _same_family(model, positive.encoder, "positive")
     extra: dict[str, Any] = {}
-    if info(model.family).guidance == "distilled":  # an embedded scale: no CFG, one forward
+    if distilled(model):  # an embedded scale: no CFG, one forward
         extra, guidance = {"guidance": guidance}, 0.0
     width, height = latent.pixel_size
     shape = checked(lambda: fmt.shape(width, height))
@@ -323,6 +327,14 @@ def noise(shape: tuple[int, ...], generator: Any, device: str) -> Any:
     return randn_tensor(shape, generator=generator, device=torch.device(device), dtype=torch.float32)
 
 
+def distilled(model: DiffusionModel) -> bool:
+    """Whether `model`'s guidance is an embedded scale (one forward per step) rather than CFG:
+    its family's `guidance`, unless the family's plug-in tells per model (`distilled(model)`:
+    FLUX.2 dev embeds it, Klein guides)."""
+    per_model = getattr(plugin(model.family), "distilled", None)
+    return bool(per_model(model)) if per_model else info(model.family).guidance == "distilled"
+
+
 def _same_family(model: DiffusionModel, encoder: TextEncoder, port: str) -> None:
     if encoder.family != model.family:
         raise NodeFailed(
@@ -464,7 +476,7 @@ def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = N
 
     def load() -> Any:
         paths = [resolve(ctx.models_dir, folder, name) for name in names]
-        owner = family or loader_family(paths, folder)
+        owner = loader_family(paths, folder, among=(family,) if family else None)
         loader = getattr(plugin(owner), _LOADERS[folder], None)
         if loader is None:  # an optional function (load_checkpoint)
             raise ModelLoadError(f"{' + '.join(names)}: the {owner} family has no loader for "

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from workers.models.families import info
 from workers.models.values import (
     Conditioning,
     DiffusionModel,
@@ -24,7 +23,7 @@ from workers.models.values import (
     Sigmas,
 )
 from workers.runners.base import NodeContext, NodeFailed, runner
-from workers.runners.diffusion import _negative_embeds, expect, sample_with
+from workers.runners.diffusion import _negative_embeds, distilled, expect, sample_with
 
 FLUX_GUIDANCE = 3.5  # ComfyUI's FLUX.1 guidance when no FluxGuidance node sets it
 _NUMBER = re.compile(r"[-+]?(?:\d*\.*\d+)")  # ManualSigmas' own pattern
@@ -112,7 +111,7 @@ def _custom(ctx: NodeContext, guider: Guider, seed: int, inputs: dict[str, Any],
 
 def _guidance(guider: Guider) -> tuple[float, dict[str, Any]]:
     """(the `sample` node's guidance, the job's extra) for a guider's cfg."""
-    if info(guider.model.family).guidance == "distilled":
+    if distilled(guider.model):
         if guider.cfg > 1.0:
             raise NodeFailed(f"{guider.model.name} is a guidance-distilled "
                              f"{guider.model.family} model: true CFG (cfg {guider.cfg}) is not "

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 Tensor = Any  # torch.Tensor
 # predict(jobs) -> one velocity per job, each [1, C, H, W] float32 (already guided).
 Predict = Callable[[list[SampleJob]], list[Tensor]]
+FORWARD_JOBS = "forward_jobs"  # job.extra key: the jobs of the forward that served this job
 GATHER_SECONDS = 0.02  # the most an iteration waits for the last batch's jobs to come back
 OOM_RECOVERY_FORWARDS = 50  # forwards after an out-of-memory before the item bound is lifted
 
@@ -234,7 +235,10 @@ class StepBatcher:
         stepped = [(job.advance or euler_latents)(job, v)
                    for job, v in zip(batch, velocities, strict=True)]
         for job, velocity, latents in zip(batch, velocities, stepped, strict=True):
-            job.latents, job.velocity, job.step, job.batch = latents, velocity, job.step + 1, len(batch)
+            # a family's predict that splits the batch into several forwards (sizes that do not
+            # mix) says how many jobs shared this job's: its progress `batch` tells the truth
+            shared = int(job.extra.pop(FORWARD_JOBS, len(batch)))
+            job.latents, job.velocity, job.step, job.batch = latents, velocity, job.step + 1, shared
 
     def _split_after(self, batch: list[SampleJob], exc: Exception) -> None:
         """A failed forward: retry each half (an OOM also lowers the item bound); a job that

@@ -71,7 +71,8 @@ def test_a_dual_clip_loader_becomes_one_text_encoder_loader_with_both_files():
     result = imported(flux_workflow())
     loader = result.graph.model_dump()["nodes"]["2"]
     assert loader["type"] == "load/text-encoder"
-    assert loader["params"] == {"file": "clip_l.safetensors", "file_2": "t5xxl_fp16.safetensors"}
+    assert loader["params"] == {"file": "clip_l.safetensors", "file_2": "t5xxl_fp16.safetensors",
+                                "family": "flux1"}  # the loader's `type`
     assert not warnings_of(result, "2")
 
 

@@ -46,7 +46,8 @@ def test_both_formats_of_the_z_image_turbo_workflow_import_to_the_same_graph():
                                        "scheduler": "simple"}  # ModelSamplingAuraFlow
     assert graph["57:3"]["inputs"]["model"] == {"node": "57:28", "port": "model"}
     assert "negative" not in graph["57:3"]["inputs"]
-    assert graph["57:30"]["params"] == {"file": "qwen_3_4b", "file_2": None}  # the folder model
+    assert graph["57:30"]["params"] == {"file": "qwen_3_4b", "file_2": None,  # the folder model
+                                        "family": "zimage"}  # `type` lumina2
     assert graph["9"] == {"type": "image/save", "params": {"label": "z-image-turbo",
                                                            "format": "png", "quality": 90},
                           "inputs": {"image": {"node": "57:8", "port": "image"}}}

@@ -11,6 +11,7 @@ encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
 from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
+from workers.models.flux2 import is_flux2_lora, is_flux2_transformer
 from workers.models.header import ModelHeader
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # packed 2×2 into 64-wide tokens
@@ -23,8 +24,10 @@ def recognise(header: ModelHeader) -> str | None:
     16-channel AutoencoderKL; text_encoder: a CLIP text model without a second projection
     stack (CLIP-L) or a T5 encoder."""
     if header.is_lora():
-        return "lora" if is_flux_lora(header) else None
+        return "lora" if is_flux_lora(header) and not is_flux2_lora(header) else None
     name = header.class_name
+    if is_flux2_transformer(header):
+        return None  # FLUX.2's double blocks share FLUX.1's names (workers/models/flux2)
     if name == "FluxTransformer2DModel" or header.has("double_blocks.", "img_attn.") or (
         header.has("single_transformer_blocks.") and header.has("attn.add_q_proj.")
     ):
