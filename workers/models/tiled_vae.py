@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
+
+# The decoder's last up blocks run in tiles: the full-resolution one and the one that upsamples
+# to it (where the memory goes); the blocks before them and the mid block run whole.
+TILED_UP_BLOCKS = 2
 
 
 class NotTileable(Exception):
@@ -59,16 +64,20 @@ class TiledAutoencoder:
             z = m.post_quant_conv(z)
         d = m.decoder
         x = d.mid_block(d.conv_in(z), None)
-        *head, last = d.up_blocks
-        for block in head:
+        blocks = list(d.up_blocks)
+        tiled = blocks[-TILED_UP_BLOCKS:]
+        for block in blocks[:-TILED_UP_BLOCKS]:
             x = block(x, None)
 
         def tail(t: torch.Tensor) -> torch.Tensor:
-            return d.conv_out(d.conv_act(d.conv_norm_out(last(t, None))))
+            for block in tiled:
+                t = block(t, None)
+            return d.conv_out(d.conv_act(d.conv_norm_out(t)))
 
-        norms = [n for n in last.modules() if isinstance(n, nn.GroupNorm)] + [d.conv_norm_out]
-        halo = max(self.overlap, reach(last, d.conv_out))
-        out = _tiled(tail, x, norms, scale=1, tile=self.tile, halo=halo)
+        parts = [*tiled, d.conv_out]
+        up = 2 ** sum(1 for block in tiled if block.upsamplers)  # image pixels per input pixel
+        out = _tiled(tail, x, [*_norms_of(*tiled), d.conv_norm_out],
+                     tile=-(-self.tile // up), halo=max(-(-self.overlap // up), reach(*parts)))
         return DecoderOutput(sample=out) if return_dict else (out,)
 
     @torch.no_grad()
@@ -83,11 +92,9 @@ class TiledAutoencoder:
         def head(t: torch.Tensor) -> torch.Tensor:
             return first(e.conv_in(t))
 
-        scale = 2 if first.downsamplers else 1
-        norms = [n for n in first.modules() if isinstance(n, nn.GroupNorm)]
-        halo = max(self.overlap, reach(e.conv_in, first))
-        h = _tiled(head, x, norms, scale=scale, tile=_even(self.tile, scale),
-                   halo=_even(halo, scale))
+        step = 2 if first.downsamplers else 1  # tiles start on the downsampler's grid
+        h = _tiled(head, x, _norms_of(first), tile=_multiple(self.tile, step),
+                   halo=_multiple(max(self.overlap, reach(e.conv_in, first)), step))
         for block in rest:
             h = block(h)
         h = e.conv_out(e.conv_act(e.conv_norm_out(e.mid_block(h))))
@@ -98,20 +105,32 @@ class TiledAutoencoder:
 
 
 def reach(*parts: nn.Module) -> int:
-    """How far (pixels) an output of `parts`, run in order at one resolution, sees around it:
-    each k×k convolution adds (k − 1) / 2 · dilation (a stride-2 one ends the part, +1)."""
+    """How far (input pixels) an output of `parts`, run in order, sees around it: each k×k
+    convolution adds (k − 1) / 2 · dilation, a strided one one more (counted at the input's
+    resolution: an upsampled layer's reach is less, so this is an upper bound)."""
     return sum(((m.kernel_size[0] - 1) // 2) * m.dilation[0] + (m.stride[0] > 1)
                for part in parts for m in part.modules() if isinstance(m, nn.Conv2d))
 
 
-def _even(pixels: int, scale: int) -> int:
-    return -(-pixels // scale) * scale
+def _norms_of(*blocks: nn.Module) -> list[nn.GroupNorm]:
+    """The GroupNorms of `blocks` in the order they run (registration order: resnets' norm1,
+    norm2, then the next); a block with attention is not tileable (it sees the whole image)."""
+    from diffusers.models.attention_processor import Attention
+
+    if any(isinstance(m, Attention) for b in blocks for m in b.modules()):
+        raise NotTileable("its full-resolution blocks attend over the whole image")
+    return [m for b in blocks for m in b.modules() if isinstance(m, nn.GroupNorm)]
+
+
+def _multiple(pixels: int, step: int) -> int:
+    return -(-pixels // step) * step
 
 
 def _tiled(part: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, norms: list[nn.GroupNorm],
-           *, scale: int, tile: int, halo: int) -> torch.Tensor:
-    """`part(x)` computed tile by tile: `x` [B, C, H, W]; `part` keeps sides (÷ `scale` at its
-    end) and its GroupNorms are `norms`, in the order it runs them."""
+           *, tile: int, halo: int) -> torch.Tensor:
+    """`part(x)` computed tile by tile: `x` [B, C, H, W], tiles of `tile` pixels of `x` with
+    `halo` of context; `part` may scale sides by whole factors (×2 up, ÷2 down: `tile` and
+    `halo` then multiples of 2) and its GroupNorms are `norms`, in the order it runs them."""
     _, _, height, width = x.shape
     tiles = [(top, left, min(tile, height - top), min(tile, width - left))
              for top in range(0, height, tile) for left in range(0, width, tile)]
@@ -119,8 +138,8 @@ def _tiled(part: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, norms:
     for norm in norms:  # its whole-image statistics, the norms before it already whole-image
         sums: list[torch.Tensor] = []
         for top, left, h, w in tiles:
-            crop, (y0, x0) = _crop(x, top, left, h, w, halo)
-            with _norms(stats, collect=(norm, (y0, x0, h, w), sums)), \
+            crop, core = _crop(x, top, left, h, w, halo)
+            with _norms(stats, collect=(norm, core, crop.shape[-1], sums)), \
                     contextlib.suppress(_Collected):
                 part(crop)
         total = torch.stack(sums).sum(0)  # [B, G, 3]: count, Σx, Σx²
@@ -129,24 +148,36 @@ def _tiled(part: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, norms:
         stats[norm] = (mean, (s2 / count - mean * mean).clamp_min(0))
     out: torch.Tensor | None = None
     for top, left, h, w in tiles:
-        crop, (y0, x0) = _crop(x, top, left, h, w, halo)
+        crop, core = _crop(x, top, left, h, w, halo)
         with _norms(stats, collect=None):
             y = part(crop)
+        f = Fraction(y.shape[-1], crop.shape[-1])
         if out is None:
-            out = y.new_empty((*y.shape[:2], height // scale, width // scale))
-        out[..., top // scale:(top + h) // scale, left // scale:(left + w) // scale] = \
-            y[..., y0 // scale:(y0 + h) // scale, x0 // scale:(x0 + w) // scale]
+            out = y.new_empty((*y.shape[:2], _at(height, f), _at(width, f)))
+        out[..., _at(top, f):_at(top + h, f), _at(left, f):_at(left + w, f)] = y[_core(core, f)]
     assert out is not None
     return out
 
 
+def _at(pixels: int, f: Fraction) -> int:
+    scaled = pixels * f
+    assert scaled.denominator == 1, (pixels, f)  # tiles sit on every layer's grid
+    return int(scaled)
+
+
+def _core(core: tuple[int, int, int, int], f: Fraction) -> tuple[Any, ...]:
+    """The index of a tile's own part in an activation `f` times the crop's resolution."""
+    y0, x0, h, w = core
+    return (..., slice(_at(y0, f), _at(y0 + h, f)), slice(_at(x0, f), _at(x0 + w, f)))
+
+
 def _crop(x: torch.Tensor, top: int, left: int, h: int, w: int, halo: int
-          ) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The tile with `halo` of context (cut at the image's edges) and where the tile starts in
-    it."""
+          ) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    """The tile with `halo` of context (cut at the image's edges), and the tile's own part in
+    it (y0, x0, h, w)."""
     y0, x0 = max(0, top - halo), max(0, left - halo)
     y1, x1 = min(x.shape[-2], top + h + halo), min(x.shape[-1], left + w + halo)
-    return x[..., y0:y1, x0:x1], (top - y0, left - x0)
+    return x[..., y0:y1, x0:x1], (top - y0, left - x0, h, w)
 
 
 class _Collected(Exception):
@@ -155,7 +186,7 @@ class _Collected(Exception):
 
 @contextlib.contextmanager
 def _norms(stats: dict[nn.GroupNorm, tuple[torch.Tensor, torch.Tensor]],
-           collect: tuple[nn.GroupNorm, tuple[int, int, int, int], list[torch.Tensor]] | None
+           collect: tuple[nn.GroupNorm, tuple[int, int, int, int], int, list[torch.Tensor]] | None
            ) -> Iterator[None]:
     """While the block runs: each norm in `stats` normalises with those statistics; the norm
     of `collect` adds (count, Σx, Σx²) per group of its input's tile part to the list and stops
@@ -178,10 +209,10 @@ def _norms(stats: dict[nn.GroupNorm, tuple[torch.Tensor, torch.Tensor]],
     for norm in stats:
         handles.append(norm.register_forward_hook(whole_image))
     if collect is not None:
-        target, (y0, x0, h, w), sums = collect
+        target, core, crop_width, sums = collect
 
         def gather(norm: nn.GroupNorm, args: tuple[Any, ...]) -> None:
-            t = args[0][..., y0:y0 + h, x0:x0 + w].double()
+            t = args[0][_core(core, Fraction(args[0].shape[-1], crop_width))].double()
             b = t.shape[0]
             per = t.reshape(b, norm.num_groups, -1)
             n = torch.full(per.shape[:2], float(per.shape[-1]), dtype=torch.float64,
