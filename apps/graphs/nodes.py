@@ -32,6 +32,11 @@ MAX_STEPS = 100
 _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
+_vae_tile = Param("tile_size", "int", 512, min=32, max=4096,
+                  description="Image pixels per tile side: smaller tiles need less memory.")
+_vae_overlap = Param("overlap", "int", 64, min=0, max=4096,
+                     description="Context pixels each tile sees beyond its own part (at least "
+                     "the tiled layers' reach, 7 pixels, whatever is set).")
 PARALLEL_CHOICES = ("auto", "off", "2", "4", "8")
 # The generic samplers and schedulers (workers/sampling/samplers.py, schedulers.py: ComfyUI's
 # names); "default" is the family's own (its diffusers pipeline's scheduler).
@@ -203,6 +208,21 @@ MODELS = (
         "vae/encode", "VAE encode", "latent",
         inputs=(Port("vae", "vae"), Port("image", "image")),
         outputs=(Port("latent", "latent"),),
+    ),
+    NodeDescriptor(
+        "vae/decode-tiled", "VAE decode (tiled)", "latent",
+        inputs=(Port("vae", "vae"), Port("latent", "latent")),
+        outputs=(Port("image", "image"),),
+        params=(_vae_tile, _vae_overlap),
+        description="vae/decode in tiles (less memory at large sizes), the same image within "
+        "float rounding: whole-image normalisation statistics (workers/models/tiled_vae.py).",
+    ),
+    NodeDescriptor(
+        "vae/encode-tiled", "VAE encode (tiled)", "latent",
+        inputs=(Port("vae", "vae"), Port("image", "image")),
+        outputs=(Port("latent", "latent"),),
+        params=(_vae_tile, _vae_overlap),
+        description="vae/encode in tiles, the same latent within float rounding.",
     ),
     NodeDescriptor(
         "zimage/turbo", "Z-Image Turbo", "generate",

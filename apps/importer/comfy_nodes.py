@@ -66,6 +66,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "SamplerCustom": ("add_noise", "noise_seed", CONTROL, "cfg"),
     "VAEDecode": (),
     "VAEEncode": (),
+    "VAEDecodeTiled": ("tile_size", "overlap", "temporal_size", "temporal_overlap"),
+    "VAEEncodeTiled": ("tile_size", "overlap", "temporal_size", "temporal_overlap"),
     "SaveImage": ("filename_prefix",),
     "PreviewImage": (),
     "LoadImage": ("image", "upload"),
@@ -380,6 +382,16 @@ RULES: dict[str, Rule] = {
     ),
     "VAEDecode": Rule("vae/decode", inputs={"samples": "latent", "vae": "vae"}, outputs=("image",)),
     "VAEEncode": Rule("vae/encode", inputs={"pixels": "image", "vae": "vae"}, outputs=("latent",)),
+    # temporal_size / temporal_overlap tile video VAEs in time: an image VAE has no time axis
+    # (ComfyUI ignores them there too).
+    "VAEDecodeTiled": Rule(
+        "vae/decode-tiled", inputs={"samples": "latent", "vae": "vae"}, outputs=("image",),
+        params={"tile_size": ParamMap("tile_size"), "overlap": ParamMap("overlap")},
+    ),
+    "VAEEncodeTiled": Rule(
+        "vae/encode-tiled", inputs={"pixels": "image", "vae": "vae"}, outputs=("latent",),
+        params={"tile_size": ParamMap("tile_size"), "overlap": ParamMap("overlap")},
+    ),
     "SaveImage": Rule(
         "image/save", inputs={"images": "image"}, params={"filename_prefix": ParamMap("label")},
     ),

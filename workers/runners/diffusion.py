@@ -319,6 +319,43 @@ def vae_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     return {"latent": Latent(samples, downscale=fmt.downscale)}
 
 
+@runner("vae/decode-tiled")
+def vae_decode_tiled(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """vae/decode in tiles, the same image within float rounding (workers/models/tiled_vae.py)."""
+    vae, latent = expect(inputs, "vae", Vae), expect(inputs, "latent", Latent)
+    if latent.empty:
+        raise NodeFailed("an empty latent holds no image: sample it first")
+    family, tiled = plugin(vae.family), _tiled_vae(vae, params)
+    images = checked(lambda: on_device_thread(family.decode_latents_batch, tiled,
+                                              [latent.samples]))
+    return {"image": images[0]}
+
+
+@runner("vae/encode-tiled")
+def vae_encode_tiled(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """vae/encode in tiles, the same latent within float rounding."""
+    vae, image = expect(inputs, "vae", Vae), rgb(inputs)
+    family, fmt = plugin(vae.family), info(vae.family).latent
+    tiled = _tiled_vae(vae, params)
+    samples = checked(lambda: on_device_thread(family.encode_image, tiled, image))
+    return {"latent": Latent(samples, downscale=fmt.downscale)}
+
+
+def _tiled_vae(vae: Vae, params: dict[str, Any]) -> Vae:
+    """`vae` whose module decodes and encodes in tiles (a node error for a VAE it cannot tile)."""
+    from dataclasses import replace
+
+    from workers.models.tiled_vae import NotTileable, TiledAutoencoder
+
+    try:
+        module = TiledAutoencoder(vae.module, int(params.get("tile_size", 512)),
+                                  int(params.get("overlap", 64)))
+    except NotTileable as exc:
+        raise NodeFailed(f"{vae.name} ({vae.family}) cannot be tiled: {exc}; use vae/decode or "
+                         "vae/encode") from None
+    return replace(vae, module=module, batched=None)
+
+
 def noise(shape: tuple[int, ...], generator: Any, device: str) -> Any:
     """Gaussian noise drawn from `generator` (a CPU generator: seeds are portable), float32."""
     import torch

@@ -93,12 +93,31 @@ def test_what_cannot_import_is_a_422_with_the_error_shape(owner, body, code):
 
 def test_an_unmapped_node_on_the_output_path_is_a_422_naming_it_with_the_report(owner, stack):
     doc = smoke_api(stack)
-    doc["57:8"]["class_type"] = "VAEDecodeTiled"
+    doc["57:8"]["class_type"] = "VAEDecodeHunyuan3D"
     response = post_workflow(owner, doc)
     assert response.status_code == 422, response.text
     body = response.json()
     assert body["error"]["code"] == "unmapped_node" and body["error"]["nodeId"] == "57:8"
-    assert body["report"]["unmapped"][0]["type"] == "VAEDecodeTiled"
+    assert body["report"]["unmapped"][0]["type"] == "VAEDecodeHunyuan3D"
+
+
+def test_a_tiled_decode_imports_and_renders_the_untiled_image(owner, stack):
+    """VAEDecodeTiled with tiles smaller than the image (4 of them): the untiled render's
+    pixels, within one level of rounding."""
+    doc = smoke_api(stack)
+    plain = submit_and_wait(owner, post_workflow(owner, doc).json()["graph"])
+    doc["57:8"] = {"class_type": "VAEDecodeTiled", "inputs": {
+        **doc["57:8"]["inputs"], "tile_size": 32, "overlap": 16, "temporal_size": 64,
+        "temporal_overlap": 8}}
+    imported = post_workflow(owner, doc)
+    assert imported.status_code == 200, imported.text
+    body = imported.json()
+    assert body["report"]["unmapped"] == [] and body["report"]["warnings"] == []
+    assert body["graph"]["nodes"]["57:8"]["type"] == "vae/decode-tiled"
+    assert body["graph"]["nodes"]["57:8"]["params"] == {"tile_size": 32, "overlap": 16}
+    tiled = submit_and_wait(owner, body["graph"])
+    diff = np.abs(pixels_of(owner, tiled).astype(int) - pixels_of(owner, plain).astype(int))
+    assert diff.max() <= 1
 
 
 def test_importing_needs_a_token(anonymous):
