@@ -18,14 +18,15 @@ from workers.runners.base import RUNNERS, NodeFailed
 def tiny_vae(family: str) -> Any:
     import importlib
 
-    from diffusers import AutoencoderKL
+    from diffusers import AutoencoderKL, AutoencoderKLFlux2
 
     torch.manual_seed(0)
     config = importlib.import_module(f"workers.models.{family}.tiny").VAE_CONFIG
-    return AutoencoderKL(**config).eval()
+    vae: Any = (AutoencoderKLFlux2 if family == "flux2" else AutoencoderKL)(**config)
+    return vae.eval()
 
 
-@pytest.mark.parametrize("family", ["zimage", "flux1", "sdxl"])
+@pytest.mark.parametrize("family", ["zimage", "flux1", "sdxl", "flux2"])
 @pytest.mark.parametrize(("tile", "overlap"), [(32, 0), (48, 16), (64, 64), (1024, 64)])
 def test_a_tiled_decode_and_encode_are_the_untiled_ones(family, tile, overlap):
     vae = tiny_vae(family)
