@@ -90,10 +90,13 @@ def _loaders(files: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], dic
         nodes = {"model": {"type": "load/checkpoint", "params": {"file": files["checkpoint"]}}}
         return nodes, {"node": "model", "port": "encoder"}, {"node": "model", "port": "vae"}
     second = {"file_2": files["text_encoder_2"]} if "text_encoder_2" in files else {}
+    # whose encoder it is, when the file is more than one family's (a Qwen3: Z-Image's and
+    # FLUX.2 Klein's)
+    family = {"family": files["family"]} if "family" in files else {}
     nodes = {
         "model": {"type": "load/diffusion-model", "params": {"file": files["model"]}},
         "encoder": {"type": "load/text-encoder",
-                    "params": {"file": files["text_encoder"], **second}},
+                    "params": {"file": files["text_encoder"], **second, **family}},
         "vae": {"type": "load/vae", "params": {"file": files["vae"]}},
     }
     return nodes, {"node": "encoder", "port": "encoder"}, {"node": "vae", "port": "vae"}
@@ -110,8 +113,9 @@ def with_seed(body: dict[str, Any], seed: int) -> dict[str, Any]:
 
 def model_files(farm: Farm, model: str | None) -> dict[str, str]:
     """The diffusion model (`model`, or the first a live worker holds) and a text encoder and a
-    VAE to go with it, from the files the farm's live workers hold; or `{"checkpoint"}`: the
-    all-in-one file `model` names (or the first, when no worker holds a diffusion model)."""
+    VAE to go with it, from the files the farm's live workers hold, and the model's `family`
+    when the farm names it; or `{"checkpoint"}`: the all-in-one file `model` names (or the
+    first, when no worker holds a diffusion model)."""
     def choices(node_type: str) -> list[str]:
         params = farm.descriptor(node_type)["params"]
         return list(next(p for p in params if p["name"] == "file").get("choices") or [])
@@ -140,6 +144,8 @@ def model_files(farm: Farm, model: str | None) -> dict[str, str]:
             own = [n for n in held[role] if family in families.get((folder, n), ())]
             held[role] = own or held[role]
     files = {"model": chosen, "vae": _nearest(chosen, held["vae"])}
+    if family is not None:
+        files["family"] = family
     # A family with two text encoders (FLUX.1's CLIP-L and T5) ships them side by side: the two
     # that share the most of the model's name go as `file` and `file_2`.
     ranked = sorted(held["text_encoder"], key=lambda n: -len(_common(chosen, n)))

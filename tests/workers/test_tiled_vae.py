@@ -26,8 +26,9 @@ def tiny_vae(family: str) -> Any:
     return vae.eval()
 
 
-@pytest.mark.parametrize("family", ["zimage", "flux1", "sdxl", "flux2"])
-@pytest.mark.parametrize(("tile", "overlap"), [(32, 0), (48, 16), (64, 64), (1024, 64)])
+@pytest.mark.parametrize(("family", "tile", "overlap"), [
+    ("zimage", 32, 0), ("zimage", 48, 16), ("zimage", 1024, 64), ("flux1", 48, 16),
+    ("sdxl", 32, 8), ("flux2", 48, 16)])
 def test_a_tiled_decode_and_encode_are_the_untiled_ones(family, tile, overlap):
     vae = tiny_vae(family)
     tiled = TiledAutoencoder(vae, tile, overlap)
