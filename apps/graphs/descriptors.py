@@ -19,7 +19,8 @@ STRING_TYPES = frozenset({"string", "enum", "asset", "model"})
 # Port kinds. An output feeds an input only when the kinds are equal.
 PORT_KINDS = frozenset(
     {"image", "mask", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int",
-     "float", "bool", "noise", "sampler", "sigmas", "guider", "upscale-model"}
+     "float", "bool", "noise", "sampler", "sigmas", "guider", "upscale-model",
+     "frames", "audio", "video"}
 )
 # The kinds of plain values (computed at run time, shown by `util/preview`, switchable).
 VALUE_KINDS = ("text", "int", "float", "bool")

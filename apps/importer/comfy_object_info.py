@@ -20,7 +20,8 @@ from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
          "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
          "noise": "NOISE", "sampler": "SAMPLER", "sigmas": "SIGMAS", "guider": "GUIDER",
-         "bool": "BOOLEAN", "mask": "MASK", "upscale-model": "UPSCALE_MODEL"}
+         "bool": "BOOLEAN", "mask": "MASK", "upscale-model": "UPSCALE_MODEL",
+         "frames": "IMAGE", "audio": "AUDIO", "video": "VIDEO"}
 
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).
 SPECS: dict[str, list[Any]] = {

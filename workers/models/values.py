@@ -153,3 +153,58 @@ class Mask:
     @property
     def nbytes(self) -> int:  # the node cache's size of it (workers/nodecache.py)
         return int(self.values.nbytes)
+
+
+# --- video (workers/models/values.py is the one place these shapes are written) ------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Frames:
+    """`frames` port: a clip's decoded frames, in order (ComfyUI's IMAGE batch of a video)."""
+
+    array: Any  # numpy.ndarray [F, H, W, 3] uint8 RGB
+
+    @property
+    def count(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.array.shape[2])
+
+    @property
+    def height(self) -> int:
+        return int(self.array.shape[1])
+
+    @property
+    def nbytes(self) -> int:  # the node cache's size of it (workers/nodecache.py)
+        return int(self.array.nbytes)
+
+
+@dataclass(frozen=True, eq=False)
+class Audio:
+    """`audio` port: a sound track (ComfyUI's AUDIO): float32 samples in [-1, 1]."""
+
+    samples: Any  # numpy.ndarray [channels, n] float32
+    sample_rate: int
+
+    @property
+    def seconds(self) -> float:
+        return float(self.samples.shape[-1]) / self.sample_rate
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.samples.nbytes)
+
+
+@dataclass(frozen=True, eq=False)
+class Video:
+    """`video` port: frames at a frame rate, with an optional sound track (ComfyUI's VIDEO)."""
+
+    frames: Frames
+    fps: float
+    audio: Audio | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes + (self.audio.nbytes if self.audio is not None else 0)
