@@ -137,8 +137,9 @@ def test_editing_with_two_uploaded_references_renders_the_pipelines_pixels(owner
         "conditioning": {"node": "pos", "port": "conditioning"}, "vae": {"node": "vae", "port": "vae"},
         "image": {"node": "a", "port": "image"}, "image_2": {"node": "b", "port": "image"}}}
     nodes["sample"]["inputs"]["positive"] = {"node": "edit", "port": "conditioning"}
-    ours = rendered(owner, body)
-    assert np.array_equal(ours, klein_reference(4, 2.0, (image_a, image_b)))
+    ours = rendered(owner, body).astype(int)
+    # CFG's rows share a forward: within a level of the pipeline's apart ones (test_flux2 workers)
+    assert np.abs(ours - klein_reference(4, 2.0, (image_a, image_b))).max() <= 1
 
 
 def test_comfyui_s_klein_edit_workflow_imports_and_renders_the_pipelines_pixels(owner, flux2):

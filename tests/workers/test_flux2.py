@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,7 +274,14 @@ def test_editing_with_reference_images_paints_what_the_klein_pipeline_paints(
     models_dir, names = flux2_stack
     edited, image = chain(make_ctx(models_dir=models_dir), names, guidance=guidance,
                           references=images)
-    assert png_bytes(image) == png_bytes(reference(klein_pipeline, guidance + 1.0, images=images))
+    theirs = reference(klein_pipeline, guidance + 1.0, images=images)
+    if guidance == 0.0:
+        assert png_bytes(image) == png_bytes(theirs)
+    else:
+        # CFG's two rows share one forward here (batch 2), the pipeline runs them apart: equal
+        # bytes on some CPUs, on others (AVX-512) the batch-2 kernels round a level apart
+        diff = np.abs(np.asarray(image, np.int16) - np.asarray(theirs, np.int16)).max()
+        assert diff <= 1, f"max pixel difference {diff}"
     plain, _ = chain(make_ctx(models_dir=models_dir), names, guidance=guidance)
     # the references reach the model (the tiny VAE's decode flattens most of it in the pixels)
     assert (edited.samples - plain.samples).abs().max() > 1e-3
