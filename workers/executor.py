@@ -37,7 +37,7 @@ from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc, NodeSpec
 from apps.graphs.validation import GraphInvalid, closure_order, param_value_check, preview_nodes
 from apps.runs.services import Claim, run_events_flush, run_is_current
-from apps.takes.services import TakeDraft
+from apps.takes.services import ClipFacts, TakeDraft
 from workers.faults import WorkerFault, db_retry, is_infrastructure_error
 from workers.nodecache import NodeCache
 from workers.png import png_encode
@@ -266,6 +266,10 @@ class _RunState:
         self.cancel.check()  # a cancelled run keeps no new takes
         lineage = {"graphSha256": self.claim.graph_sha256, "nodeType": spec.type, **facts}
         seed = lineage.get("seed")
+        if take.video is not None:
+            self.takes.append(_clip_draft(node_id, index, take, lineage,
+                                          seed if isinstance(seed, int) else None))
+            return [node_id, index]
         image: Image.Image = take.image
         if take.format == "png":
             data, media_type = png_bytes(image, lineage), "image/png"
@@ -356,6 +360,29 @@ def _model_contents(spec: NodeSpec, descriptor: Any) -> dict[str, str]:
 def png_bytes(image: Image.Image, lineage: dict[str, Any]) -> bytes:
     """PNG-encode `image` with the generation parameters in an `inline-farm` text chunk."""
     return png_encode(image, {"inline-farm": _lineage_text(lineage)})
+
+
+def _clip_draft(node_id: str, index: int, take: TakeRequest, lineage: dict[str, Any],
+                seed: int | None) -> TakeDraft:
+    """A video take's draft: encoded straight into a staged blob file (workers/video.py)."""
+    from apps.takes.storage import blob_stage_file, file_sha256
+    from workers.video import clip_encode
+
+    path = blob_stage_file()
+    try:
+        facts = clip_encode(take.video, path, format=take.format, crf=take.crf,
+                            quality=take.quality, lossless=take.lossless,
+                            comment=_lineage_text(lineage))
+        clip = ClipFacts(sha256=file_sha256(path), size=path.stat().st_size,
+                         frame_count=facts.frame_count, fps=facts.fps,
+                         duration_seconds=facts.duration_seconds,
+                         audio_seconds=facts.audio_seconds)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return TakeDraft(node_id=node_id, index=index, data=b"", media_type=facts.media_type,
+                     width=facts.width, height=facts.height, seed=seed, lineage=lineage,
+                     file=path, clip=clip)
 
 
 def _lineage_text(lineage: dict[str, Any]) -> str:

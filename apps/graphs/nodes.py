@@ -7,6 +7,7 @@ from dataclasses import replace
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
+from apps.graphs.nodes_video import VIDEO
 from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
@@ -358,4 +359,4 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + SAMPLING + UPSCALING)
+                                         + SAMPLING + UPSCALING + VIDEO)

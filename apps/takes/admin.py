@@ -21,10 +21,11 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from apps.takes.media import poster_png
 from apps.takes.models import Asset, Take, TakeRemoval
 from apps.takes.serve import blob_response
 from apps.takes.services import RemovalRefused, take_remove
-from apps.takes.storage import BlobMissing
+from apps.takes.storage import BlobMissing, blob_path
 from inline_farm.admin_display import ViewOnlyAdmin, pretty_json, short_id, when
 
 
@@ -33,7 +34,9 @@ def take_thumbnail(take: Take, size: int = 96, link: str = "page") -> SafeString
     image). Small images are scaled up (pixelated) so a 64 px take is still readable."""
     src = reverse("admin:takes_take_bytes", args=[take.pk])
     href = src if link == "bytes" else reverse("admin:takes_take_change", args=[take.pk])
-    if not take.media_type.startswith("image/"):  # a video or other media: no <img> of it
+    if take.media_type.startswith("video/"):  # its poster (first frame) stands for it
+        src = reverse("admin:takes_take_poster", args=[take.pk])
+    elif not take.media_type.startswith("image/"):  # other media: no <img> of it
         return format_html('<a href="{}" class="take-media">{}</a>', href, take.media_type)
     return format_html(
         '<a href="{}"><img class="take-thumb" src="{}" style="width:{}px;height:{}px;'
@@ -99,11 +102,11 @@ class TakeAdmin(ViewOnlyAdmin):
     fieldsets = (
         (None, {"fields": ("preview",)}),
         ("Take", {"fields": ("id", "run_link", "owner", "node_id", "index", "media_type", "dims",
-                             "file_size", "seed", "sha256", "created_at")}),
+                             "clip", "file_size", "seed", "sha256", "created_at")}),
         ("Lineage", {"fields": ("loras", "lineage_pretty")}),
     )
     readonly_fields = ("preview", "id", "run_link", "owner", "node_id", "index", "media_type",
-                       "dims", "file_size", "seed", "sha256", "created_at", "loras",
+                       "dims", "clip", "file_size", "seed", "sha256", "created_at", "loras",
                        "lineage_pretty")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Take]:
@@ -137,7 +140,21 @@ class TakeAdmin(ViewOnlyAdmin):
 
     @admin.display(description="image")
     def preview(self, take: Take) -> SafeString:
+        if take.media_type.startswith("video/"):  # the browser plays it (Range requests)
+            return format_html(
+                '<video class="take-video" controls preload="metadata" poster="{}" '
+                'style="max-width:512px;max-height:512px"><source src="{}" type="{}"></video>',
+                reverse("admin:takes_take_poster", args=[take.pk]),
+                reverse("admin:takes_take_bytes", args=[take.pk]), take.media_type)
         return take_thumbnail(take, size=384, link="bytes")
+
+    @admin.display(description="clip")
+    def clip(self, take: Take) -> str:
+        if take.frame_count is None:
+            return "—"
+        sound = f"{take.audio_seconds:.2f} s of sound" if take.audio_seconds else "no sound"
+        return (f"{take.frame_count} frames at {take.fps:g} fps "
+                f"({take.duration_seconds:.2f} s), {sound}")
 
     @admin.display(description="LoRAs")
     def loras(self, take: Take) -> SafeString | str:
@@ -149,12 +166,23 @@ class TakeAdmin(ViewOnlyAdmin):
 
     def get_urls(self) -> list[Any]:
         extra = [path("<uuid:take_id>/bytes/", self.admin_site.admin_view(self.bytes_view),
-                      name="takes_take_bytes")]
+                      name="takes_take_bytes"),
+                 path("<uuid:take_id>/poster/", self.admin_site.admin_view(self.poster_view),
+                      name="takes_take_poster")]
         return extra + super().get_urls()
 
     def bytes_view(self, request: HttpRequest, take_id: Any) -> HttpResponseBase:
         take = get_object_or_404(Take, pk=take_id)
         return _blob_response(request, take.sha256, take.media_type, str(take.pk))
+
+    def poster_view(self, request: HttpRequest, take_id: Any) -> HttpResponseBase:
+        take = get_object_or_404(Take, pk=take_id)
+        path_ = blob_path(take.sha256)
+        if not path_.exists():
+            return HttpResponse(f"blob {take.sha256} is missing", status=500,
+                                content_type="text/plain")
+        return HttpResponse(poster_png(path_, take.media_type), content_type="image/png",
+                            headers={"Cache-Control": "private, max-age=31536000, immutable"})
 
     def has_retention_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("takes.delete_take")
@@ -237,6 +265,10 @@ class AssetAdmin(ViewOnlyAdmin):
 
     def _image(self, asset: Asset, size: int) -> SafeString:
         src = reverse("admin:takes_asset_bytes", args=[asset.pk])
+        if asset.media_type.startswith("video/"):  # an uploaded clip: the browser plays it
+            return format_html('<video controls preload="metadata" style="max-width:{}px;'
+                               'max-height:{}px"><source src="{}" type="{}"></video>', size,
+                               size, src, asset.media_type)
         return format_html('<img src="{}" style="max-width:{}px;max-height:{}px" '
                            'alt="asset {}">', src, size, size, short_id(asset.pk))
 

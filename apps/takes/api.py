@@ -10,11 +10,12 @@ from django.http.response import HttpResponseBase
 from ninja import File, Router
 from ninja.files import UploadedFile
 
+from apps.takes.media import poster_png
 from apps.takes.schemas import AssetOut, TakeOut
 from apps.takes.selectors import asset_get_for_user, take_get_for_user
 from apps.takes.serve import blob_response
 from apps.takes.services import UploadRejected, asset_create
-from apps.takes.storage import BlobMissing
+from apps.takes.storage import BlobMissing, blob_path
 from apps.takes.wire import asset_to_wire, take_to_wire
 from inline_farm.endpoints import ApiError, caller, errors, respond
 from inline_farm.ids import is_uuid
@@ -51,7 +52,27 @@ def get_take_bytes(request: HttpRequest, take_id: str) -> HttpResponseBase:
         raise ApiError(500, "blob_missing", str(exc)) from None
 
 
-@assets_router.post("", summary="Upload an image asset (multipart field 'file')",
+@takes_router.get(
+    "/{take_id}/poster", summary="A PNG that stands for the take: a clip's first frame, an "
+    "image scaled to fit 512 px", response={200: None, 304: None, **errors(401, 404)},
+    openapi_extra={"responses": {200: {"description": "The poster (ETag: the take's sha256)",
+                                       "content": {"image/png": {"schema": _BYTES}}}}},
+)
+def get_take_poster(request: HttpRequest, take_id: str) -> HttpResponseBase:
+    take = _take_or_404(request, take_id)
+    etag = f'"{take.sha256}-poster"'
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=31536000, immutable"}
+    if etag in request.headers.get("If-None-Match", ""):
+        return HttpResponse(status=304, headers=headers)
+    path = blob_path(take.sha256)
+    if not path.exists():
+        raise ApiError(500, "blob_missing", f"blob {take.sha256} is missing from {path.parent}")
+    return HttpResponse(poster_png(path, take.media_type), content_type="image/png",
+                        headers=headers)
+
+
+@assets_router.post("", summary="Upload an image (PNG, JPEG, WebP) or video (MP4, WebM) asset "
+                    "(multipart field 'file')",
                     response={200: AssetOut, 201: AssetOut, **errors(400, 401, 413, 415, 422)})
 def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse:
     limit = _max_bytes()

@@ -28,6 +28,11 @@ class Take(models.Model):
     width = models.PositiveIntegerField(null=True, blank=True)
     height = models.PositiveIntegerField(null=True, blank=True)
     seed = models.BigIntegerField(null=True, blank=True)
+    # a clip's (video/*, animated WebP): null for a still image
+    frame_count = models.PositiveIntegerField(null=True, blank=True)
+    fps = models.FloatField(null=True, blank=True)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    audio_seconds = models.FloatField(null=True, blank=True, help_text="null: no sound track")
     lineage = models.JSONField(default=dict, help_text="graph hash, model file hashes, params…")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -42,6 +47,11 @@ class Take(models.Model):
 
     def __str__(self) -> str:
         return f"take {self.id} ({self.node_id})"
+
+    @property
+    def is_clip(self) -> bool:
+        """A video or an animated WebP: it has frames."""
+        return self.frame_count is not None
 
 
 class Asset(models.Model):

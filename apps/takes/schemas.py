@@ -20,6 +20,11 @@ class TakeOut(WireOut):
     seed: int | None
     createdAt: str
     bytesUrl: str
+    frameCount: int | None
+    fps: float | None
+    durationSeconds: float | None
+    audioSeconds: float | None
+    posterUrl: str
 
 
 class AssetOut(WireOut):

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -17,8 +18,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
+from apps.takes.media import clip_inspect, looks_like_video
 from apps.takes.models import Asset, Take, TakeRemoval
-from apps.takes.storage import blob_delete, blob_lock, blob_put
+from apps.takes.storage import blob_delete, blob_lock, blob_put, blob_put_file
 
 ACCEPTED_UPLOADS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
 
@@ -131,6 +133,30 @@ class TakeDraft:
     height: int | None
     seed: int | None
     lineage: dict[str, Any]
+    # a clip's: its bytes are in `file` (a staged blob file, `blob_stage_file`) and `data` is
+    # empty, so an encoded video is never held in memory
+    file: Path | None = None
+    clip: ClipFacts | None = None
+
+    @property
+    def sha256(self) -> str:
+        return self.clip.sha256 if self.clip is not None else hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return self.clip.size if self.clip is not None else len(self.data)
+
+
+@dataclass(frozen=True)
+class ClipFacts:
+    """What a video take's row says about its clip, and its staged file's digest and size."""
+
+    sha256: str
+    size: int
+    frame_count: int
+    fps: float
+    duration_seconds: float
+    audio_seconds: float | None
 
 
 def takes_keep(
@@ -147,13 +173,18 @@ def takes_keep(
 
 _TAKES_INSERT = """
 INSERT INTO takes_take (id, run_id, owner_id, node_id, index, sha256, media_type, size, width,
-                        height, seed, lineage, created_at)
+                        height, seed, frame_count, fps, duration_seconds, audio_seconds, lineage,
+                        created_at)
 SELECT t.id, %(run)s, %(owner)s, t.node_id, t.index, t.sha256, t.media_type, t.size, t.width,
-       t.height, t.seed, t.lineage, t.created_at
+       t.height, t.seed, t.frame_count, t.fps, t.duration_seconds, t.audio_seconds, t.lineage,
+       t.created_at
 FROM unnest(%(ids)s::uuid[], %(nodes)s::text[], %(indexes)s::int[], %(shas)s::text[],
             %(types)s::text[], %(sizes)s::bigint[], %(widths)s::int[], %(heights)s::int[],
-            %(seeds)s::bigint[], %(lineages)s::jsonb[], %(created)s::timestamptz[])
-     AS t(id, node_id, index, sha256, media_type, size, width, height, seed, lineage, created_at)
+            %(seeds)s::bigint[], %(frame_counts)s::int[], %(fpss)s::float8[],
+            %(durations)s::float8[], %(audios)s::float8[], %(lineages)s::jsonb[],
+            %(created)s::timestamptz[])
+     AS t(id, node_id, index, sha256, media_type, size, width, height, seed, frame_count, fps,
+          duration_seconds, audio_seconds, lineage, created_at)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -174,13 +205,23 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
     now = timezone.now()
     for d in drafts:
         if (d.node_id, d.index) in filled:
+            if d.file is not None:
+                d.file.unlink(missing_ok=True)
             continue
-        digest = hashlib.sha256(d.data).hexdigest()
+        digest = d.sha256
         blob_lock(digest, shared=True)  # retention cannot delete the bytes until we commit
-        blob_put(d.data)
+        if d.file is not None:
+            blob_put_file(d.file, digest)
+        else:
+            blob_put(d.data)
+        clip = d.clip
         rows.append(Take(id=uuid.uuid4(), run_id=run_id, owner_id=owner_id, node_id=d.node_id,
                          index=d.index, sha256=digest, media_type=d.media_type,
-                         size=len(d.data), width=d.width, height=d.height, seed=d.seed,
+                         size=d.size, width=d.width, height=d.height, seed=d.seed,
+                         frame_count=clip.frame_count if clip else None,
+                         fps=clip.fps if clip else None,
+                         duration_seconds=clip.duration_seconds if clip else None,
+                         audio_seconds=clip.audio_seconds if clip else None,
                          lineage=d.lineage, created_at=now))
     if rows:
         with connection.cursor() as cursor:
@@ -190,6 +231,9 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
                 "shas": [t.sha256 for t in rows], "types": [t.media_type for t in rows],
                 "sizes": [t.size for t in rows], "widths": [t.width for t in rows],
                 "heights": [t.height for t in rows], "seeds": [t.seed for t in rows],
+                "frame_counts": [t.frame_count for t in rows], "fpss": [t.fps for t in rows],
+                "durations": [t.duration_seconds for t in rows],
+                "audios": [t.audio_seconds for t in rows],
                 "lineages": [json.dumps(t.lineage) for t in rows],
                 "created": [t.created_at for t in rows]})
             inserted = {row[0] for row in cursor.fetchall()}  # not a slot filled meanwhile
@@ -200,7 +244,7 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
-    """Keep an uploaded image (content-addressed per owner); returns (asset, created)."""
+    """Keep an uploaded image or video (content-addressed per owner); returns (asset, created)."""
     if len(data) > settings.INLINE_ASSET_MAX_BYTES:
         raise UploadRejected(
             "too_large", f"upload is {len(data)} bytes; the limit is "
@@ -208,7 +252,7 @@ def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset
         )
     if not data:
         raise UploadRejected("empty_upload", "the uploaded file is empty", 400)
-    info = image_inspect(data)
+    info = upload_inspect(data)
     digest = hashlib.sha256(data).hexdigest()
     try:
         with transaction.atomic():
@@ -221,6 +265,19 @@ def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset
             return asset, True
     except IntegrityError:
         return Asset.objects.get(owner=owner, sha256=digest), False
+
+
+def upload_inspect(data: bytes) -> ImageInfo:
+    """What an upload is: an image (`image_inspect`) or an MP4 / WebM clip; 415 for anything
+    else."""
+    if not looks_like_video(data):
+        return image_inspect(data)
+    clip = clip_inspect(data)
+    if clip is None:
+        raise UploadRejected(
+            "unsupported_media_type", "the upload is not a readable MP4 or WebM video", 415
+        )
+    return ImageInfo(clip.media_type, clip.width, clip.height)
 
 
 def image_inspect(data: bytes) -> ImageInfo:
@@ -237,7 +294,8 @@ def image_inspect(data: bytes) -> ImageInfo:
             image.verify()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         raise UploadRejected(
-            "unsupported_media_type", "the upload is not a readable PNG, JPEG or WebP image", 415
+            "unsupported_media_type", "the upload is not a readable PNG, JPEG or WebP image "
+            "(nor an MP4 or WebM video)", 415
         ) from None
     if fmt not in ACCEPTED_UPLOADS:
         raise UploadRejected(

@@ -32,6 +32,37 @@ def blob_put(data: bytes, digest: str | None = None) -> str:
     return digest
 
 
+def blob_put_file(staged: Path, digest: str) -> str:
+    """Store the file `staged` (from `blob_stage_file`, flushed) as blob `digest` by renaming it;
+    when the blob is stored already, the file is deleted."""
+    path = blob_path(digest)
+    if path.exists():
+        staged.unlink(missing_ok=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, path)
+    return digest
+
+
+def blob_stage_file(suffix: str = "") -> Path:
+    """A new empty file in the blob store's staging folder (same filesystem, so `blob_put_file`
+    names it by a rename) for a writer that streams a blob's bytes (a video encoder)."""
+    staging = Path(settings.INLINE_BLOB_DIR) / ".staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=staging, prefix=".tmp-", suffix=suffix)
+    os.close(fd)
+    return Path(tmp)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in chunks (bounded memory)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def blob_stage(data: bytes, digest: str) -> Path | None:
     """Write `data`, blob `digest`'s bytes, to a temporary file beside its place and flush it to
     disk, but do not name it yet (nothing reads or deletes it there); None when the blob is

@@ -22,6 +22,12 @@ def take_to_wire(take: Take) -> dict[str, Any]:
         "seed": take.seed,
         "createdAt": take.created_at.isoformat(),
         "bytesUrl": f"/v1/takes/{take.id}/bytes",
+        # a clip's (video, animated WebP); null on a still image
+        "frameCount": take.frame_count,
+        "fps": take.fps,
+        "durationSeconds": take.duration_seconds,
+        "audioSeconds": take.audio_seconds,
+        "posterUrl": f"/v1/takes/{take.id}/poster",
     }
 
 

@@ -9,6 +9,7 @@ from workers.runners import (  # noqa: F401 — importing registers the runners
     logic,
     sampling,
     upscale,
+    video,
 )
 from workers.runners.base import (
     CHOOSERS,

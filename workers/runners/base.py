@@ -58,13 +58,17 @@ def chooser(node_type: str) -> Callable[[Chooser], Chooser]:
 
 @dataclass
 class TakeRequest:
-    """An image a node asks the executor to keep as a take (written after the node returns),
-    encoded as `format` (png, webp, jpeg; `quality` for the lossy two)."""
+    """An image or a clip a node asks the executor to keep as a take (written after the node
+    returns), encoded as `format`: png, webp, jpeg (`quality` for the lossy two) for an image;
+    mp4, webm (`crf`) or webp-animated (`quality`, `lossless`) for a `video`."""
 
-    image: Any  # PIL.Image.Image
+    image: Any  # PIL.Image.Image; None for a clip
     metadata: dict[str, Any] = field(default_factory=dict)
     format: str = "png"
     quality: int = 90
+    video: Any = None  # workers.models.values.Video
+    crf: int = 19
+    lossless: bool = False
 
 
 @dataclass
@@ -101,6 +105,12 @@ class NodeContext:
                   **metadata: Any) -> None:
         self.takes.append(TakeRequest(image=image, metadata=metadata, format=format,
                                       quality=quality))
+
+    def keep_video_take(self, video: Any, *, format: str, crf: int = 19, quality: int = 80,
+                        lossless: bool = False, **metadata: Any) -> None:
+        """Keep `video` (workers.models.values.Video) as a take: mp4, webm or webp-animated."""
+        self.takes.append(TakeRequest(image=None, metadata=metadata, format=format,
+                                      quality=quality, video=video, crf=crf, lossless=lossless))
 
     def show_value(self, value: Any) -> None:
         """Show `value` (text, a number, a bool) on the run: its node_done and `values`."""

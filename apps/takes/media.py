@@ -1,0 +1,64 @@
+"""Video uploads and posters, read with PyAV (FFmpeg in its wheel; no torch): what an uploaded
+clip is, and the still picture that stands for a take in lists (a clip's first frame)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+VIDEO_UPLOADS = {"mp4": "video/mp4", "webm": "video/webm"}  # muxer name → media type
+POSTER_SIDE = 512  # an image take's poster: scaled to fit this square
+
+
+@dataclass(frozen=True)
+class ClipInfo:
+    media_type: str
+    width: int
+    height: int
+
+
+def looks_like_video(data: bytes) -> bool:
+    """An ISO media file (MP4: an `ftyp` box first) or a Matroska / WebM one (the EBML magic)."""
+    return data[4:8] == b"ftyp" or data[:4] == b"\x1a\x45\xdf\xa3"
+
+
+def clip_inspect(data: bytes) -> ClipInfo | None:
+    """The media type and picture size of an MP4 or WebM clip; None when it is not one that
+    holds a decodable video stream."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), "r") as clip:
+            muxers = set(clip.format.name.split(","))
+            if not clip.streams.video:
+                return None
+            stream = clip.streams.video[0]
+            next(clip.decode(stream))  # the first frame decodes: not just a plausible header
+            kind = "mp4" if "mp4" in muxers else "webm" if "webm" in muxers else None
+            if kind is None:
+                return None
+            return ClipInfo(VIDEO_UPLOADS[kind], stream.codec_context.width,
+                            stream.codec_context.height)
+    except (av.FFmpegError, StopIteration, ValueError, OSError):
+        return None
+
+
+def poster_png(path: Path, media_type: str) -> bytes:
+    """A PNG that stands for the take stored at `path`: a clip's first frame, or an image scaled
+    to fit POSTER_SIDE (the first frame of an animated WebP)."""
+    if media_type.startswith("video/"):
+        import av
+
+        with av.open(str(path), "r") as clip:
+            image = next(clip.decode(video=0)).to_image()
+    else:
+        with Image.open(path) as source:
+            source.seek(0)
+            image = source.convert("RGBA" if "A" in source.getbands() else "RGB")
+        image.thumbnail((POSTER_SIDE, POSTER_SIDE))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()

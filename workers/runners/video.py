@@ -1,0 +1,80 @@
+"""Runners of the video nodes (apps/graphs/nodes_video.py): frames from images, a clip from
+frames and sound, a clip's parts, an uploaded clip, and the video takes (encoded by the executor
+through workers/video.py once the node returns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workers.models.values import Frames, Video
+from workers.runners.base import NodeContext, NodeFailed, runner
+
+MAX_LOAD_FRAMES = 4000  # an uploaded clip decoded whole into memory: about 3 min at 24 fps
+
+
+@runner("frames/from-images")
+def frames_from_images(ctx: NodeContext, params: dict[str, Any],
+                       inputs: dict[str, Any]) -> dict[str, Any]:
+    names = ["image", *(f"image{i}" for i in range(2, 9))]
+    images = [inputs[n].convert("RGB") for n in names if inputs.get(n) is not None]
+    sizes = {im.size for im in images}
+    if len(sizes) > 1:
+        raise NodeFailed("the images differ in size: "
+                         + ", ".join(f"{w}x{h}" for w, h in sorted(sizes)))
+    array = np.stack([np.asarray(im, np.uint8) for im in images])  # [N, H, W, 3]
+    return {"frames": Frames(np.repeat(array, params["hold"], axis=0))}
+
+
+@runner("video/create")
+def video_create(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    return {"video": Video(inputs["frames"], float(params["fps"]), inputs.get("audio"))}
+
+
+@runner("video/components")
+def video_components(ctx: NodeContext, params: dict[str, Any],
+                     inputs: dict[str, Any]) -> dict[str, Any]:
+    video: Video = inputs["video"]
+    return {"frames": video.frames, "audio": video.audio, "fps": float(video.fps)}
+
+
+@runner("video/load")
+def video_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    from apps.takes.models import Asset
+    from apps.takes.storage import blob_path
+    from workers.video import video_read
+
+    asset = Asset.objects.filter(pk=params["asset"]).first()
+    if asset is None:
+        raise NodeFailed(f"asset {params['asset']} no longer exists")
+    if not asset.media_type.startswith("video/"):
+        raise NodeFailed(f"asset {asset.pk} is {asset.media_type}, not a video (MP4 or WebM)")
+    path = blob_path(asset.sha256)
+    if not path.exists():
+        raise NodeFailed(f"the bytes of asset {asset.pk} are missing from {path.parent.parent}")
+    try:
+        return {"video": video_read(str(path), max_frames=MAX_LOAD_FRAMES)}
+    except ValueError as exc:
+        raise NodeFailed(f"asset {asset.pk}: {exc}") from None
+
+
+@runner("video/save")
+def video_save(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    video: Video = inputs["video"]
+    if video.frames.width % 2 or video.frames.height % 2:
+        raise NodeFailed(f"a {video.frames.width}x{video.frames.height} clip cannot be kept as "
+                         f"{params['format']}: H.264 and VP9 in 4:2:0 need even sides")
+    if params["format"] == "mp4" and params["crf"] > 51:
+        raise NodeFailed(f"crf {params['crf']}: H.264 (mp4) takes 0-51; VP9 (webm) takes 0-63")
+    ctx.keep_video_take(video, format=params["format"], crf=params["crf"], label=params["label"])
+    return {}
+
+
+@runner("image/save-animated-webp")
+def save_animated_webp(ctx: NodeContext, params: dict[str, Any],
+                       inputs: dict[str, Any]) -> dict[str, Any]:
+    ctx.keep_video_take(Video(inputs["frames"], float(params["fps"])), format="webp-animated",
+                        quality=params["quality"], lossless=params["lossless"],
+                        label=params["label"])
+    return {}
