@@ -74,7 +74,7 @@ VIDEO = (
         params=(
             _label,
             Param("fps", "float", 6.0, min=0.01, max=MAX_FPS, description="Frames per second."),
-            Param("lossless", "bool", False),
+            Param("lossless", "bool", True, description="ComfyUI's default; off: lossy at `quality`."),
             Param("quality", "int", 80, min=0, max=100),
         ),
         produces_takes=True,

@@ -466,7 +466,7 @@ def _set_param(state: _State, node: _Mapped, name: str, value: Any) -> None:
     mapping = node.rule.params[name]
     if mapping.folder is not None:
         value = _model(state, node, mapping.folder, str(value))
-    elif node.rule.type == "image/load":
+    elif node.rule.type in ("image/load", "video/load"):
         value = _asset(state, node, str(value))
     try:
         node.params[mapping.name] = mapping.convert(value)

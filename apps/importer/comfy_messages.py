@@ -96,8 +96,10 @@ class PromptMessages:
         takes = event.get("takes") or []
         if takes:
             images = [image_ref_of_wire(t, self.classes.get(node, "")) for t in takes]
-            out.append(self._msg("executed", node=node, display_node=node,
-                                 output={"images": images}))
+            output: dict[str, Any] = {"images": images}
+            if any(t.get("frameCount") is not None for t in takes):  # a clip: SaveVideo's shape
+                output["animated"] = [True]
+            out.append(self._msg("executed", node=node, display_node=node, output=output))
         value = event.get("value")
         if isinstance(value, dict) and isinstance(value.get("text"), str):
             out.append(self._msg("executed", node=node, display_node=node,

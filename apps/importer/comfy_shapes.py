@@ -166,7 +166,8 @@ def _comfy_input(class_type: str, match: re.Match[str] | None) -> str:
 
 # --- history, queue, images -------------------------------------------------------------------
 
-_SUFFIXES = {"image/webp": ".webp", "image/jpeg": ".jpg"}  # else .png (the takes' default)
+_SUFFIXES = {"image/webp": ".webp", "image/jpeg": ".jpg", "video/mp4": ".mp4",
+             "video/webm": ".webm"}  # else .png (the takes' default)
 
 
 def image_ref(take: Any, class_type: str) -> dict[str, str]:
@@ -193,8 +194,10 @@ def history_entry(prompt: Any) -> dict[str, Any]:
     run = prompt.run
     outputs: dict[str, dict[str, list[Any]]] = {}
     for take in run.takes.all():
-        images = outputs.setdefault(take.node_id, {"images": []})["images"]
-        images.append(image_ref(take, class_of(prompt.prompt, take.node_id)))
+        output = outputs.setdefault(take.node_id, {"images": []})
+        output["images"].append(image_ref(take, class_of(prompt.prompt, take.node_id)))
+        if take.frame_count is not None:  # ComfyUI's SaveVideo / SaveAnimatedWEBP ui output
+            output["animated"] = [True]
     for shown in run.shown_values or []:  # PreviewAny: its text, as ComfyUI's ui output
         outputs.setdefault(shown["nodeId"], {}).setdefault("text", []).append(shown["text"])
     pid = str(prompt.id)

@@ -1,5 +1,5 @@
 """The importer's rules for ComfyUI's core vocabulary around the models: values, math, the
-switch, previews, image and mask ops, SaveImageAdvanced, upscale models (comfy_nodes.py merges
+switch, previews, image and mask ops, SaveImageAdvanced, upscale models, video (comfy_nodes.py merges
 them into its tables). TORCH-FREE.
 
 A rule with `pick` is settled per node from its widgets and the kinds that feed it: a switch
@@ -33,6 +33,11 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ResizeAndPadImage": ("target_width", "target_height", "padding_color", "interpolation"),
     "UpscaleModelLoader": ("model_name",),
     "ImageUpscaleWithModel": (),
+    "CreateVideo": ("fps",),
+    "GetVideoComponents": (),
+    "LoadVideo": ("file", "upload"),
+    "SaveVideo": ("filename_prefix", "format", "codec"),
+    "SaveAnimatedWEBP": ("filename_prefix", "fps", "lossless", "quality", "method"),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -113,6 +118,32 @@ def _save_format(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(quality, int) and not isinstance(quality, bool) and 1 <= quality <= 100:
         found["quality"] = quality
     return found
+
+
+def _video_format(values: dict[str, Any]) -> dict[str, Any]:
+    """SaveVideo's container and codec: ComfyUI's auto / mp4 / h264 are our mp4 (H.264 + AAC);
+    a webm container or a VP9 codec our webm (VP9 + Opus). ComfyUI has no crf widget here."""
+    fmt, codec = str(values.get("format", "auto")).lower(), str(values.get("codec", "auto")).lower()
+    return {"format": "webm" if fmt == "webm" or codec in ("vp9", "av1") else "mp4"}
+
+
+def _video_format_warnings(values: dict[str, Any]) -> list[str]:
+    fmt, codec = str(values.get("format", "auto")).lower(), str(values.get("codec", "auto")).lower()
+    found = []
+    if fmt not in ("auto", "mp4", "webm"):
+        found.append(f"format {fmt!r} is kept as mp4 (the farm writes MP4 and WebM)")
+    if codec == "av1":
+        found.append("codec 'av1' is kept as VP9 in WebM (the farm encodes H.264 and VP9)")
+    elif codec not in ("auto", "h264", "vp9"):
+        found.append(f"codec {codec!r} is kept as H.264 (the farm encodes H.264 and VP9)")
+    return found
+
+
+def _webp_method_warnings(values: dict[str, Any]) -> list[str]:
+    method = values.get("method", "default")
+    if method not in (None, "default"):
+        return [f"method {method!r} is kept as 'default' (the farm encodes WebP at method 4)"]
+    return []
 
 
 def _save_format_warnings(values: dict[str, Any]) -> list[str]:
@@ -266,5 +297,24 @@ VOCABULARY: dict[str, Rule] = {
     "ImageUpscaleWithModel": Rule(
         "image/upscale-with-model", inputs={"upscale_model": "upscale_model", "image": "image"},
         outputs=("image",),
+    ),
+    # Video (ComfyUI's comfy_extras/nodes_video.py): its IMAGE batch of a clip is our `frames`.
+    "CreateVideo": Rule(
+        "video/create", inputs={"images": "frames", "audio": "audio", "fps": "fps"},
+        outputs=("video",), params={"fps": ParamMap("fps", float)},
+    ),
+    "GetVideoComponents": Rule(
+        "video/components", inputs={"video": "video"}, outputs=("frames", "audio", "fps"),
+    ),
+    "LoadVideo": Rule("video/load", outputs=("video",), params={"file": ParamMap("asset")}),
+    "SaveVideo": Rule(
+        "video/save", inputs={"video": "video"}, params={"filename_prefix": ParamMap("label")},
+        derive=_video_format, warnings=(_video_format_warnings,),
+    ),
+    "SaveAnimatedWEBP": Rule(
+        "image/save-animated-webp", inputs={"images": "frames"},
+        params={"filename_prefix": ParamMap("label"), "fps": ParamMap("fps", float),
+                "lossless": ParamMap("lossless", bool), "quality": ParamMap("quality")},
+        warnings=(_webp_method_warnings,),
     ),
 }
