@@ -145,3 +145,19 @@ def test_declared_response_models_keep_fields_they_do_not_declare(owner):
     assert owner.get(f"/v1/takes/{take['id']}").json() == take
     listed = owner.get("/v1/runs", params={"limit": 200}).json()["items"]
     assert next(r for r in listed if r["id"] == run["id"])["takes"] == [take]
+
+
+# --- video takes: the take's clip fields and its poster are in the schema ---------------------
+
+def test_the_take_schema_declares_the_clip_fields_and_the_poster_route(anonymous, owner):
+    schema = anonymous.get("/v1/openapi.json").json()
+    take = schema["components"]["schemas"]["TakeOut"]
+    for name in ("frameCount", "fps", "durationSeconds", "audioSeconds", "posterUrl"):
+        assert name in take["required"], name
+    nullable = {p["type"] for p in take["properties"]["frameCount"]["anyOf"]}
+    assert nullable == {"integer", "null"}
+    poster = schema["paths"]["/v1/takes/{take_id}/poster"]["get"]["responses"]
+    assert set(poster["200"]["content"]) == {"image/png"}
+    assert_error(owner.get("/v1/takes/00000000-0000-0000-0000-000000000000/poster"), 404,
+                 "not_found")
+    assert_error(anonymous.get("/v1/takes/00000000-0000-0000-0000-000000000000/poster"), 401)
