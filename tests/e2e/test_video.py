@@ -170,3 +170,38 @@ def test_an_upload_that_only_looks_like_a_video_is_refused_and_video_load_wants_
     run = owner.wait_run(response.json()["runId"])
     assert run["status"] == "failed" and run["error"]["nodeId"] == "clip"
     assert "not a video" in run["error"]["message"]
+
+
+def test_a_comfyui_client_saves_a_video_and_reads_it_back_as_comfyui_answers(farm, personas,
+                                                                               tmp_path):
+    import uuid
+
+    from tests.apps.importer.test_comfy_door_e2e import ComfyClient
+
+    comfy = ComfyClient(f"{farm.url}/comfy", personas["owner"])
+    uploaded = comfy.http.post("/upload/image", files={
+        "image": ("clip.mp4", _mp4_with_sound(tmp_path), "video/mp4")})
+    assert uploaded.status_code == 200, uploaded.text
+    prompt = {
+        "1": {"class_type": "LoadVideo", "inputs": {"file": uploaded.json()["name"]}},
+        "2": {"class_type": "SaveVideo", "inputs": {
+            "video": ["1", 0], "filename_prefix": "video/clip", "format": "webm",
+            "codec": "vp9"}},
+    }
+    client_id = uuid.uuid4().hex
+    with comfy.socket(client_id) as ws:
+        ws.recv(timeout=10)
+        queued = comfy.queue(prompt, client_id)
+        assert queued.status_code == 200, queued.text
+        prompt_id = queued.json()["prompt_id"]
+        messages = comfy.messages_until_done(ws, prompt_id)
+    executed = next(m for m in messages if m["type"] == "executed")
+    # ComfyUI 0.3.x's SaveVideo: ui.PreviewVideo → {"images": [...], "animated": (True,)}
+    assert executed["data"]["output"]["animated"] == [True]
+    entry = comfy.history(prompt_id)[prompt_id]
+    output = entry["outputs"]["2"]
+    assert output["animated"] == [True] and output["images"] == executed["data"]["output"]["images"]
+    assert output["images"][0]["filename"].endswith(".webm")
+    viewed = comfy.view(output["images"][0])
+    assert viewed.status_code == 200 and viewed.headers["content-type"] == "video/webm"
+    assert _decoded(viewed.content)[0].shape[0] == 6
