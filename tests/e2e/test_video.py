@@ -76,14 +76,14 @@ def _run(owner: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _decoded(data: bytes) -> tuple[np.ndarray, float, float | None, dict[str, str]]:
-    with av.open(io.BytesIO(data)) as clip:
+    with av.open(io.BytesIO(data), "r") as clip:
         stream = clip.streams.video[0]
         frames = np.stack([f.to_ndarray(format="rgb24") for f in clip.decode(stream)])
-        fps = float(stream.average_rate)
+        fps = float(stream.average_rate or 0)
         meta = {k.lower(): v for k, v in clip.metadata.items()}
-    with av.open(io.BytesIO(data)) as clip:
-        sound = (sum(f.samples for f in clip.decode(audio=0)) / clip.streams.audio[0].rate
-                 if clip.streams.audio else None)
+    with av.open(io.BytesIO(data), "r") as clip:
+        samples = [f.samples for f in clip.decode(audio=0)] if clip.streams.audio else None
+        sound = sum(samples) / clip.streams.audio[0].rate if samples is not None else None
     return frames, fps, sound, meta
 
 
@@ -144,7 +144,7 @@ def test_a_clip_remuxes_to_webm_and_frames_to_an_animated_webp(owner, outsider, 
     assert anim["mediaType"] == "image/webp"
     assert (anim["frameCount"], anim["fps"], anim["audioSeconds"]) == (6, 5.0, None)
     image = Image.open(io.BytesIO(owner.get(anim["bytesUrl"]).content))
-    assert image.n_frames == 6
+    assert getattr(image, "n_frames", 1) == 6
     poster = Image.open(io.BytesIO(owner.get(anim["posterUrl"]).content))
     assert poster.format == "PNG" and poster.size == (W, H)
     assert_error(outsider.get(anim["posterUrl"]), 404, "not_found")

@@ -84,7 +84,7 @@ def test_an_animated_webp_has_every_frame_at_the_frame_rate_and_the_same_bytes()
     data = webp_animated(frames, 10.0, quality=90, lossless=True, text="{}")
     assert data == webp_animated(frames, 10.0, quality=90, lossless=True, text="{}")
     image = Image.open(io.BytesIO(data))
-    assert image.n_frames == 5
+    assert getattr(image, "n_frames", 1) == 5
     image.seek(3)
     image.load()
     assert image.info["duration"] == 100  # ms: 10 fps
@@ -144,4 +144,5 @@ def test_images_of_different_sizes_fail_the_frames_node_by_name():
     }
     outcome, _ = render(nodes, "out")
     assert outcome.status == "failed"
-    assert outcome.error["nodeId"] == "frames" and "16x32, 32x32" in outcome.error["message"]
+    assert outcome.error is not None and outcome.error["nodeId"] == "frames"
+    assert "16x32, 32x32" in outcome.error["message"]
