@@ -180,19 +180,22 @@ def webp_animated(frames: Frames, fps: float, *, quality: int, lossless: bool, t
     return out.getvalue()
 
 
-def video_read(path_or_file: Any, *, max_frames: int) -> Video:
+def video_read(path_or_file: Any, *, max_bytes: int) -> Video:
     """Decode a clip (an uploaded MP4 / WebM) into RGB frames, its frame rate and its sound
-    (float32, the first two channels). ValueError when it holds no video stream or more than
-    `max_frames` frames."""
+    (float32, the first two channels). ValueError when it holds no video stream, or when its
+    decoded frames would take more than `max_bytes`."""
     with av.open(path_or_file) as clip:
         if not clip.streams.video:
             raise ValueError("the file holds no video stream")
         vstream = clip.streams.video[0]
         fps = float(vstream.average_rate or vstream.guessed_rate or 30)
         rgb: list[Any] = []
+        held = 0
         for frame in clip.decode(vstream):
-            if len(rgb) == max_frames:
-                raise ValueError(f"the clip has more than {max_frames} frames")
+            held += frame.width * frame.height * 3
+            if held > max_bytes:
+                raise ValueError(f"its {frame.width}x{frame.height} frames decoded exceed "
+                                 f"{max_bytes >> 20} MiB after {len(rgb)} frames")
             rgb.append(frame.to_ndarray(format="rgb24"))
     audio = _audio_read(path_or_file)
     return Video(Frames(np.stack(rgb)), fps, audio)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -49,9 +50,26 @@ def blob_stage_file(suffix: str = "") -> Path:
     names it by a rename) for a writer that streams a blob's bytes (a video encoder)."""
     staging = Path(settings.INLINE_BLOB_DIR) / ".staging"
     staging.mkdir(parents=True, exist_ok=True)
+    _staging_sweep(staging)
     fd, tmp = tempfile.mkstemp(dir=staging, prefix=".tmp-", suffix=suffix)
     os.close(fd)
     return Path(tmp)
+
+
+STAGED_MAX_AGE = 24 * 3600  # seconds: a staged file this old belongs to an attempt that died
+
+
+def _staging_sweep(staging: Path) -> None:
+    """Delete staged files left by attempts that never stored them (a worker killed between
+    encoding and its flush, a run cancelled meanwhile): nothing names a staged file but the
+    draft of the process that made it, and no draft lives a day."""
+    cutoff = time.time() - STAGED_MAX_AGE
+    for entry in staging.iterdir():
+        try:
+            if entry.stat().st_mtime < cutoff:
+                entry.unlink()
+        except FileNotFoundError:
+            pass  # another worker swept it first
 
 
 def file_sha256(path: Path) -> str:

@@ -51,7 +51,7 @@ def test_the_same_frames_encode_to_the_same_bytes_and_decode_back(tmp_path, fmt)
     first, second = encode(tmp_path, video, fmt, 0, "a"), encode(tmp_path, video, fmt, 0, "b")
     assert hashlib.sha256(first.read_bytes()).digest() == hashlib.sha256(
         second.read_bytes()).digest()
-    back = video_read(str(first), max_frames=100)
+    back = video_read(str(first), max_bytes=1 << 30)
     assert back.frames.count == COUNT and back.fps == FPS
     assert (back.frames.width, back.frames.height) == (W, H)
     assert back.audio is not None
@@ -72,6 +72,12 @@ def test_a_higher_crf_makes_a_smaller_file_and_no_sound_makes_no_audio_stream(tm
     assert small.stat().st_size < best.stat().st_size
     with av.open(str(small)) as clip:
         assert not clip.streams.audio
+
+
+def test_a_clip_whose_frames_exceed_the_memory_budget_is_refused_while_decoding(tmp_path):
+    path = encode(tmp_path, Video(Frames(smooth_frames()), FPS), "webm", 40)
+    with pytest.raises(ValueError, match="after 5 frames"):
+        video_read(str(path), max_bytes=W * H * 3 * 5)
 
 
 def test_odd_sides_are_refused_not_cropped(tmp_path):
@@ -127,7 +133,19 @@ def test_images_become_a_video_take_with_its_clip_facts_and_lineage():
     assert hashlib.sha256(path.read_bytes()).hexdigest() == take.sha256 == take.sha256
     assert take.size == path.stat().st_size
     assert not list((path.parent.parent / ".staging").iterdir())  # the staged file was renamed
-    assert video_read(str(path), max_frames=10).frames.count == 6
+    assert video_read(str(path), max_bytes=1 << 30).frames.count == 6
+
+
+@pytest.mark.usefixtures("_blobs")
+def test_staged_files_a_dead_attempt_left_are_swept_and_fresh_ones_kept():
+    import os
+
+    from apps.takes.storage import blob_stage_file
+
+    old, fresh = blob_stage_file(), blob_stage_file()
+    os.utime(old, (0, 0))
+    blob_stage_file()
+    assert not old.exists() and fresh.exists()
 
 
 @pytest.mark.django_db

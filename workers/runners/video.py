@@ -11,7 +11,9 @@ import numpy as np
 from workers.models.values import Frames, Video
 from workers.runners.base import NodeContext, NodeFailed, runner
 
-MAX_LOAD_FRAMES = 4000  # an uploaded clip decoded whole into memory: about 3 min at 24 fps
+# A clip's frames are held decoded in memory ([F, H, W, 3] uint8): a node that would make more
+# than this fails, naming the size, instead of exhausting the worker.
+MAX_CLIP_BYTES = 4 << 30
 
 
 @runner("frames/from-images")
@@ -23,8 +25,16 @@ def frames_from_images(ctx: NodeContext, params: dict[str, Any],
     if len(sizes) > 1:
         raise NodeFailed("the images differ in size: "
                          + ", ".join(f"{w}x{h}" for w, h in sorted(sizes)))
+    width, height = images[0].size
+    _check_budget(len(images) * params["hold"], width, height)
     array = np.stack([np.asarray(im, np.uint8) for im in images])  # [N, H, W, 3]
     return {"frames": Frames(np.repeat(array, params["hold"], axis=0))}
+
+
+def _check_budget(frames: int, width: int, height: int) -> None:
+    if frames * width * height * 3 > MAX_CLIP_BYTES:
+        raise NodeFailed(f"{frames} frames of {width}x{height} exceed the "
+                         f"{MAX_CLIP_BYTES >> 30} GiB a clip may hold in memory")
 
 
 @runner("video/create")
@@ -54,7 +64,7 @@ def video_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     if not path.exists():
         raise NodeFailed(f"the bytes of asset {asset.pk} are missing from {path.parent.parent}")
     try:
-        return {"video": video_read(str(path), max_frames=MAX_LOAD_FRAMES)}
+        return {"video": video_read(str(path), max_bytes=MAX_CLIP_BYTES)}
     except ValueError as exc:
         raise NodeFailed(f"asset {asset.pk}: {exc}") from None
 
