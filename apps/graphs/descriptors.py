@@ -57,6 +57,7 @@ class Param:
     `max_length` bounds a string-typed value in characters (DEFAULT_MAX_LENGTH when unset).
     `family` binds a `model` param to one model family (apps/graphs/families.py): its choices
     are that family's files, and a file of another family is a 422 at submit.
+    `media`: an `asset` param takes assets of that media, "image" or "video" (422 otherwise).
     """
 
     name: str
@@ -72,6 +73,7 @@ class Param:
     description: str = ""
     max_length: int | None = None
     family: str | None = None
+    media: str = "image"  # an `asset` param: the media (type's first part) of its assets
 
     @property
     def length_limit(self) -> int | None:
@@ -153,4 +155,5 @@ def _param_to_wire(p: Param) -> dict[str, Any]:
         "input": p.input,
         "description": p.description,
         "family": p.family,
+        **({"media": p.media} if p.type == "asset" else {}),
     }

@@ -48,7 +48,7 @@ VIDEO = (
     NodeDescriptor(
         "video/load", "Load video", "video",
         outputs=(Port("video", "video"),),
-        params=(Param("asset", "asset", required=True,
+        params=(Param("asset", "asset", required=True, media="video",
                       description="An uploaded video asset id (MP4 or WebM)."),),
         description="An uploaded clip, decoded: frames, frame rate and sound (ComfyUI's "
         "LoadVideo).",

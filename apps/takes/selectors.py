@@ -46,8 +46,9 @@ def asset_get_for_user(*, user: User, asset_id: Any) -> Asset | None:
 
 
 # The assets (`%(ids)s`) that user `%(me)s` may use: own, a teammate's, any when `%(all)s`
-# (staff). A submit reads it with the rest of its state (apps/runs/services/submit.py).
+# (staff), as one JSON object id → media type (NULL when none). A submit reads it with the rest
+# of its state (apps/runs/services/submit.py).
 ASSETS_VISIBLE = f"""
-SELECT a.id FROM takes_asset a
+SELECT json_object_agg(a.id, a.media_type) FROM takes_asset a
 WHERE a.id = ANY(%(ids)s::uuid[]) AND {owner_visible_sql("a.owner_id")}
 """

@@ -160,16 +160,22 @@ def test_a_still_takes_fields_are_null_and_its_poster_is_the_image(owner):
     assert np.array_equal(poster, ARRAYS[1])
 
 
-def test_an_upload_that_only_looks_like_a_video_is_refused_and_video_load_wants_a_clip(owner):
+def test_an_upload_that_only_looks_like_a_video_is_refused_and_loads_want_their_media(
+        owner, tmp_path):
     fake = b"\x00\x00\x00\x18ftypisom" + b"\x00" * 200
     assert_error(upload(owner, fake, "x.mp4", "video/mp4"), 415, "unsupported_media_type")
     still = upload(owner, _png(ARRAYS[0])).json()["id"]
-    response = owner.post("/v1/runs", json=_graph({
+    refused = owner.post("/v1/runs", json=_graph({
         "clip": {"type": "video/load", "params": {"asset": still}},
         "out": {"type": "video/save", "inputs": {"video": _wire("clip", "video")}}}))
-    run = owner.wait_run(response.json()["runId"])
-    assert run["status"] == "failed" and run["error"]["nodeId"] == "clip"
-    assert "not a video" in run["error"]["message"]
+    error = assert_error(refused, 422, "asset_wrong_media")
+    assert error["nodeId"] == "clip" and "image/png" in error["message"]
+    clip = upload(owner, _mp4_with_sound(tmp_path), "clip.mp4", "video/mp4").json()["id"]
+    refused = owner.post("/v1/runs", json=_graph({
+        "src": {"type": "image/load", "params": {"asset": clip}},
+        "out": {"type": "image/save", "inputs": {"image": _wire("src", "image")}}}))
+    error = assert_error(refused, 422, "asset_wrong_media")
+    assert error["nodeId"] == "src" and "takes an image" in error["message"]
 
 
 def test_a_comfyui_client_saves_a_video_and_reads_it_back_as_comfyui_answers(farm, personas,

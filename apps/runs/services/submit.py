@@ -141,7 +141,7 @@ class SubmitState:
     in_flight: int  # the owner's runs queued or running
     team_limits: list[tuple[int, str, int]]  # (id, name, limit) of the owner's limited teams
     graph_id: int  # the stored graph of this content hash (inserted now on first use)
-    assets: set[str]  # which of the referenced assets the owner may use
+    assets: dict[str, str]  # the referenced assets the owner may use → their media types
 
 
 # Everything a submit reads, and the graph upsert, in one round trip after the owner's lock
@@ -163,7 +163,7 @@ SELECT (SELECT r.id FROM runs_run r JOIN graphs_graph g ON g.id = r.graph_id
           WHERE m.user_id = %(owner)s AND t.max_inflight_runs IS NOT NULL),
        (SELECT id FROM stored UNION ALL
         SELECT id FROM graphs_graph WHERE sha256 = %(sha)s LIMIT 1),
-       ARRAY({ASSETS_VISIBLE})
+       ({ASSETS_VISIBLE})
 """
 
 
@@ -180,7 +180,7 @@ def _submit_state(owner: User, sha: str, target: str, graph: GraphDoc,
         graph_id = Graph.objects.values_list("pk", flat=True).get(sha256=sha)
     return SubmitState(same=same, in_flight=int(in_flight),
                        team_limits=[(int(i), str(n), int(m)) for i, n, m in teams or []],
-                       graph_id=int(graph_id), assets={str(a) for a in visible})
+                       graph_id=int(graph_id), assets=dict(visible or {}))
 
 
 def _limits_of(owner: User) -> Any:
@@ -220,12 +220,20 @@ def _asset_ids(refs: list[AssetRef]) -> list[str]:
     return [str(value) for _, _, value in refs if is_uuid(value)]
 
 
-def _assets_found(refs: list[AssetRef], visible: set[str]) -> None:
-    """GraphInvalid naming the first node whose asset the owner may not use (or that is gone)."""
+def _assets_found(refs: list[AssetRef], visible: dict[str, str]) -> None:
+    """GraphInvalid naming the first node whose asset the owner may not use (or that is gone),
+    or whose asset is not the media its param takes (a video where an image goes)."""
     for node_id, param, value in refs:
-        if str(value) not in visible:
+        media_type = visible.get(str(value))
+        if media_type is None:
             raise GraphInvalid(
                 "asset_not_found", f"param {param.name!r}: no asset {value!r} (upload it first)",
+                node_id,
+            )
+        if media_type.split("/", 1)[0] != param.media:
+            raise GraphInvalid(
+                "asset_wrong_media", f"param {param.name!r}: asset {value} is {media_type}; "
+                f"this node takes {'a video' if param.media == 'video' else 'an image'}",
                 node_id,
             )
 
