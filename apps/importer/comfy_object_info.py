@@ -44,12 +44,17 @@ SPECS: dict[str, list[Any]] = {
 }
 TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares otherwise
     ("SamplerCustom", "add_noise"): ["BOOLEAN", {"default": True}],
+    # video (comfy_vocab.py maps these onto mp4 / webm)
+    ("SaveVideo", "format"): [["auto", "mp4", "webm"], {"default": "auto"}],
+    ("SaveVideo", "codec"): [["auto", "h264", "vp9"], {"default": "auto"}],
+    ("SaveAnimatedWEBP", "method"): [["default", "fastest", "slowest"]],
 }
 # Inputs ComfyUI declares optional, and those of any type ("*": a switch's branches, what a
 # PreviewAny shows); the math node's inputs are listed once, by their API names.
 OPTIONAL: dict[str, frozenset[str]] = {
     "ComfySwitchNode": frozenset({"on_false", "on_true"}),
     "ImageCompositeMasked": frozenset({"mask"}),
+    "CreateVideo": frozenset({"audio"}),
     "ComfyMathExpression": frozenset(f"values.{n}" for n in MATH_NAMES),
 }
 ANY_TYPE: dict[str, frozenset[str]] = {
@@ -58,6 +63,7 @@ ANY_TYPE: dict[str, frozenset[str]] = {
 }
 ALIASES = frozenset(MATH_NAMES)  # ComfyMathExpression's inputs without the `values.` prefix
 SEEDS = {"seed", "noise_seed"}
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv")  # upload names LoadVideo lists, LoadImage not
 DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
            "CheckpointLoaderSimple": "Load Checkpoint",
            "UNETLoader": "Load Diffusion Model", "CLIPLoader": "Load CLIP",
@@ -132,8 +138,11 @@ def _widget(widget: str, param: Param | None, catalog: dict[str, list[str]],
         return ["*"]
     if param.type == "model":
         return [catalog.get(param.options_from or "", []), {}]
+    if param.type == "asset" and param.media == "video":  # LoadVideo lists clips only
+        return [[u for u in uploads if u.lower().endswith(VIDEO_SUFFIXES)], {"video_upload": True}]
     if param.type == "asset":
-        return [uploads, {"image_upload": True}]
+        return [[u for u in uploads if not u.lower().endswith(VIDEO_SUFFIXES)],
+                {"image_upload": True}]
     if param.type == "enum":
         return [list(param.choices or ()), {"default": param.default}]
     if param.type in ("int", "float"):

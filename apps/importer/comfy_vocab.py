@@ -300,7 +300,7 @@ VOCABULARY: dict[str, Rule] = {
     ),
     # Video (ComfyUI's comfy_extras/nodes_video.py): its IMAGE batch of a clip is our `frames`.
     "CreateVideo": Rule(
-        "video/create", inputs={"images": "frames", "audio": "audio", "fps": "fps"},
+        "video/create", inputs={"images": "frames", "audio": "audio"},
         outputs=("video",), params={"fps": ParamMap("fps", float)},
     ),
     "GetVideoComponents": Rule(

@@ -87,3 +87,18 @@ def test_the_ui_format_reads_the_video_widgets_in_order():
     assert graph["1"]["params"] == {"asset": "a9"}
     assert graph["3"]["params"] == {"fps": 12.0}
     assert graph["4"]["params"] == {"label": "clips/x", "format": "webm", "crf": 19}
+
+
+def test_object_info_describes_the_video_nodes_as_comfyui_does():
+    from apps.importer.comfy_object_info import object_info
+
+    info = object_info(catalog={}, uploads=["clip.mp4", "cat.png"])
+    create = info["CreateVideo"]["input"]
+    assert create["required"]["images"] == ["IMAGE"] and create["optional"] == {"audio": ["AUDIO"]}
+    assert create["required"]["fps"][0] == "FLOAT" and create["required"]["fps"][1]["default"] == 30
+    assert info["LoadVideo"]["input"]["required"]["file"] == [["clip.mp4"], {"video_upload": True}]
+    assert info["LoadImage"]["input"]["required"]["image"][0] == ["cat.png"]
+    save = info["SaveVideo"]
+    assert save["output_node"] and save["input"]["required"]["codec"][0] == ["auto", "h264", "vp9"]
+    assert info["GetVideoComponents"]["output"] == ["IMAGE", "AUDIO", "FLOAT"]
+    assert info["SaveAnimatedWEBP"]["output_node"]
