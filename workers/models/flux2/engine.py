@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
+from workers.models import flow
 from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
@@ -83,29 +84,12 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
 
     `shift` None: the pipeline's empirical mu from the image's tokens and `steps` (ComfyUI's
     Flux2Scheduler). Else the time shift α itself: σ = α·t / (1 + (α − 1)·t)."""
-    import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
-    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps),
-                            mu=empirical_mu(tokens, steps))
-    start = int(max(steps - min(steps * denoise, steps), 0))
-    if steps - start < 1:
-        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
-                         "raise denoise or steps")
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: empirical_mu(tokens, steps))
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from workers.models import flow
 from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage import LATENT
 from workers.models.values import TextEncoder, Vae
@@ -72,33 +73,12 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
     `shift` None: the pipeline's schedule (mu from the image's tokens, stretched to end at
     shift_terminal). Else the static time shift α of ComfyUI's ModelSamplingAuraFlow:
     σ = α·t / (1 + (α − 1)·t), no terminal stretch."""
-    import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False,
-                  "shift_terminal": None}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
-    cfg = scheduler.config
-    mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
-                         cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-    start = int(max(steps - min(steps * denoise, steps), 0))
-    if steps - start < 1:
-        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
-                         "raise denoise or steps")
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: flow.resolution_mu(cfg, tokens))
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
