@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
@@ -33,6 +33,7 @@ from workers.models import flow
 from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage import LATENT
 from workers.models.values import TextEncoder, Vae
+from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -44,11 +45,23 @@ TOKENIZER_MAX = 1024  # the pipeline's tokenizer_max_length (+ the template's to
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 
 
+class Tokenizers(NamedTuple):
+    """A loaded Qwen2.5-VL's tokenizer (`text`) and, when its folder holds the processor's files,
+    the Qwen2-VL processor that encodes prompts with images (Qwen-Image-Edit's); `folder`: where
+    they were read from (named by the error when the processor is missing)."""
+
+    text: Any
+    processor: Any
+    folder: Path
+
+
 @torch.no_grad()
 def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[torch.Tensor]:
     """Each text's embeddings [L_i, D] (padding dropped), from ONE encoder forward over the
     batch padded to its longest; one text is exactly the pipeline's call."""
-    tokens = encoder.tokenizer([TEMPLATE.format(t) for t in texts],
+    tokenizer = encoder.tokenizer
+    tokenizer = tokenizer.text if isinstance(tokenizer, Tokenizers) else tokenizer
+    tokens = tokenizer([TEMPLATE.format(t) for t in texts],
                                max_length=TOKENIZER_MAX + TEMPLATE_TOKENS, padding=True,
                                truncation=True, return_tensors="pt")
     device = encoder.placement.device
@@ -95,36 +108,70 @@ def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return x.reshape(b, channels // 4, h, w)
 
 
+class QwenPrompt(NamedTuple):
+    """An edit prompt's conditioning (the `qwenimage/edit` node's): its embeddings [L, D],
+    encoded with its images by the Qwen2.5-VL, and the reference latents the transformer reads
+    beside the image it denoises (each [1, 16, h, w], normalised). A text prompt's
+    conditioning is the bare embeddings tensor."""
+
+    embeds: torch.Tensor
+    references: tuple[torch.Tensor, ...] = ()
+
+    def to(self, device: Any) -> QwenPrompt:
+        return QwenPrompt(self.embeds.to(device), tuple(r.to(device) for r in self.references))
+
+
+def embeds_of(prompt: Any) -> torch.Tensor:
+    """A conditioning's embeddings [L, D] (a QwenPrompt's or a bare tensor)."""
+    return prompt.embeds if isinstance(prompt, QwenPrompt) else prompt
+
+
+def references_of(job: SampleJob) -> tuple[torch.Tensor, ...]:
+    """The reference latents of a job (its positive prompt's; both CFG rows see them, as in the
+    edit pipelines)."""
+    return job.positive.references if isinstance(job.positive, QwenPrompt) else ()
+
+
+def layout(job: SampleJob) -> tuple[tuple[int, ...], ...]:
+    """What must match for jobs to share a forward: the latent's shape and each reference's
+    (the transformer's rotary table is one set of image shapes for its whole batch)."""
+    return (tuple(job.latents.shape), *(tuple(r.shape) for r in references_of(job)))
+
+
 @torch.no_grad()
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
-    """Each job's guided velocity [1, C, h, w]: one transformer forward per latent size over
-    every job of that size (its rotary table is one image size), a CFG job's conditional and
-    unconditional rows side by side."""
+    """Each job's guided velocity [1, C, h, w]: one transformer forward per `layout` (latent
+    size and reference sizes) over every job of it, a CFG job's conditional and unconditional
+    rows side by side; jobs of other layouts run apart (their progress `batch` says so)."""
     out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[int, ...], list[int]] = {}
+    sizes: dict[tuple[tuple[int, ...], ...], list[int]] = {}
     for index, job in enumerate(jobs):
-        sizes.setdefault(tuple(job.latents.shape), []).append(index)
+        sizes.setdefault(layout(job), []).append(index)
     for members in sizes.values():
         group = [jobs[i] for i in members]
         for i, velocity in zip(members, _forward(transformer, group), strict=True):
             out[i] = velocity
+            jobs[i].extra[FORWARD_JOBS] = len(group)  # the progress event's `batch`
     return [out[i] for i in range(len(jobs))]
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     h, w = jobs[0].latents.shape[-2:]
+    refs = references_of(jobs[0])
     dtype = transformer.dtype
     rows: list[tuple[SampleJob, Any]] = []  # (job, its prompt [L, D]) per batch row
     for job in jobs:
         rows += [(job, job.positive), (job, job.negative)] if job.cfg else [(job, job.positive)]
-    embeds, mask = _padded([prompt for _, prompt in rows], dtype)  # [R, L, D], [R, L] or None
-    x = torch.cat([pack(job.latents) for job, _ in rows]).to(dtype)  # [R, S, 4C]
+    embeds, mask = _padded([embeds_of(prompt) for _, prompt in rows], dtype)  # [R, L, D], [R, L]
+    x = torch.cat([torch.cat([pack(job.latents), *(pack(r) for r in references_of(job))], dim=1)
+                   for job, _ in rows]).to(dtype)  # [R, S + refs' tokens, 4C]
     t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
+    shapes = [(1, h // 2, w // 2), *((1, r.shape[-2] // 2, r.shape[-1] // 2) for r in refs)]
     with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
         pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
-                           encoder_hidden_states_mask=mask,
-                           img_shapes=[[(1, h // 2, w // 2)]] * len(rows),
-                           return_dict=False)[0]  # [R, S, 4C]
+                           encoder_hidden_states_mask=mask, img_shapes=[shapes] * len(rows),
+                           return_dict=False)[0]  # [R, S + refs' tokens, 4C]
+    pred = pred[:, : (h // 2) * (w // 2)]
     velocities, row = [], 0
     for job in jobs:
         cond = pred[row : row + 1]

@@ -32,6 +32,7 @@ from workers.models.weights import (
     load_weights,
     placed_denoiser,
     rest,
+    tokenizer_folder,
 )
 
 FAMILY = "qwenimage"
@@ -115,7 +116,24 @@ def _from_file(cls: Any, path: Path, config_path: Path, placement: Placement, pr
 
 
 def _load_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
+    """The Qwen2.5-VL and its Tokenizers (the Qwen2-VL processor too when its folder has one)."""
     import transformers
 
-    return load_transformers_encoder(getattr(transformers, ENCODER_CLASS), path, placement,
-                                     "a Qwen2.5-VL text encoder")
+    model, tokenizer = load_transformers_encoder(getattr(transformers, ENCODER_CLASS), path,
+                                                 placement, "a Qwen2.5-VL text encoder")
+    folder = tokenizer_folder(path)
+    return model, engine.Tokenizers(tokenizer, load_processor(folder), folder)
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def load_processor(folder: Path) -> Any:
+    """The Qwen2-VL processor (image processor + tokenizer) saved in `folder`, local files only;
+    None when the folder has no processor config (a text-to-image stack needs none)."""
+    if not any((folder / name).is_file() for name in PROCESSOR_FILES):
+        return None
+    from workers.models.qwenimage.vl import ImageTextProcessor
+
+    with load_errors(folder, "the Qwen2-VL processor", "text_encoders"):
+        return ImageTextProcessor.from_pretrained(folder, local_files_only=True)
