@@ -34,6 +34,7 @@ from workers.sampling.job import SampleJob
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' text padding
 KLEIN_LAYERS = (9, 18, 27)  # Flux2KleinPipeline's text_encoder_out_layers
+DEV_LAYERS = (10, 20, 30)  # Flux2Pipeline's (its Mistral3's hidden states)
 
 
 class Flux2Prompt(NamedTuple):
@@ -50,9 +51,27 @@ class Flux2Prompt(NamedTuple):
 
 @torch.no_grad()
 def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[Flux2Prompt]:
-    """Each text's Flux2Prompt, from ONE Qwen3 forward over the batch (the Klein pipeline's
-    `_get_qwen3_prompt_embeds`: the chat template without thinking, padded to 512, masked)."""
-    tokenizer, model = encoder.tokenizer, encoder.model
+    """Each text's Flux2Prompt, from ONE text-encoder forward over the batch: Klein's Qwen3
+    (`Flux2KleinPipeline._get_qwen3_prompt_embeds`: the chat template without thinking, padded
+    to 512, masked, hidden states 9, 18, 27) or dev's Mistral3
+    (`Flux2Pipeline._get_mistral_3_small_prompt_embeds`: its system message, padded to 512,
+    hidden states 10, 20, 30)."""
+    model = encoder.model
+    dev = model.config.model_type == "mistral3"
+    tokens = _mistral_tokens if dev else _qwen3_tokens
+    ids, masks = tokens(encoder.tokenizer, texts)  # [B, 512] each
+    layers = DEV_LAYERS if dev else KLEIN_LAYERS
+    device = encoder.placement.device
+    out = model(input_ids=ids.to(device), attention_mask=masks.to(device),
+                output_hidden_states=True, use_cache=False)
+    states = torch.stack([out.hidden_states[k] for k in layers], dim=1)  # [B, 3, L, D]
+    states = states.to(dtype=model.dtype)
+    b, n, length, width = states.shape
+    embeds = states.permute(0, 2, 1, 3).reshape(b, length, n * width)  # [B, 512, 3·D]
+    return [Flux2Prompt(embeds[i]) for i in range(len(texts))]
+
+
+def _qwen3_tokens(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ids, masks = [], []
     for text in texts:
         chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -61,14 +80,19 @@ def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[Flux2Prompt]:
                            max_length=MAX_SEQUENCE_LENGTH)
         ids.append(tokens["input_ids"])
         masks.append(tokens["attention_mask"])
-    device = encoder.placement.device
-    out = model(input_ids=torch.cat(ids).to(device), attention_mask=torch.cat(masks).to(device),
-                output_hidden_states=True, use_cache=False)
-    states = torch.stack([out.hidden_states[k] for k in KLEIN_LAYERS], dim=1)  # [B, 3, L, D]
-    states = states.to(dtype=model.dtype)
-    b, n, length, width = states.shape
-    embeds = states.permute(0, 2, 1, 3).reshape(b, length, n * width)  # [B, 512, 3·D]
-    return [Flux2Prompt(embeds[i]) for i in range(len(texts))]
+    return torch.cat(ids), torch.cat(masks)  # [B, 512] each
+
+
+def _mistral_tokens(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dev pipeline's chat (its system message, each text a user turn), padded to 512."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    tokens = tokenizer.apply_chat_template(
+        format_input(prompts=list(texts), system_message=SYSTEM_MESSAGE),
+        add_generation_prompt=False, tokenize=True, return_dict=True, return_tensors="pt",
+        padding="max_length", truncation=True, max_length=MAX_SEQUENCE_LENGTH)
+    return tokens["input_ids"], tokens["attention_mask"]
 
 
 @cache

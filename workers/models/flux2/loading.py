@@ -52,18 +52,20 @@ def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
 
 
 def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePolicy) -> TextEncoder:
-    """Klein's Qwen3 `text_encoders/<name>` (one file) with its tokenizer (cached)."""
+    """Klein's Qwen3 or dev's Mistral3 `text_encoders/<name>` (one file) with its tokenizer
+    (cached)."""
     if len(names) != 1:
-        raise ModelLoadError(f"FLUX.2 uses one text encoder (Klein: a Qwen3), got {len(names)} "
-                             "files")
+        raise ModelLoadError(f"FLUX.2 uses one text encoder (Klein: a Qwen3, dev: a Mistral3), "
+                             f"got {len(names)} files")
     path = resolve(models_dir, "text_encoders", names[0])
     header = read_header(path)
     kind = None if header is None else text_encoder_kind(header)
-    if kind != "qwen3":
-        raise ModelLoadError(f"{path.name} is not a text encoder this worker runs for FLUX.2: "
-                             "Klein's Qwen3 is supported; dev's Mistral is not yet")
+    if kind is None:
+        raise ModelLoadError(f"{path.name} is not a FLUX.2 text encoder (Klein's Qwen3 or "
+                             "dev's Mistral3)")
+    load = _load_qwen3 if kind == "qwen3" else _load_mistral3
     return cached_text_encoder([path], policy, family=FAMILY, key="flux2-text-encoder",
-                               load=lambda placement: _load_qwen3(path, placement),
+                               load=lambda placement: load(path, placement),
                                encode=engine.encode_prompts)
 
 
@@ -116,3 +118,12 @@ def _load_qwen3(path: Path, placement: Placement) -> tuple[Any, Any]:
 
     return load_transformers_encoder(Qwen3Model, path, placement, "a Qwen3 text encoder",
                                      chat=True)
+
+
+def _load_mistral3(path: Path, placement: Placement) -> tuple[Any, Any]:
+    """Dev's Mistral3ForConditionalGeneration (the hidden states Flux2Pipeline reads) and its
+    tokenizer, whose chat template renders the pipeline's system + user messages."""
+    from transformers import Mistral3ForConditionalGeneration
+
+    return load_transformers_encoder(Mistral3ForConditionalGeneration, path, placement,
+                                     "a Mistral3 text encoder", chat=True)
