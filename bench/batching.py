@@ -361,13 +361,7 @@ def flux1_row(steps: int) -> dict[int, tuple[float, float]]:
                 for i in range(n)]
         return n / all_at_once(batcher.run, jobs)
 
-    with torch.no_grad():
-        pipeline(1), sampler(1)  # warm
-        row = {}
-        for n in CONCURRENCY:  # alternating, the best of REPEAT each: the machine is shared
-            pairs = [(pipeline(n), sampler(n)) for _ in range(REPEAT)]
-            row[n] = (max(p for p, _ in pairs), max(s for _, s in pairs))
-        return row
+    return _alternating(pipeline, sampler)
 
 
 QWEN_MID: dict[str, Any] = {  # ~16 M parameters: 4 blocks of width 384, the tiny encoder's 16
@@ -425,13 +419,7 @@ def qwenimage_row(steps: int) -> dict[int, tuple[float, float]]:
                 for i in range(n)]
         return n / all_at_once(batcher.run, jobs)
 
-    with torch.no_grad():
-        pipeline(1), sampler(1)  # warm
-        row = {}
-        for n in CONCURRENCY:  # alternating, the best of REPEAT each: the machine is shared
-            pairs = [(pipeline(n), sampler(n)) for _ in range(REPEAT)]
-            row[n] = (max(p for p, _ in pairs), max(s for _, s in pairs))
-        return row
+    return _alternating(pipeline, sampler)
 
 
 FLUX2_MID: dict[str, Any] = {  # ~15 M parameters: 2 double + 4 single blocks of width 384
