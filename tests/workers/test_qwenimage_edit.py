@@ -10,7 +10,6 @@ calculate_dimensions is unchanged: only the target area differs)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -108,39 +107,29 @@ def test_edit_samples_exactly_what_the_edit_pipeline_samples(qwen_stack, make_ct
     assert torch.equal(ours, theirs)
 
 
-def test_runs_with_other_reference_counts_sample_apart_and_alike_ones_together(qwen_stack,
-                                                                                make_ctx):
-    """Four concurrent runs, two with one reference and two with two: the transformer reads
-    one set of image shapes per forward, so a forward serves runs of one reference layout (its
-    progress `batch` at most 2), and each run's latents are its solo run's within rounding."""
-    from tests.workers.conftest import Recorder
+def test_one_forward_serves_jobs_of_one_reference_layout_and_others_run_apart():
+    """The transformer reads one set of image shapes per forward: of three jobs, the two with
+    one 16×16 reference share a forward, the one with two references runs apart (each job's
+    `forward_jobs`, the progress `batch`), and each velocity is its solo one within rounding."""
+    from workers.models.qwenimage.engine import QwenPrompt, predict
+    from workers.models.qwenimage.tiny import build_tiny_components
+    from workers.sampling import SampleJob
+    from workers.sampling.batcher import FORWARD_JOBS
 
-    models_dir, names = qwen_stack
-    runs = {(seed, count): IMAGES[:count] for seed in (1, 2) for count in (1, 2)}
-    solo = {key: edit_chain(make_ctx(models_dir=models_dir), names, images, seed=key[0],
-                            guidance=0.0) for key, images in runs.items()}
-    batches: dict[tuple[int, int], list[int]] = {key: [] for key in runs}
-    results: dict[tuple[int, int], Any] = {}
+    transformer = build_tiny_components(0)["transformer"]
+    rng = torch.Generator().manual_seed(0)
+    sigmas, timesteps = torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1000.0, 500.0])
 
-    def one(key: tuple[int, int]) -> None:
-        class Batches(Recorder):
-            def report(self, step: int, total: int, preview: bytes | None,
-                       batch: int | None = None) -> None:
-                batches[key].append(batch or 0)
-                super().report(step, total, preview, batch)
+    def job(refs: int, words: int) -> SampleJob:
+        prompt = QwenPrompt(torch.randn(words, 16, generator=rng),
+                            tuple(torch.randn(1, 16, 2, 2, generator=rng) for _ in range(refs)))
+        return SampleJob(torch.randn(1, 16, 4, 4, generator=rng), sigmas, timesteps, prompt)
 
-        ctx = make_ctx(Batches(), models_dir=models_dir)
-        results[key] = edit_chain(ctx, names, runs[key], seed=key[0], guidance=0.0)
-
-    threads = [threading.Thread(target=one, args=(key,)) for key in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(1 <= b <= 2 for seen in batches.values() for b in seen), batches
-    assert max(b for seen in batches.values() for b in seen) == 2, batches
-    for key in runs:
-        assert (results[key] - solo[key]).abs().max().item() < 1e-5, key
+    jobs = [job(1, 5), job(2, 7), job(1, 9)]
+    together = predict(transformer, jobs)
+    assert [j.extra[FORWARD_JOBS] for j in jobs] == [2, 1, 2]
+    for one, velocity in zip(jobs, together, strict=True):
+        assert (predict(transformer, [one])[0] - velocity).abs().max().item() < 1e-5
 
 
 def test_a_text_encoder_without_the_processor_files_is_refused_naming_its_folder(make_ctx,
