@@ -1,7 +1,8 @@
 """Flow matching as the flow families (flux1, flux2, qwenimage, zimage) share it: a fresh
 `FlowMatchEulerDiscreteScheduler` per job for its sigmas, img2img's skipped steps, the forward
 process x = σ·ε + (1 − σ)·x0 and the x0 estimate x − σ·v. Each family keeps only what differs:
-its scheduler config and its shift mu (resolution-dependent, or FLUX.2's empirical one)."""
+its scheduler config and its shift mu (resolution-dependent, or FLUX.2's empirical one). Also
+the 2×2 latent packing FLUX.1 and Qwen-Image share (their pipelines' _pack_latents)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,18 @@ def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch
 def to_denoised(job: Any, output: torch.Tensor) -> torch.Tensor:
     """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
     return job.latents - job.sigmas[job.step] * output
+
+
+def pack_2x2(latents: torch.Tensor) -> torch.Tensor:
+    """[1, C, h, w] → [1, h/2 · w/2, 4C] (FLUX.1's and Qwen-Image's _pack_latents)."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_2x2(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """[1, h/2 · w/2, 4C] → [1, C, h, w] (their _unpack_latents, Qwen-Image's frame axis
+    dropped)."""
+    b, _, channels = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels // 4, h, w)

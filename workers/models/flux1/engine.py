@@ -81,18 +81,7 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
 renoise = flow.renoise
 
 
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents)."""
-    b, _, channels = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, channels // 4, h, w)
+pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
 def image_ids(h: int, w: int, dtype: torch.dtype, device: Any) -> torch.Tensor:

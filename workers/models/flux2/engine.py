@@ -28,8 +28,8 @@ from workers.models import flow
 from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
-from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
+from workers.sampling.layouts import forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' text padding
@@ -161,16 +161,7 @@ def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     Klein: a CFG job (guidance g > 0) puts its negative and positive rows in the forward and
     mixes uncond + (g + 1)·(cond − uncond); both rows see the positive's references, as in the
     pipeline. Dev: `job.extra["guidance"]` is embedded."""
-    out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[tuple[int, ...], ...], list[int]] = {}
-    for index, job in enumerate(jobs):
-        sizes.setdefault(layout(job), []).append(index)
-    for members in sizes.values():
-        group = [jobs[i] for i in members]
-        for i, velocity in zip(members, _forward(transformer, group), strict=True):
-            out[i] = velocity
-            jobs[i].extra[FORWARD_JOBS] = len(group)  # the progress event's `batch`
-    return [out[i] for i in range(len(jobs))]
+    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:

@@ -33,8 +33,8 @@ from workers.models import flow
 from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage import LATENT
 from workers.models.values import TextEncoder, Vae
-from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
+from workers.sampling.layouts import forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -94,18 +94,7 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
 renoise = flow.renoise
 
 
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents, frame axis dropped)."""
-    b, _, channels = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, channels // 4, h, w)
+pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
 class QwenPrompt(NamedTuple):
@@ -143,16 +132,7 @@ def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     """Each job's guided velocity [1, C, h, w]: one transformer forward per `layout` (latent
     size and reference sizes) over every job of it, a CFG job's conditional and unconditional
     rows side by side; jobs of other layouts run apart (their progress `batch` says so)."""
-    out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[tuple[int, ...], ...], list[int]] = {}
-    for index, job in enumerate(jobs):
-        sizes.setdefault(layout(job), []).append(index)
-    for members in sizes.values():
-        group = [jobs[i] for i in members]
-        for i, velocity in zip(members, _forward(transformer, group), strict=True):
-            out[i] = velocity
-            jobs[i].extra[FORWARD_JOBS] = len(group)  # the progress event's `batch`
-    return [out[i] for i in range(len(jobs))]
+    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
