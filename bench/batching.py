@@ -27,12 +27,17 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
            width 384) with the tiny CLIP-L / T5 / VAE, 128², guidance 3.5.
   - qwenimage: QwenImagePipeline, a ~16 M-parameter QwenImageTransformer2DModel (4 blocks,
            width 384) with the tiny Qwen2.5-VL, 128², true CFG (scale 4) with the empty negative.
+  - flux2: Flux2KleinPipeline, a ~15 M-parameter Flux2Transformer2DModel (2 double + 4 single
+           blocks, width 384) with the tiny Qwen3 / VAE, 128², no CFG.
+  - qwen-edit: QwenImageEditPipeline (Edit Plus takes one prompt a call: no list call) with the
+           qwenimage row's transformer and one 128² reference image (its VAE encode timed and
+           left out; the pipeline's 1 MP reference area patched to 128²), no CFG.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|qwenimage|sdxl|lora   # those rows only
+    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|sdxl|lora
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -355,13 +361,7 @@ def flux1_row(steps: int) -> dict[int, tuple[float, float]]:
                 for i in range(n)]
         return n / all_at_once(batcher.run, jobs)
 
-    with torch.no_grad():
-        pipeline(1), sampler(1)  # warm
-        row = {}
-        for n in CONCURRENCY:  # alternating, the best of REPEAT each: the machine is shared
-            pairs = [(pipeline(n), sampler(n)) for _ in range(REPEAT)]
-            row[n] = (max(p for p, _ in pairs), max(s for _, s in pairs))
-        return row
+    return _alternating(pipeline, sampler)
 
 
 QWEN_MID: dict[str, Any] = {  # ~16 M parameters: 4 blocks of width 384, the tiny encoder's 16
@@ -419,6 +419,147 @@ def qwenimage_row(steps: int) -> dict[int, tuple[float, float]]:
                 for i in range(n)]
         return n / all_at_once(batcher.run, jobs)
 
+    return _alternating(pipeline, sampler)
+
+
+FLUX2_MID: dict[str, Any] = {  # ~15 M parameters: 2 double + 4 single blocks of width 384
+    "patch_size": 1, "in_channels": 128, "num_layers": 2, "num_single_layers": 4,
+    "attention_head_dim": 64, "num_attention_heads": 6, "joint_attention_dim": 48,
+    "timestep_guidance_channels": 256, "axes_dims_rope": [16, 16, 16, 16],
+    "guidance_embeds": False,
+}
+FLUX2_SIDE = 128
+
+
+def flux2_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (Flux2KleinPipeline with the list of n prompts' embeds, the farm's step batcher)
+    images/s, the best of REPEAT alternating runs each; denoise only, no CFG (the pipeline's
+    scale 1, the farm's g 0: one row a job on both sides)."""
+    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel
+
+    from workers.models.flux2 import LATENT, engine
+    from workers.models.flux2.tiny import build_tiny_components
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["transformer"] = Flux2Transformer2DModel.from_config(FLUX2_MID).eval()
+    pipe: Any = Flux2KleinPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    encoder, batcher = _encoder_and_batcher(pipe, engine)
+    sigmas, timesteps = engine.schedule(steps, FLUX2_SIDE, FLUX2_SIDE)
+
+    def pipeline(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        start = time.perf_counter()
+        pipe(prompt_embeds=torch.stack([c.embeds for c in conds]), width=FLUX2_SIDE,
+             height=FLUX2_SIDE, num_inference_steps=steps, guidance_scale=1.0,
+             output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        jobs = [_job(LATENT.shape(FLUX2_SIDE, FLUX2_SIDE), i, sigmas, timesteps, conds[i])
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    return _alternating(pipeline, sampler)
+
+
+EDIT_SIDE = 128  # the image and, patched into the pipeline, its reference's size (not 1 MP)
+
+
+def qwen_edit_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (QwenImageEditPipeline with n prompts' embeds and its one reference image, the farm's
+    step batcher over n jobs with that reference latent) images/s, the best of REPEAT
+    alternating runs each; denoise only: the pipeline's VAE encode of the reference is timed
+    and left out (the farm's is done before), no CFG. (QwenImageEditPlusPipeline takes one
+    prompt a call: no list call to compare with.)"""
+    from diffusers import QwenImageEditPipeline, QwenImageTransformer2DModel
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+    from diffusers.utils import logging as diffusers_logging
+    from PIL import Image
+
+    from workers.models.qwenimage import LATENT, engine, vl
+    from workers.models.qwenimage.tiny import build_tiny_components, tiny_processor
+    from workers.models.values import Vae
+
+    diffusers_logging.set_verbosity_error()
+    area = EDIT_SIDE * EDIT_SIDE
+    original = edit.calculate_dimensions
+    edit.calculate_dimensions = lambda _, ratio: original(area, ratio)  # the pipeline's 1 MP
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["transformer"] = QwenImageTransformer2DModel.from_config(QWEN_MID).eval()
+    pipe: Any = QwenImageEditPipeline(processor=tiny_processor(parts["tokenizer"]), **parts)
+    pipe.set_progress_bar_config(disable=True)
+    encoder, batcher = _encoder_and_batcher(pipe, engine)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (EDIT_SIDE, EDIT_SIDE, 3),
+                                                             dtype=np.uint8))
+    vae = Vae("vae", "", pipe.vae, encoder.placement)
+    reference = vl.encode_reference(vae, image, area)
+    shown = vl.condition_images([image], "edit", area)
+    sigmas, timesteps = engine.schedule(steps, EDIT_SIDE, EDIT_SIDE)
+    encoding = [0.0]
+    encode = pipe.vae.encode
+
+    def timed_encode(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return encode(*args, **kwargs)
+        finally:
+            encoding[0] += time.perf_counter() - start
+
+    pipe.vae.encode = timed_encode
+
+    def embeds(n: int) -> list[Any]:
+        return [vl.encode_prompt(pipe.text_encoder, pipe.processor, text, shown, "edit", "cpu")
+                for text in prompts(n)]
+
+    def pipeline(n: int) -> float:
+        rows = embeds(n)
+        longest = max(e.shape[0] for e in rows)
+        stacked = torch.stack([torch.cat([e, e.new_zeros(longest - e.shape[0], e.shape[1])])
+                               for e in rows])
+        mask = torch.stack([torch.arange(longest) < e.shape[0] for e in rows]).long()
+        encoding[0] = 0.0
+        start = time.perf_counter()
+        pipe(image=image, prompt_embeds=stacked, prompt_embeds_mask=mask, width=EDIT_SIDE,
+             height=EDIT_SIDE, num_inference_steps=steps, output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start - encoding[0])
+
+    def sampler(n: int) -> float:
+        jobs = [_job(LATENT.shape(EDIT_SIDE, EDIT_SIDE), i, sigmas, timesteps,
+                     engine.QwenPrompt(e, (reference,))) for i, e in enumerate(embeds(n))]
+        return n / all_at_once(batcher.run, jobs)
+
+    return _alternating(pipeline, sampler)
+
+
+def _encoder_and_batcher(pipe: Any, engine: Any) -> tuple[Any, Any]:
+    from workers.device.policy import DevicePolicy
+    from workers.models.values import TextEncoder
+    from workers.sampling import StepBatcher
+
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
+                          policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(pipe.transformer, jobs), bounds.items,
+                          bounds.tokens)
+    return encoder, batcher
+
+
+def _job(shape: tuple[int, ...], seed: int, sigmas: Any, timesteps: Any, positive: Any) -> Any:
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob
+
+    return SampleJob(noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu"), sigmas,
+                     timesteps, positive)
+
+
+def _alternating(pipeline: Any, sampler: Any) -> dict[int, tuple[float, float]]:
     with torch.no_grad():
         pipeline(1), sampler(1)  # warm
         row = {}
@@ -428,7 +569,8 @@ def qwenimage_row(steps: int) -> dict[int, tuple[float, float]]:
         return row
 
 
-FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row}
+FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row, "flux2": flux2_row,
+               "qwen-edit": qwen_edit_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

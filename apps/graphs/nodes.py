@@ -283,6 +283,29 @@ MODELS = (
         description="FLUX.2 image editing from an encoded reference (ComfyUI's ReferenceLatent "
         "after a VAE encode): the prompt conditioned on the latent as is.",
     ),
+    NodeDescriptor(
+        "qwenimage/edit", "Qwen-Image-Edit prompt", "conditioning",
+        inputs=(
+            Port("encoder", "text-encoder"),
+            Port("vae", "vae", required=False),
+            Port("image", "image"),
+            Port("image_2", "image", required=False),
+            Port("image_3", "image", required=False),
+            Port("text", "text", required=False),
+        ),
+        outputs=(Port("conditioning", "conditioning"),),
+        params=(
+            Param("text", "string", "", input="text", max_length=MAX_PROMPT),
+            Param("variant", "enum", "plus", choices=("plus", "edit"),
+                  description="plus: Qwen-Image-Edit-2509 / 2511 (1–3 images, each shown to "
+                  "the Qwen2.5-VL at ~384² px); edit: Qwen-Image-Edit (one image, at ~1 MP)."),
+            Param("megapixels", "float", 1.0, min=0.001, max=4.0,
+                  description="The reference latents' size (the pipelines' 1 MP)."),
+        ),
+        description="Qwen-Image-Edit (ComfyUI's TextEncodeQwenImageEdit / …Plus): the prompt "
+        "encoded by the Qwen2.5-VL with 1–3 reference images as the diffusers edit pipelines do "
+        "it, and, with a VAE wired, the images as reference latents for the transformer.",
+    ),
 )
 
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",

@@ -47,6 +47,10 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "EmptyFlux2LatentImage": ("width", "height", "batch_size"),
     "Flux2Scheduler": ("steps", "width", "height"),
     "ReferenceLatent": (),
+    "TextEncodeQwenImageEdit": ("prompt",),
+    "TextEncodeQwenImageEditPlus": ("prompt",),
+    "FluxKontextImageScale": (),
+    "CFGNorm": ("strength",),
     "KSampler": ("seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler", "denoise"),
     "KSamplerAdvanced": (
         "add_noise", "noise_seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler",
@@ -321,6 +325,25 @@ RULES: dict[str, Rule] = {
         "flux2/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
         outputs=("conditioning",),
     ),
+    "TextEncodeQwenImageEdit": Rule(  # Qwen-Image-Edit: one image, shown to the VL at ~1 MP
+        "qwenimage/edit", inputs={"clip": "encoder", "vae": "vae", "image": "image"},
+        outputs=("conditioning",), params={"prompt": ParamMap("text")},
+        derive=lambda _: {"variant": "edit"},
+    ),
+    "TextEncodeQwenImageEditPlus": Rule(  # 2509 / 2511: up to three images, ~384² for the VL
+        "qwenimage/edit",
+        inputs={"clip": "encoder", "vae": "vae", "image1": "image", "image2": "image_2",
+                "image3": "image_3"},
+        outputs=("conditioning",), params={"prompt": ParamMap("text")},
+        derive=lambda _: {"variant": "plus"},
+    ),
+    "FluxKontextImageScale": Rule(  # edit templates size the latent from the reference
+        "image/scale-to-pixels", inputs={"image": "image"}, outputs=("image",),
+        derive=lambda _: {"method": "lanczos", "megapixels": 1.0, "resolution_steps": 16},
+        warnings=(lambda _: ["approximated: scaled to ~1 MP at the image's aspect ratio in "
+                             "multiples of 16, not snapped to FLUX.1 Kontext's list of preferred "
+                             "resolutions"],),
+    ),
     "Flux2Scheduler": Rule(  # its width / height may be wired (GetImageSize in edit templates)
         "flux2/scheduler", outputs=("sigmas",),
         params={"steps": ParamMap("steps"), "width": ParamMap("width"),
@@ -429,6 +452,12 @@ FOLDED: dict[str, tuple[str, str, Warn | None]] = {
     name: (port, f"folded into the sampler downstream as its {param!r}", None)
     for name, (port, param) in SAMPLER_PARAM_NODES.items()
 }
+FOLDED["CFGNorm"] = (
+    "model", "Qwen-Image's sampler always rescales its CFG mix to the conditional prediction's "
+    "norm (the diffusers pipelines' true CFG, per token, not clamped)",
+    lambda values: [] if float(values.get("strength", 1.0)) == 1.0 else
+    [f"CFGNorm strength {values.get('strength')} is not honoured (always 1)"],
+)
 
 # Cut: consumers get the input unwired, which means the same thing on this farm.
 CUT: dict[str, str] = {

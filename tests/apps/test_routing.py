@@ -41,6 +41,31 @@ def test_the_estimate_is_weights_plus_activations_that_grow_with_the_image():
     assert large.total_gb == large.weights_gb + large.activations_gb
 
 
+def test_the_estimate_counts_the_reference_images_an_edit_hands_the_transformer():
+    from apps.graphs.schema import GraphDoc
+    from apps.runs.services.submit import image_pixels
+
+    def wired(node: str) -> dict[str, str]:
+        return {"node": node, "port": "image"}
+
+    nodes: dict[str, Any] = {
+        "a": {"type": "image/load", "params": {"asset": "a"}},
+        "b": {"type": "image/load", "params": {"asset": "b"}},
+        "vae": {"type": "load/vae", "params": {"file": "v.safetensors"}},
+        "edit": {"type": "qwenimage/edit", "params": {"megapixels": 0.5},
+                 "inputs": {"image": wired("a"), "image_2": wired("b"),
+                            "vae": {"node": "vae", "port": "vae"}}},
+        "empty": {"type": "latent/empty", "params": {"width": 1024, "height": 512}},
+        "klein": {"type": "flux2/reference", "inputs": {"image": wired("a")}},
+    }
+    graph = GraphDoc.model_validate({"nodes": nodes})
+    assert image_pixels(graph, ["a", "b", "vae", "empty"]) == 1024 * 512
+    assert image_pixels(graph, list(nodes)) == 1024 * 512 + 2 * 2**19 + 2**20
+    del nodes["edit"]["inputs"]["vae"]  # no VAE: the images only inform the prompt
+    graph = GraphDoc.model_validate({"nodes": nodes})
+    assert image_pixels(graph, list(nodes)) == 1024 * 512 + 2**20
+
+
 def test_a_run_goes_to_the_smallest_gpu_class_that_fits_and_holds_its_files():
     _host("l40s@a", 48, "gpu.48g", [(BIG, 20 * GB), (SMALL, 2 * GB)])
     _host("h200@b", 141, "gpu.141g", [(BIG, 20 * GB), (SMALL, 2 * GB)])

@@ -266,6 +266,25 @@ def test_dev_s_embedded_guidance_is_what_the_flux2_pipeline_paints(flux2_stack, 
     assert png_bytes(ours) == png_bytes(theirs)
 
 
+def test_dev_with_its_mistral3_encoder_paints_exactly_what_the_flux2_pipeline_paints(
+        flux2_stack, make_ctx):
+    """FLUX.2 dev end to end: its Mistral3 text encoder (a single file with its config and a
+    tokenizer whose chat template renders the pipeline's system message) is recognised as
+    FLUX.2's, encodes as Flux2Pipeline encodes (hidden states 10, 20, 30), and the generic
+    nodes with the distilled guidance paint the pipeline's PNG."""
+    from workers.models.families import identify
+    from workers.models.flux2.tiny import smoke_dev_pipeline, write_dev_files
+
+    models_dir, names = flux2_stack
+    dev = write_dev_files(models_dir)
+    encoder_path = models_dir / "text_encoders" / dev["text_encoder_dev"]
+    assert identify(encoder_path, "text_encoders").families == ("flux2",)
+    ctx = make_ctx(models_dir=models_dir)
+    image = chain(ctx, {**names, "model": dev["model_dev"], "text_encoder": dev["text_encoder_dev"]},
+                  guidance=2.5)[1]
+    assert png_bytes(image) == png_bytes(reference(smoke_dev_pipeline(), 2.5))
+
+
 @pytest.mark.parametrize("images", [(REF_A,), (REF_A, REF_B), (REF_C, REF_A, REF_B)],
                          ids=["one", "two", "three"])
 @pytest.mark.parametrize("guidance", [0.0, 2.0], ids=["plain", "cfg"])

@@ -3,7 +3,7 @@ file and the folder it belongs in, CPU weights in memory of their own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from workers.device.policy import DevicePolicy, Placement
-from workers.models.catalog import WEIGHT_SUFFIXES
+from workers.models.cache import MODEL_CACHE
+from workers.models.catalog import WEIGHT_SUFFIXES, file_sha256, resolve
 from workers.models.family import ModelLoadError
 
 
@@ -153,3 +154,128 @@ def text_encoder_model(*, name: str, sha: str, model: Any, tokenizer: Any, place
         lambda items: encode_rows(encode, te, items), max_items=policy.batch_bounds().items,
         observe=batcher_observer("text_encodes"))
     return TextEncoder(name, sha, model, tokenizer, placement, batched, family)
+
+
+def config_or_shipped(path: Path, configs: Path, role: str) -> Path:
+    """The config.json to build a single file `path` with: its sidecar `<stem>.config.json`,
+    else the family's shipped full-size one (`configs/<role>/config.json`)."""
+    own = sidecar(path, ".config.json")
+    return own if own.is_file() else configs / role / "config.json"
+
+
+def placed_denoiser(model: Any, placement: Placement) -> Any:
+    """A loaded denoiser on its device, in memory of its own on CPU (it never waits offloaded)."""
+    if placement.device == "cpu":
+        own_storage(model)
+    return model.to(placement.device).eval()
+
+
+def assign_state(cls: Any, config: Any, state: dict[str, Any], path: Path) -> Any:
+    """`cls(config)` built on the meta device, its weights assigned from `state`; every key of
+    the file must be one of the model's and every weight must come from it."""
+    import torch
+
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise ModelLoadError(
+            f"{path.name} does not match its config: missing {result.missing_keys[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}")
+    return model
+
+
+def tokenizer_folder(path: Path) -> Path:
+    """Where a text encoder's tokenizer lives: its own folder, or `<stem>.tokenizer/` beside a
+    single file; a ModelLoadError naming that folder when its files are not there."""
+    folder = path if path.is_dir() else sidecar(path, ".tokenizer")
+    if not (folder / "tokenizer_config.json").is_file():
+        raise ModelLoadError(f"no tokenizer for text encoder {path.name}: put its tokenizer "
+                             f"files (tokenizer.json, tokenizer_config.json, …) in {folder}/")
+    return folder
+
+
+def load_transformers_encoder(cls: Any, path: Path, placement: Placement, what: str, *,
+                              chat: bool = False) -> tuple[Any, Any]:
+    """A transformers text encoder `cls` and its tokenizer (AutoTokenizer, local files only)
+    from a folder, or from one file with `<stem>.config.json` and `<stem>.tokenizer/` beside
+    it; checked complete, resting where the policy says. `chat`: the tokenizer must carry a
+    chat template. Every tokenizer needs a pad token."""
+    from transformers import AutoTokenizer
+
+    tok_dir = tokenizer_folder(path)
+    with load_errors(path, what, "text_encoders"):
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        if path.is_dir():
+            model = cls.from_pretrained(path, local_files_only=True, dtype=placement.torch_dtype)
+        else:
+            model = transformers_from_file(cls, path, placement)
+        check_complete(model, path)
+    if tokenizer.pad_token is None or (chat and not tokenizer.chat_template):
+        needs = "a pad_token and a chat_template" if chat else "a pad_token"
+        raise ModelLoadError(f"the tokenizer in {tok_dir} needs {needs}")
+    return rest(model, placement), tokenizer
+
+
+def transformers_from_file(cls: Any, path: Path, placement: Placement) -> Any:
+    """A transformers model from one weight file and its sidecar config: both linked into a
+    temporary folder laid out as from_pretrained reads one (its key conversions, ties, buffers
+    and dtypes as for a folder)."""
+    import tempfile
+
+    config_path = sidecar(path, ".config.json")
+    if not config_path.is_file():
+        raise ModelLoadError(f"a single-file text encoder needs its transformers config: put "
+                             f"it in {config_path} (or use the encoder's folder)")
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").symlink_to(config_path.resolve())
+        (Path(folder) / "model.safetensors").symlink_to(path.resolve())
+        return cls.from_pretrained(folder, local_files_only=True, dtype=placement.torch_dtype)
+
+
+def cached_denoiser(models_dir: Path, name: str, policy: DevicePolicy, *, family: str,
+                    key: str, load: Any, predict: Any) -> Any:
+    """`diffusion_models/<name>` as the farm's DiffusionModel, loaded once per (content,
+    placement, attention) by `load(path, placement)` (the family's transformer), cached."""
+    path = resolve(models_dir, "diffusion_models", name)
+    sha, placement = file_sha256(path), policy.placement("denoiser")
+    refuse_int8(policy)
+
+    def build() -> Any:
+        return denoiser_model(name=name, sha=sha, transformer=load(path, placement),
+                              predict=predict, placement=placement, policy=policy, family=family)
+
+    return MODEL_CACHE.get_or_load((key, sha, placement, policy.attention), build)
+
+
+def cached_vae(models_dir: Path, name: str, policy: DevicePolicy, *, family: str, key: str,
+               load: Any, decode: Any, latent: Any) -> Any:
+    """`vae/<name>` as the farm's Vae, loaded once per (content, placement, tiling, slicing)
+    by `load(path, placement)` (the family's module, resting where it waits), cached."""
+    path = resolve(models_dir, "vae", name)
+    sha, placement = file_sha256(path), policy.placement("vae")
+
+    def build() -> Any:
+        return vae_model(name=name, sha=sha, module=load(path, placement), placement=placement,
+                         policy=policy, decode=decode, latent=latent, family=family)
+
+    cache_key = (key, sha, placement, policy.vae_tiling, policy.vae_slicing)
+    return MODEL_CACHE.get_or_load(cache_key, build)
+
+
+def cached_text_encoder(paths: Sequence[Path], policy: DevicePolicy, *, family: str, key: str,
+                        load: Any, encode: Any, name: str = "") -> Any:
+    """The text encoder(s) in `paths` (a family's one file, or FLUX.1's CLIP-L + T5) as the
+    farm's TextEncoder `name` (default: their file names), loaded once per (contents, placement) by
+    `load(placement)` → (model, tokenizer), cached."""
+    refuse_int8(policy)
+    sha = "".join(file_sha256(path) for path in paths)
+    placement = policy.placement("text-encoder")
+
+    def build() -> Any:
+        model, tokenizer = load(placement)
+        return text_encoder_model(name=name or " + ".join(p.name for p in paths), sha=sha, model=model,
+                                  tokenizer=tokenizer, placement=placement, policy=policy,
+                                  encode=encode, family=family)
+
+    return MODEL_CACHE.get_or_load((key, sha, placement), build)

@@ -263,7 +263,7 @@ def _requirement(graph: GraphDoc, order: list[str]) -> tuple[dict[str, Any], str
     unique = {(m["folder"], m["name"]) for m in models}
     families = graph_families_check(graph, order, fleet_files(fleet.workers))  # 422: mixed
     need = need_estimate(model_sizes=[sizes.get(m, 0) for m in sorted(unique)],
-                         pixels=_largest_image(graph, order), activation=activation_for(families))
+                         pixels=image_pixels(graph, order), activation=activation_for(families))
     requirement = {"nodeTypes": types, "models": models, "need": need.to_wire(),
                    "families": sorted(families),
                    "parallel": parallel_request(graph.nodes[n].params.get("parallel")
@@ -272,6 +272,34 @@ def _requirement(graph: GraphDoc, order: list[str]) -> tuple[dict[str, Any], str
         return requirement, fleet.queue_for(requirement)
     except RunCannotFit as exc:
         raise GraphInvalid("run_cannot_fit", str(exc), refs[0][0]) from None
+
+
+MEGAPIXEL = 1024 * 1024
+# Reference images a node hands the transformer beside the image it denoises (their tokens join
+# its sequence): its image ports, and the pixels each becomes from the node's params.
+REFERENCE_NODES: dict[str, tuple[tuple[str, ...], Any]] = {
+    "flux2/reference": (("image", "image_2", "image_3"), lambda params: MEGAPIXEL),  # ≤ 1 MP
+    "qwenimage/edit": (("image", "image_2", "image_3"),  # only with a VAE: reference latents
+                       lambda params: round(float(params.get("megapixels", 1.0)) * MEGAPIXEL)),
+}
+
+
+def image_pixels(graph: GraphDoc, order: list[str]) -> int:
+    """The pixels a run's denoise holds at once: its largest image, plus every reference image
+    its edit nodes hand the transformer (the VRAM estimate counts them)."""
+    return _largest_image(graph, order) + _reference_pixels(graph, order)
+
+
+def _reference_pixels(graph: GraphDoc, order: list[str]) -> int:
+    total = 0
+    for node_id in order:
+        node = graph.nodes[node_id]
+        if node.type not in REFERENCE_NODES or (node.type == "qwenimage/edit"
+                                                and "vae" not in node.inputs):
+            continue
+        ports, pixels = REFERENCE_NODES[node.type]
+        total += sum(pixels(node.params) for port in ports if port in node.inputs)
+    return total
 
 
 def _largest_image(graph: GraphDoc, order: list[str]) -> int:

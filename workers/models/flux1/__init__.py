@@ -11,8 +11,8 @@ encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
 from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
-from workers.models.flux2 import is_flux2_lora, is_flux2_transformer
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_flux2_lora, is_flux2_transformer
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # packed 2×2 into 64-wide tokens
 CLIP_L_WIDTH = 768  # full-size CLIP-L; tiny stacks declare theirs in their config
@@ -27,7 +27,7 @@ def recognise(header: ModelHeader) -> str | None:
         return "lora" if is_flux_lora(header) and not is_flux2_lora(header) else None
     name = header.class_name
     if is_flux2_transformer(header):
-        return None  # FLUX.2's double blocks share FLUX.1's names (workers/models/flux2)
+        return None  # FLUX.2's double blocks share FLUX.1's names (workers/models/lookalikes.py)
     if name == "FluxTransformer2DModel" or header.has("double_blocks.", "img_attn.") or (
         header.has("single_transformer_blocks.") and header.has("attn.add_q_proj.")
     ):

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
+from workers.models import flow
 from workers.models.flux1 import LATENT
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
@@ -72,46 +73,15 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
     the time shift α itself: σ = α·t / (1 + (α − 1)·t), which is ComfyUI's ModelSamplingSD3
     `shift`, and its ModelSamplingFlux shift `mu` as α = e^mu (e^mu / (e^mu + 1/t − 1) is the
     same curve)."""
-    import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
-    cfg = scheduler.config
-    mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
-                         cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-    start = int(max(steps - min(steps * denoise, steps), 0))
-    if steps - start < 1:
-        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
-                         "raise denoise or steps")
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: flow.resolution_mu(cfg, tokens))
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents)."""
-    b, _, channels = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, channels // 4, h, w)
+pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
 def image_ids(h: int, w: int, dtype: torch.dtype, device: Any) -> torch.Tensor:

@@ -17,23 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from workers.device.policy import DevicePolicy, Placement
-from workers.models.cache import MODEL_CACHE
-from workers.models.catalog import file_sha256, resolve
+from workers.models.catalog import resolve
 from workers.models.family import ModelLoadError
 from workers.models.flux1 import LATENT, clip_kind, engine, keys, t5_kind
 from workers.models.header import read_header
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
+    assign_state,
+    cached_denoiser,
+    cached_text_encoder,
+    cached_vae,
     check_complete,
-    denoiser_model,
+    config_or_shipped,
     load_errors,
+    load_transformers_encoder,
     load_weights,
-    own_storage,
-    refuse_int8,
+    placed_denoiser,
     rest,
-    sidecar,
-    text_encoder_model,
-    vae_model,
 )
 
 FAMILY = "flux1"
@@ -42,40 +42,19 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
     """The FLUX.1 transformer `diffusion_models/<name>` with its step batcher (cached)."""
-    path = resolve(models_dir, "diffusion_models", name)
-    sha, placement = file_sha256(path), policy.placement("denoiser")
-    refuse_int8(policy)
-
-    def load() -> DiffusionModel:
-        transformer = _load_transformer(path, placement)
-        return denoiser_model(name=name, sha=sha, transformer=transformer, predict=engine.predict,
-                              placement=placement, policy=policy, family=FAMILY)
-
-    return MODEL_CACHE.get_or_load(("flux1-transformer", sha, placement, policy.attention), load)
+    return cached_denoiser(models_dir, name, policy, family=FAMILY, key="flux1-transformer",
+                           load=_load_transformer, predict=engine.predict)
 
 
 def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
     """The FLUX AutoencoderKL `vae/<name>` (cached)."""
-    from diffusers import AutoencoderKL
-
-    path = resolve(models_dir, "vae", name)
-    sha, placement = file_sha256(path), policy.placement("vae")
-
-    def load() -> Vae:
-        config = _config(path, "vae")
-        module = rest(load_weights(AutoencoderKL, path, placement, config, "a FLUX VAE", "vae"),
-                      placement)
-        return vae_model(name=name, sha=sha, module=module, placement=placement, policy=policy,
-                         decode=engine.decode_latents_batch, latent=LATENT, family=FAMILY)
-
-    key = ("flux1-vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
-    return MODEL_CACHE.get_or_load(key, load)
+    return cached_vae(models_dir, name, policy, family=FAMILY, key="flux1-vae", load=_load_vae,
+                      decode=engine.decode_latents_batch, latent=LATENT)
 
 
 def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePolicy) -> TextEncoder:
     """CLIP-L and T5 from two `text_encoders/` entries (either order), with their tokenizers.
     The value's `model` is (clip, t5) and its `tokenizer` (clip's, t5's)."""
-    refuse_int8(policy)
     paths = [resolve(models_dir, "text_encoders", n) for n in names]
     kinds = {_encoder_kind(p): p for p in paths}
     if set(kinds) != {"clip-l", "t5"} or len(paths) != 2:
@@ -83,18 +62,14 @@ def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePoli
         raise ModelLoadError(f"FLUX.1 needs two text encoders, CLIP-L and T5 (in either order); "
                              f"got {found}")
     clip_path, t5_path = kinds["clip-l"], kinds["t5"]
-    sha = file_sha256(clip_path) + file_sha256(t5_path)
-    placement = policy.placement("text-encoder")
 
-    def load() -> TextEncoder:
+    def load(placement: Placement) -> tuple[Any, Any]:
         clip, clip_tok = _load_encoder(clip_path, placement, "CLIPTextModel")
         t5, t5_tok = _load_encoder(t5_path, placement, "T5EncoderModel")
-        return text_encoder_model(name=f"{clip_path.name} + {t5_path.name}", sha=sha,
-                                  model=(clip, t5), tokenizer=(clip_tok, t5_tok),
-                                  placement=placement, policy=policy,
-                                  encode=engine.encode_prompts, family=FAMILY)
+        return (clip, t5), (clip_tok, t5_tok)
 
-    return MODEL_CACHE.get_or_load(("flux1-text-encoders", sha, placement), load)
+    return cached_text_encoder([clip_path, t5_path], policy, family=FAMILY,
+                               key="flux1-text-encoders", load=load, encode=engine.encode_prompts)
 
 
 def _encoder_kind(path: Path) -> str | None:
@@ -105,8 +80,14 @@ def _encoder_kind(path: Path) -> str | None:
 
 
 def _config(path: Path, role: str) -> Path:
-    own = sidecar(path, ".config.json")
-    return own if own.is_file() else CONFIGS / role / "config.json"
+    return config_or_shipped(path, CONFIGS, role)
+
+
+def _load_vae(path: Path, placement: Placement) -> Any:
+    from diffusers import AutoencoderKL
+
+    return rest(load_weights(AutoencoderKL, path, placement, _config(path, "vae"), "a FLUX VAE",
+                             "vae"), placement)
 
 
 def _load_transformer(path: Path, placement: Placement) -> Any:
@@ -119,15 +100,12 @@ def _load_transformer(path: Path, placement: Placement) -> Any:
         with load_errors(path, what, folder):
             model = _transformer_from_file(FluxTransformer2DModel, path, placement)
             check_complete(model, path)
-    if placement.device == "cpu":
-        own_storage(model)
-    return model.to(placement.device).eval()
+    return placed_denoiser(model, placement)
 
 
 def _transformer_from_file(cls: Any, path: Path, placement: Placement) -> Any:
     """Original / ComfyUI keys are converted here (diffusers' converter only reads full size);
     diffusers keys load as they are."""
-    import torch
     from safetensors.torch import load_file
 
     config = cls.load_config(str(_config(path, "transformer")))
@@ -136,45 +114,11 @@ def _transformer_from_file(cls: Any, path: Path, placement: Placement) -> Any:
         state = keys.from_original(state)
     if not any(k.startswith("time_text_embed.guidance_embedder.") for k in state):
         config = {**config, "guidance_embeds": False}  # schnell
-    with torch.device("meta"):
-        model = cls.from_config(config)
-    result = model.load_state_dict(state, strict=False, assign=True)
-    if result.missing_keys or result.unexpected_keys:
-        raise ModelLoadError(
-            f"{path.name} does not match its config: missing {result.missing_keys[:3]}, "
-            f"unexpected {result.unexpected_keys[:3]}")
-    return model.to(placement.torch_dtype)
+    return assign_state(cls, config, state, path).to(placement.torch_dtype)
 
 
 def _load_encoder(path: Path, placement: Placement, class_name: str) -> tuple[Any, Any]:
     import transformers
 
-    cls = getattr(transformers, class_name)
-    tok_dir = path if path.is_dir() else sidecar(path, ".tokenizer")
-    if not (tok_dir / "tokenizer_config.json").is_file():
-        raise ModelLoadError(f"no tokenizer for text encoder {path.name}: put its tokenizer "
-                             f"files (tokenizer.json, tokenizer_config.json, …) in {tok_dir}/")
-    with load_errors(path, f"a {class_name}", "text_encoders"):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        if path.is_dir():
-            model = cls.from_pretrained(path, local_files_only=True, dtype=placement.torch_dtype)
-        else:
-            model = _encoder_from_file(cls, path, placement)
-        check_complete(model, path)
-    return rest(model, placement), tokenizer
-
-
-def _encoder_from_file(cls: Any, path: Path, placement: Placement) -> Any:
-    """A transformers model from one weight file and its sidecar config: both linked into a
-    temporary folder laid out as from_pretrained reads one (ties, buffers and dtypes as for a
-    folder)."""
-    import tempfile
-
-    config_path = sidecar(path, ".config.json")
-    if not config_path.is_file():
-        raise ModelLoadError(f"a single-file text encoder needs its transformers config: put "
-                             f"it in {config_path} (or use the encoder's folder)")
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "config.json").symlink_to(config_path.resolve())
-        (Path(folder) / "model.safetensors").symlink_to(path.resolve())
-        return cls.from_pretrained(folder, local_files_only=True, dtype=placement.torch_dtype)
+    return load_transformers_encoder(getattr(transformers, class_name), path, placement,
+                                     f"a {class_name}")

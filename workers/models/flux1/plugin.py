@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workers.models.flow import to_denoised
 from workers.models.flux1 import tiny
 from workers.models.flux1.engine import (
     decode_latents_batch,
@@ -69,11 +70,6 @@ def text_encoder_lora_state_dict(path: Path, encoder: Any, denoiser: Any) -> dic
                                                  local_files_only=True)
     return encoder_modules(state, alphas, "text_encoder", text_encoder_parts(encoder)
                            ["text_encoder"])
-
-
-def to_denoised(job: Any, output: Any) -> Any:
-    """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
-    return job.latents - job.sigmas[job.step] * output
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:

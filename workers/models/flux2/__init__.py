@@ -21,6 +21,7 @@ import math
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_flux2_lora, is_flux2_transformer
 
 # ComfyUI's Flux2 latents: the VAE's 32 channels patchified 2×2 into 128 at ÷16 (one token each).
 LATENT = LatentFormat(channels=128, downscale=16, patch=1)
@@ -37,7 +38,7 @@ def recognise(header: ModelHeader) -> str | None:
     if header.is_lora():
         return "lora" if is_flux2_lora(header) else None
     name = header.class_name
-    if name == "Flux2Transformer2DModel" or header.has("single_stream_modulation."):
+    if is_flux2_transformer(header):
         return "transformer"
     if name == "AutoencoderKLFlux2" or (
         "bn.running_mean" in header.shapes and header.latent_channels() == VAE_CHANNELS
@@ -81,19 +82,6 @@ def comfy_sigmas(steps: int, width: int, height: int) -> list[float]:
     mu = empirical_mu(round(width * height / (16 * 16)), steps)
     grid = [1.0 - i / steps for i in range(steps + 1)]
     return [math.exp(mu) / (math.exp(mu) + (1 / t - 1)) if t > 0 else 0.0 for t in grid]
-
-
-def is_flux2_lora(header: ModelHeader) -> bool:
-    """A LoRA of FLUX.2's transformer in diffusers / PEFT names: its modules FLUX.1 lacks (the
-    single blocks' fused `to_qkv_mlp_proj`, the SwiGLU `linear_in` / `linear_out`)."""
-    return any(header.has(f) for f in ("to_qkv_mlp_proj", "ff.linear_in", "ff.linear_out",
-                                        "ff_context.linear_in", "ff_context.linear_out"))
-
-
-def is_flux2_transformer(header: ModelHeader) -> bool:
-    """A FLUX.2 transformer, in any layout (FLUX.1's recognise defers to this: both have
-    `double_blocks.*.img_attn`)."""
-    return header.class_name == "Flux2Transformer2DModel" or header.has("single_stream_modulation.")
 
 
 FAMILY = FamilyInfo(

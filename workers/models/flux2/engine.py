@@ -24,15 +24,17 @@ from typing import Any, NamedTuple
 import torch
 from PIL import Image
 
+from workers.models import flow
 from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
-from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
+from workers.sampling.layouts import forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' text padding
 KLEIN_LAYERS = (9, 18, 27)  # Flux2KleinPipeline's text_encoder_out_layers
+DEV_LAYERS = (10, 20, 30)  # Flux2Pipeline's (its Mistral3's hidden states)
 
 
 class Flux2Prompt(NamedTuple):
@@ -49,9 +51,27 @@ class Flux2Prompt(NamedTuple):
 
 @torch.no_grad()
 def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[Flux2Prompt]:
-    """Each text's Flux2Prompt, from ONE Qwen3 forward over the batch (the Klein pipeline's
-    `_get_qwen3_prompt_embeds`: the chat template without thinking, padded to 512, masked)."""
-    tokenizer, model = encoder.tokenizer, encoder.model
+    """Each text's Flux2Prompt, from ONE text-encoder forward over the batch: Klein's Qwen3
+    (`Flux2KleinPipeline._get_qwen3_prompt_embeds`: the chat template without thinking, padded
+    to 512, masked, hidden states 9, 18, 27) or dev's Mistral3
+    (`Flux2Pipeline._get_mistral_3_small_prompt_embeds`: its system message, padded to 512,
+    hidden states 10, 20, 30)."""
+    model = encoder.model
+    dev = model.config.model_type == "mistral3"
+    tokens = _mistral_tokens if dev else _qwen3_tokens
+    ids, masks = tokens(encoder.tokenizer, texts)  # [B, 512] each
+    layers = DEV_LAYERS if dev else KLEIN_LAYERS
+    device = encoder.placement.device
+    out = model(input_ids=ids.to(device), attention_mask=masks.to(device),
+                output_hidden_states=True, use_cache=False)
+    states = torch.stack([out.hidden_states[k] for k in layers], dim=1)  # [B, 3, L, D]
+    states = states.to(dtype=model.dtype)
+    b, n, length, width = states.shape
+    embeds = states.permute(0, 2, 1, 3).reshape(b, length, n * width)  # [B, 512, 3·D]
+    return [Flux2Prompt(embeds[i]) for i in range(len(texts))]
+
+
+def _qwen3_tokens(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ids, masks = [], []
     for text in texts:
         chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -60,14 +80,19 @@ def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[Flux2Prompt]:
                            max_length=MAX_SEQUENCE_LENGTH)
         ids.append(tokens["input_ids"])
         masks.append(tokens["attention_mask"])
-    device = encoder.placement.device
-    out = model(input_ids=torch.cat(ids).to(device), attention_mask=torch.cat(masks).to(device),
-                output_hidden_states=True, use_cache=False)
-    states = torch.stack([out.hidden_states[k] for k in KLEIN_LAYERS], dim=1)  # [B, 3, L, D]
-    states = states.to(dtype=model.dtype)
-    b, n, length, width = states.shape
-    embeds = states.permute(0, 2, 1, 3).reshape(b, length, n * width)  # [B, 512, 3·D]
-    return [Flux2Prompt(embeds[i]) for i in range(len(texts))]
+    return torch.cat(ids), torch.cat(masks)  # [B, 512] each
+
+
+def _mistral_tokens(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dev pipeline's chat (its system message, each text a user turn), padded to 512."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    tokens = tokenizer.apply_chat_template(
+        format_input(prompts=list(texts), system_message=SYSTEM_MESSAGE),
+        add_generation_prompt=False, tokenize=True, return_dict=True, return_tensors="pt",
+        padding="max_length", truncation=True, max_length=MAX_SEQUENCE_LENGTH)
+    return tokens["input_ids"], tokens["attention_mask"]
 
 
 @cache
@@ -83,29 +108,12 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
 
     `shift` None: the pipeline's empirical mu from the image's tokens and `steps` (ComfyUI's
     Flux2Scheduler). Else the time shift α itself: σ = α·t / (1 + (α − 1)·t)."""
-    import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
-    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps),
-                            mu=empirical_mu(tokens, steps))
-    start = int(max(steps - min(steps * denoise, steps), 0))
-    if steps - start < 1:
-        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
-                         "raise denoise or steps")
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: empirical_mu(tokens, steps))
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -153,16 +161,7 @@ def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     Klein: a CFG job (guidance g > 0) puts its negative and positive rows in the forward and
     mixes uncond + (g + 1)·(cond − uncond); both rows see the positive's references, as in the
     pipeline. Dev: `job.extra["guidance"]` is embedded."""
-    out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[tuple[int, ...], ...], list[int]] = {}
-    for index, job in enumerate(jobs):
-        sizes.setdefault(layout(job), []).append(index)
-    for members in sizes.values():
-        group = [jobs[i] for i in members]
-        for i, velocity in zip(members, _forward(transformer, group), strict=True):
-            out[i] = velocity
-            jobs[i].extra[FORWARD_JOBS] = len(group)  # the progress event's `batch`
-    return [out[i] for i in range(len(jobs))]
+    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from workers.models.flow import to_denoised
 from workers.models.flux2 import tiny
 from workers.models.flux2.engine import (
     decode_latents_batch,
@@ -46,11 +47,6 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     if not any(k.startswith("transformer.") for k in state):
         state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
     return peft_modules(state, None, "transformer.")
-
-
-def to_denoised(job: Any, output: Any) -> Any:
-    """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
-    return job.latents - job.sigmas[job.step] * output
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:

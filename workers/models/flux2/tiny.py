@@ -99,6 +99,68 @@ def build_dev_transformer(seed: int = 1) -> Any:
     return model.eval()
 
 
+# Mistral's chat layout for the dev pipeline's messages (content lists of text parts).
+MISTRAL_CHAT_TEMPLATE = (
+    "{%- for m in messages %}{%- for c in m['content'] %}"
+    "{%- if m['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + c['text'] + '[/SYSTEM_PROMPT]' }}"
+    "{%- else %}{{ '[INST]' + c['text'] + '[/INST]' }}{%- endif %}{%- endfor %}{%- endfor %}"
+)
+MISTRAL_LAYERS = 31  # enough for hidden_states[30]
+
+
+def build_mistral(seed: int = 2) -> tuple[Any, Any]:
+    """A tiny FLUX.2 dev text encoder: a Mistral3ForConditionalGeneration of width 16 (so the
+    transformer's joint_attention_dim, 3 × 16, fits), with a one-layer Pixtral vision tower,
+    and its byte-level tokenizer with a Mistral-style chat template."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = MISTRAL_CHAT_TEMPLATE
+    config = Mistral3Config(
+        text_config={"model_type": "mistral", "hidden_size": HIDDEN, "intermediate_size": 32,
+                     "num_hidden_layers": MISTRAL_LAYERS, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
+                     "max_position_embeddings": 1024, "pad_token_id": tokenizer.pad_token_id},
+        vision_config={"model_type": "pixtral", "hidden_size": 16, "intermediate_size": 16,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 8,
+                       "image_size": 64, "patch_size": 16},
+        image_token_index=len(tokenizer) - 1)
+    torch.manual_seed(seed)
+    return Mistral3ForConditionalGeneration(config).eval(), tokenizer
+
+
+def write_dev_files(models_dir: Path, seed: int = 0) -> dict[str, str]:
+    """FLUX.2 dev's tiny transformer (original keys) and Mistral3 text encoder (single file,
+    config, tokenizer) beside the Klein stack's files; {"model_dev", "text_encoder_dev"}."""
+    from safetensors.torch import save_file
+
+    models_dir = Path(models_dir)
+    for folder in ("diffusion_models", "text_encoders"):
+        (models_dir / folder).mkdir(parents=True, exist_ok=True)
+    names = {"model_dev": f"{SMOKE}-dev.safetensors",
+             "text_encoder_dev": f"{SMOKE}-mistral3.safetensors"}
+    transformer = models_dir / "diffusion_models" / names["model_dev"]
+    save_file(keys.to_original(build_dev_transformer(seed + 1).state_dict()), transformer)
+    _config(transformer, "Flux2Transformer2DModel", {**TRANSFORMER_CONFIG, "guidance_embeds": True})
+    _single_file_encoder(*build_mistral(seed + 2),
+                         models_dir / "text_encoders" / names["text_encoder_dev"])
+    return names
+
+
+def smoke_dev_pipeline(seed: int = 0) -> Any:
+    """The reference `Flux2Pipeline` (dev) built from the same in-memory tiny modules
+    `write_dev_files(seed=seed)` saves, with the Klein stack's VAE."""
+    from diffusers import Flux2Pipeline
+
+    parts = build_tiny_components(seed)
+    text_encoder, tokenizer = build_mistral(seed + 2)
+    pipe: Any = Flux2Pipeline(scheduler=parts["scheduler"], vae=parts["vae"],
+                              text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=build_dev_transformer(seed + 1))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     """Write the tiny stack under `models_dir`; the file name per role:
     {"model", "vae", "text_encoder"}."""

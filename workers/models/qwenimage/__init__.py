@@ -68,6 +68,7 @@ FAMILY = FamilyInfo(
     splits=False,
     activation_gb=2.0,  # 20.4 B transformer: long joint sequences (text + image tokens)
     activation_gb_per_mpx=6.0,
+    nodes=("edit",),
     guidance="cfg",
     text_encoders=("Qwen2.5-VL",),
     cfg_offset=1.0,  # the farm's g: cond + g·(cond − uncond), the pipeline's true_cfg_scale g + 1

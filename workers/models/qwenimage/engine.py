@@ -24,15 +24,17 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
 
+from workers.models import flow
 from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
+from workers.sampling.layouts import forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -43,11 +45,23 @@ TOKENIZER_MAX = 1024  # the pipeline's tokenizer_max_length (+ the template's to
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's default max_sequence_length
 
 
+class Tokenizers(NamedTuple):
+    """A loaded Qwen2.5-VL's tokenizer (`text`) and, when its folder holds the processor's files,
+    the Qwen2-VL processor that encodes prompts with images (Qwen-Image-Edit's); `folder`: where
+    they were read from (named by the error when the processor is missing)."""
+
+    text: Any
+    processor: Any
+    folder: Path
+
+
 @torch.no_grad()
 def encode_prompts(encoder: TextEncoder, texts: list[str]) -> list[torch.Tensor]:
     """Each text's embeddings [L_i, D] (padding dropped), from ONE encoder forward over the
     batch padded to its longest; one text is exactly the pipeline's call."""
-    tokens = encoder.tokenizer([TEMPLATE.format(t) for t in texts],
+    tokenizer = encoder.tokenizer
+    tokenizer = tokenizer.text if isinstance(tokenizer, Tokenizers) else tokenizer
+    tokens = tokenizer([TEMPLATE.format(t) for t in texts],
                                max_length=TOKENIZER_MAX + TEMPLATE_TOKENS, padding=True,
                                truncation=True, return_tensors="pt")
     device = encoder.placement.device
@@ -72,79 +86,72 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
     `shift` None: the pipeline's schedule (mu from the image's tokens, stretched to end at
     shift_terminal). Else the static time shift α of ComfyUI's ModelSamplingAuraFlow:
     σ = α·t / (1 + (α − 1)·t), no terminal stretch."""
-    import numpy as np
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False,
-                  "shift_terminal": None}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
-    cfg = scheduler.config
-    mu = calculate_shift(LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale),
-                         cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-    scheduler.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-    start = int(max(steps - min(steps * denoise, steps), 0))
-    if steps - start < 1:
-        raise ValueError(f"denoise {denoise} of {steps} steps leaves no step to run; "
-                         "raise denoise or steps")
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: flow.resolution_mu(cfg, tokens))
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0 (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[1, C, h, w] → [1, h/2 · w/2, 4C] (the pipeline's _pack_latents)."""
-    b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
-def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """[1, h/2 · w/2, 4C] → [1, C, h, w] (the pipeline's _unpack_latents, frame axis dropped)."""
-    b, _, channels = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, channels // 4, h, w)
+class QwenPrompt(NamedTuple):
+    """An edit prompt's conditioning (the `qwenimage/edit` node's): its embeddings [L, D],
+    encoded with its images by the Qwen2.5-VL, and the reference latents the transformer reads
+    beside the image it denoises (each [1, 16, h, w], normalised). A text prompt's
+    conditioning is the bare embeddings tensor."""
+
+    embeds: torch.Tensor
+    references: tuple[torch.Tensor, ...] = ()
+
+    def to(self, device: Any) -> QwenPrompt:
+        return QwenPrompt(self.embeds.to(device), tuple(r.to(device) for r in self.references))
+
+
+def embeds_of(prompt: Any) -> torch.Tensor:
+    """A conditioning's embeddings [L, D] (a QwenPrompt's or a bare tensor)."""
+    return prompt.embeds if isinstance(prompt, QwenPrompt) else prompt
+
+
+def references_of(job: SampleJob) -> tuple[torch.Tensor, ...]:
+    """The reference latents of a job (its positive prompt's; both CFG rows see them, as in the
+    edit pipelines)."""
+    return job.positive.references if isinstance(job.positive, QwenPrompt) else ()
+
+
+def layout(job: SampleJob) -> tuple[tuple[int, ...], ...]:
+    """What must match for jobs to share a forward: the latent's shape and each reference's
+    (the transformer's rotary table is one set of image shapes for its whole batch)."""
+    return (tuple(job.latents.shape), *(tuple(r.shape) for r in references_of(job)))
 
 
 @torch.no_grad()
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
-    """Each job's guided velocity [1, C, h, w]: one transformer forward per latent size over
-    every job of that size (its rotary table is one image size), a CFG job's conditional and
-    unconditional rows side by side."""
-    out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[int, ...], list[int]] = {}
-    for index, job in enumerate(jobs):
-        sizes.setdefault(tuple(job.latents.shape), []).append(index)
-    for members in sizes.values():
-        group = [jobs[i] for i in members]
-        for i, velocity in zip(members, _forward(transformer, group), strict=True):
-            out[i] = velocity
-    return [out[i] for i in range(len(jobs))]
+    """Each job's guided velocity [1, C, h, w]: one transformer forward per `layout` (latent
+    size and reference sizes) over every job of it, a CFG job's conditional and unconditional
+    rows side by side; jobs of other layouts run apart (their progress `batch` says so)."""
+    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     h, w = jobs[0].latents.shape[-2:]
+    refs = references_of(jobs[0])
     dtype = transformer.dtype
     rows: list[tuple[SampleJob, Any]] = []  # (job, its prompt [L, D]) per batch row
     for job in jobs:
         rows += [(job, job.positive), (job, job.negative)] if job.cfg else [(job, job.positive)]
-    embeds, mask = _padded([prompt for _, prompt in rows], dtype)  # [R, L, D], [R, L] or None
-    x = torch.cat([pack(job.latents) for job, _ in rows]).to(dtype)  # [R, S, 4C]
+    embeds, mask = _padded([embeds_of(prompt) for _, prompt in rows], dtype)  # [R, L, D], [R, L]
+    x = torch.cat([torch.cat([pack(job.latents), *(pack(r) for r in references_of(job))], dim=1)
+                   for job, _ in rows]).to(dtype)  # [R, S + refs' tokens, 4C]
     t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
+    shapes = [(1, h // 2, w // 2), *((1, r.shape[-2] // 2, r.shape[-1] // 2) for r in refs)]
     with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
         pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
-                           encoder_hidden_states_mask=mask,
-                           img_shapes=[[(1, h // 2, w // 2)]] * len(rows),
-                           return_dict=False)[0]  # [R, S, 4C]
+                           encoder_hidden_states_mask=mask, img_shapes=[shapes] * len(rows),
+                           return_dict=False)[0]  # [R, S + refs' tokens, 4C]
+    pred = pred[:, : (h // 2) * (w // 2)]
     velocities, row = [], 0
     for job in jobs:
         cond = pred[row : row + 1]

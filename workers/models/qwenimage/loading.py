@@ -17,22 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from workers.device.policy import DevicePolicy, Placement
-from workers.models.cache import MODEL_CACHE
-from workers.models.catalog import file_sha256, resolve
+from workers.models.catalog import resolve
 from workers.models.family import ModelLoadError
 from workers.models.qwenimage import DIFFUSION_PREFIX, LATENT, engine, keys
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
+    cached_denoiser,
+    cached_text_encoder,
+    cached_vae,
     check_complete,
-    denoiser_model,
+    config_or_shipped,
     load_errors,
+    load_transformers_encoder,
     load_weights,
-    own_storage,
-    refuse_int8,
+    placed_denoiser,
     rest,
-    sidecar,
-    text_encoder_model,
-    vae_model,
+    tokenizer_folder,
 )
 
 FAMILY = "qwenimage"
@@ -42,31 +42,15 @@ ENCODER_CLASS = "Qwen2_5_VLForConditionalGeneration"
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
     """The Qwen-Image transformer `diffusion_models/<name>` with its step batcher (cached)."""
-    path = resolve(models_dir, "diffusion_models", name)
-    sha, placement = file_sha256(path), policy.placement("denoiser")
-    refuse_int8(policy)
-
-    def load() -> DiffusionModel:
-        transformer = _load_transformer(path, placement)
-        return denoiser_model(name=name, sha=sha, transformer=transformer, predict=engine.predict,
-                              placement=placement, policy=policy, family=FAMILY)
-
-    key = ("qwenimage-transformer", sha, placement, policy.attention)
-    return MODEL_CACHE.get_or_load(key, load)
+    return cached_denoiser(models_dir, name, policy, family=FAMILY, key="qwenimage-transformer",
+                           load=_load_transformer, predict=engine.predict)
 
 
 def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
     """The Qwen-Image AutoencoderKLQwenImage `vae/<name>` (cached)."""
-    path = resolve(models_dir, "vae", name)
-    sha, placement = file_sha256(path), policy.placement("vae")
-
-    def load() -> Vae:
-        module = rest(_load_vae(path, placement), placement)
-        return vae_model(name=name, sha=sha, module=module, placement=placement, policy=policy,
-                         decode=engine.decode_latents_batch, latent=LATENT, family=FAMILY)
-
-    key = ("qwenimage-vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
-    return MODEL_CACHE.get_or_load(key, load)
+    return cached_vae(models_dir, name, policy, family=FAMILY, key="qwenimage-vae",
+                      load=lambda path, placement: rest(_load_vae(path, placement), placement),
+                      decode=engine.decode_latents_batch, latent=LATENT)
 
 
 def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePolicy) -> TextEncoder:
@@ -74,22 +58,14 @@ def load_text_encoder(models_dir: Path, names: Sequence[str], policy: DevicePoli
     if len(names) != 1:
         raise ModelLoadError(f"Qwen-Image uses one text encoder (a Qwen2.5-VL), got "
                              f"{len(names)} files: {', '.join(names)}")
-    refuse_int8(policy)
     path = resolve(models_dir, "text_encoders", names[0])
-    sha, placement = file_sha256(path), policy.placement("text-encoder")
-
-    def load() -> TextEncoder:
-        model, tokenizer = _load_encoder(path, placement)
-        return text_encoder_model(name=path.name, sha=sha, model=model, tokenizer=tokenizer,
-                                  placement=placement, policy=policy,
-                                  encode=engine.encode_prompts, family=FAMILY)
-
-    return MODEL_CACHE.get_or_load(("qwenimage-text-encoder", sha, placement), load)
+    return cached_text_encoder([path], policy, family=FAMILY, key="qwenimage-text-encoder",
+                               load=lambda placement: _load_encoder(path, placement),
+                               encode=engine.encode_prompts)
 
 
 def _config(path: Path, role: str) -> Path:
-    own = sidecar(path, ".config.json")
-    return own if own.is_file() else CONFIGS / role / "config.json"
+    return config_or_shipped(path, CONFIGS, role)
 
 
 def _load_transformer(path: Path, placement: Placement) -> Any:
@@ -103,9 +79,7 @@ def _load_transformer(path: Path, placement: Placement) -> Any:
             model = _from_file(QwenImageTransformer2DModel, path, _config(path, "transformer"),
                                placement, DIFFUSION_PREFIX)
             check_complete(model, path)
-    if placement.device == "cpu":
-        own_storage(model)
-    return model.to(placement.device).eval()
+    return placed_denoiser(model, placement)
 
 
 def _load_vae(path: Path, placement: Placement) -> Any:
@@ -121,15 +95,16 @@ def _load_vae(path: Path, placement: Placement) -> Any:
 
 
 def _from_file(cls: Any, path: Path, config_path: Path, placement: Placement, prefix: str) -> Any:
-    """`cls` built from its config with its parameters on the meta device (computed tables such
-    as the rotary frequencies stay real), its weights assigned from the file (a `prefix` such as
-    ComfyUI's `model.diffusion_model.` dropped); every key must match."""
+    """`cls` built from its config with its parameters on the meta device, its weights assigned
+    from the file (a `prefix` such as ComfyUI's `model.diffusion_model.` dropped; a VAE in the
+    original Wan layout converted); every key must match."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
 
     state = {k.removeprefix(prefix) if prefix else k: v for k, v in load_file(str(path)).items()}
     if keys.is_original(state):  # a VAE in the original (Wan) layout
         state = keys.from_original(state)
+    # computed tables such as the rotary frequencies stay real (buffers off the meta device)
     with init_empty_weights(include_buffers=False):
         model = cls.from_config(cls.load_config(str(config_path)))
     result = model.load_state_dict(state, strict=False, assign=True)
@@ -141,36 +116,24 @@ def _from_file(cls: Any, path: Path, config_path: Path, placement: Placement, pr
 
 
 def _load_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
+    """The Qwen2.5-VL and its Tokenizers (the Qwen2-VL processor too when its folder has one)."""
     import transformers
 
-    cls = getattr(transformers, ENCODER_CLASS)
-    tok_dir = path if path.is_dir() else sidecar(path, ".tokenizer")
-    if not (tok_dir / "tokenizer_config.json").is_file():
-        raise ModelLoadError(f"no tokenizer for text encoder {path.name}: put its tokenizer "
-                             f"files (tokenizer.json, tokenizer_config.json, …) in {tok_dir}/")
-    with load_errors(path, "a Qwen2.5-VL text encoder", "text_encoders"):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        if path.is_dir():
-            model = cls.from_pretrained(path, local_files_only=True, dtype=placement.torch_dtype)
-        else:
-            model = _encoder_from_file(cls, path, placement)
-        check_complete(model, path)
-    if tokenizer.pad_token is None:
-        raise ModelLoadError(f"the tokenizer in {tok_dir} needs a pad_token")
-    return rest(model, placement), tokenizer
+    model, tokenizer = load_transformers_encoder(getattr(transformers, ENCODER_CLASS), path,
+                                                 placement, "a Qwen2.5-VL text encoder")
+    folder = tokenizer_folder(path)
+    return model, engine.Tokenizers(tokenizer, load_processor(folder), folder)
 
 
-def _encoder_from_file(cls: Any, path: Path, placement: Placement) -> Any:
-    """A transformers model from one weight file and its sidecar config: both linked into a
-    temporary folder laid out as from_pretrained reads one (its key conversions, ties and
-    dtypes as for a folder)."""
-    import tempfile
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
-    config_path = sidecar(path, ".config.json")
-    if not config_path.is_file():
-        raise ModelLoadError(f"a single-file text encoder needs its transformers config: put "
-                             f"it in {config_path} (or use the encoder's folder)")
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "config.json").symlink_to(config_path.resolve())
-        (Path(folder) / "model.safetensors").symlink_to(path.resolve())
-        return cls.from_pretrained(folder, local_files_only=True, dtype=placement.torch_dtype)
+
+def load_processor(folder: Path) -> Any:
+    """The Qwen2-VL processor (image processor + tokenizer) saved in `folder`, local files only;
+    None when the folder has no processor config (a text-to-image stack needs none)."""
+    if not any((folder / name).is_file() for name in PROCESSOR_FILES):
+        return None
+    from workers.models.qwenimage.vl import ImageTextProcessor
+
+    with load_errors(folder, "the Qwen2-VL processor", "text_encoders"):
+        return ImageTextProcessor.from_pretrained(folder, local_files_only=True)

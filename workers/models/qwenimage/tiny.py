@@ -140,6 +140,31 @@ def _single_file_encoder(model: Any, tokenizer: Any, path: Path) -> None:
         shutil.copy(Path(folder) / "model.safetensors", path)
         shutil.copy(Path(folder) / "config.json", path.with_name(f"{stem}.config.json"))
     tokenizer.save_pretrained(path.with_name(f"{stem}.tokenizer"))
+    tiny_processor(tokenizer).save_pretrained(path.with_name(f"{stem}.tokenizer"))
+
+
+def tiny_processor(tokenizer: Any) -> Any:
+    """The Qwen2-VL processor of the tiny tokenizer (Qwen2-VL's image processor defaults:
+    14-px patches merged 2×2, as the tiny vision tower reads them)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from workers.models.qwenimage.vl import ImageTextProcessor
+
+    return ImageTextProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
+
+
+def smoke_edit_pipeline(variant: str = "plus", seed: int = 0) -> Any:
+    """The reference `QwenImageEditPlusPipeline` (variant plus) or `QwenImageEditPipeline`
+    (edit) built from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    parts = build_tiny_components(seed)
+    cls = QwenImageEditPlusPipeline if variant == "plus" else QwenImageEditPipeline
+    pipe: Any = cls(processor=tiny_processor(parts["tokenizer"]), **parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def _config(path: Path, class_name: str, config: dict[str, Any]) -> None:

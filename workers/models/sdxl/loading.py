@@ -27,10 +27,11 @@ from workers.models.sdxl import LATENT, UNET, V_PRED, engine
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
     check_complete,
+    config_or_shipped,
     denoiser_model,
     load_errors,
     load_weights,
-    own_storage,
+    placed_denoiser,
     refuse_int8,
     rest,
     sidecar,
@@ -148,10 +149,8 @@ def _unet_from_file(cls: Any, path: Path, placement: Placement) -> Any:
 
 
 def _unet(module: Any, placement: Placement, v_pred: bool) -> Any:
-    if placement.device == "cpu":
-        own_storage(module)
     module.prediction_type = engine.V_PREDICTION if v_pred else engine.EPSILON
-    return module.to(placement.device).eval()
+    return placed_denoiser(module, placement)
 
 
 def _vae(name: str, sha: str, module: Any, placement: Placement, policy: DevicePolicy) -> Vae:
@@ -180,5 +179,4 @@ def _v_pred(path: Path) -> bool:
 
 
 def _config(path: Path, role: str) -> Path:
-    own = sidecar(path, ".config.json")
-    return own if own.is_file() else CONFIGS / role / "config.json"
+    return config_or_shipped(path, CONFIGS, role)

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from workers.device.policy import Placement
+from workers.models import flow
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.models.zimage import LATENT
@@ -31,10 +32,6 @@ MAX_SEQUENCE_LENGTH = 512  # the pipeline's default caption padding
 PIXELS_PER_LATENT = LATENT.downscale  # the Flux VAE downsamples ÷8
 PIXEL_MULTIPLE = LATENT.pixel_multiple  # ÷8 VAE × 2×2 transformer patches
 LATENT_CHANNELS = LATENT.channels
-
-
-class ScheduleError(ValueError):
-    """A (steps, denoise) pair that leaves no step to run."""
 
 
 @contextmanager
@@ -94,52 +91,22 @@ def scheduler_config() -> dict[str, Any]:
     return json.loads((CONFIGS / "scheduler" / "scheduler_config.json").read_text())
 
 
-def first_step(steps: int, denoise: float) -> int:
-    """Index of the first step run when only `denoise` of a `steps` schedule is re-noised.
-
-    Same rounding as the img2img pipeline's `get_timesteps` (denoise == its strength).
-    """
-    init = min(steps * denoise, steps)
-    start = int(max(steps - init, 0))
-    if steps - start < 1:
-        raise ScheduleError(
-            f"denoise {denoise} of {steps} steps leaves no step to run; raise denoise or steps"
-        )
-    return start
-
-
 def sigma_schedule(
     steps: int, width: int, height: int, denoise: float = 1.0, shift: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sigmas [n+1] ending in 0, timesteps [n]) float32 on CPU for one job.
 
-    n = steps - first_step(steps, denoise). Computed by a fresh scheduler per job (the
+    n = steps − flow.first_step(steps, denoise). Computed by a fresh scheduler per job (the
     scheduler object is stateful; jobs keep their own sigmas). `shift` (None: the config's 3)
     is the time shift α: σ = α·t / (1 + (α − 1)·t), as ComfyUI's ModelSamplingSD3 /
     ModelSamplingAuraFlow `shift` sets it.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.z_image.pipeline_z_image import (
-        calculate_shift,
-        get_default_z_image_sigmas,
-    )
+    from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 
-    config = scheduler_config()
-    if shift is not None:
-        config = {**config, "shift": float(shift), "use_dynamic_shifting": False}
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
-    cfg = scheduler.config
     seq_len = (height // PIXEL_MULTIPLE) * (width // PIXEL_MULTIPLE)
-    mu = calculate_shift(
-        seq_len,
-        cfg.get("base_image_seq_len", 256),
-        cfg.get("max_image_seq_len", 4096),
-        cfg.get("base_shift", 0.5),
-        cfg.get("max_shift", 1.15),
-    )
-    scheduler.set_timesteps(steps, sigmas=get_default_z_image_sigmas(steps), mu=mu)
-    start = first_step(steps, denoise)
-    return scheduler.sigmas[start:], scheduler.timesteps[start:]
+    return flow.schedule(flow.with_shift(scheduler_config(), shift), steps, denoise,
+                         lambda cfg: flow.resolution_mu(cfg, seq_len),
+                         get_default_z_image_sigmas(steps))
 
 
 def latent_shape(width: int, height: int) -> tuple[int, int, int, int]:
@@ -154,12 +121,7 @@ def noise(shape: tuple[int, ...], generator: torch.Generator, device: str) -> to
     return randn_tensor(shape, generator=generator, device=torch.device(device), dtype=torch.float32)
 
 
-def renoise(init: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x = σ·ε + (1 − σ)·x0: the flow-matching forward process (scheduler.scale_noise)."""
-    sigma = sigma.to(device=init.device, dtype=init.dtype).flatten()  # [1]
-    while sigma.ndim < init.ndim:
-        sigma = sigma.unsqueeze(-1)
-    return sigma * eps + (1.0 - sigma) * init
+renoise = flow.renoise
 
 
 def _image_processor() -> Any:

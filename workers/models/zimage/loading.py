@@ -21,21 +21,20 @@ from typing import Any
 import torch
 
 from workers.device.policy import DevicePolicy, Placement
-from workers.models.cache import MODEL_CACHE
-from workers.models.catalog import file_sha256, resolve
+from workers.models.catalog import resolve
 from workers.models.family import ModelLoadError
 from workers.models.values import DiffusionModel, TextEncoder, Vae
 from workers.models.weights import (
+    cached_denoiser,
+    cached_text_encoder,
+    cached_vae,
     check_complete,
-    denoiser_model,
+    config_or_shipped,
     load_errors,
     load_weights,
-    own_storage,
-    refuse_int8,
+    placed_denoiser,
     rest,
-    sidecar,
-    text_encoder_model,
-    vae_model,
+    tokenizer_folder,
 )
 from workers.models.zimage import LATENT, engine
 from workers.models.zimage.engine import CONFIGS, predict_velocity
@@ -65,64 +64,45 @@ FAMILY = "zimage"
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
     """The Z-Image transformer `diffusion_models/<name>` with its step batcher (cached)."""
-    path = resolve(models_dir, "diffusion_models", name)
-    sha, placement = file_sha256(path), policy.placement("denoiser")
-    refuse_int8(policy)
-
-    def load() -> DiffusionModel:
-        _model_libraries()
-        transformer = _load_transformer(path, placement)
-        return denoiser_model(name=name, sha=sha, transformer=transformer, predict=predict_velocity,
-                              placement=placement, policy=policy, family=FAMILY)
-
-    return MODEL_CACHE.get_or_load(("transformer", sha, placement, policy.attention), load)
+    return cached_denoiser(models_dir, name, policy, family=FAMILY, key="transformer",
+                           load=_after_libraries(_load_transformer), predict=predict_velocity)
 
 
 def load_vae(models_dir: Path, name: str, policy: DevicePolicy) -> Vae:
     """The AutoencoderKL `vae/<name>` (cached), tiled / sliced when the policy says so."""
-    path = resolve(models_dir, "vae", name)
-    sha, placement = file_sha256(path), policy.placement("vae")
-
-    def load() -> Vae:
-        _model_libraries()
-        return vae_model(name=name, sha=sha, module=_load_vae(path, placement),
-                         placement=placement, policy=policy,
-                         decode=engine.decode_latents_batch, latent=LATENT, family=FAMILY)
-
-    key = ("vae", sha, placement, policy.vae_tiling, policy.vae_slicing)
-    return MODEL_CACHE.get_or_load(key, load)
+    return cached_vae(models_dir, name, policy, family=FAMILY, key="vae",
+                      load=_after_libraries(_load_vae), decode=engine.decode_latents_batch,
+                      latent=LATENT)
 
 
 def load_text_encoder(models_dir: Path, name: str, policy: DevicePolicy) -> TextEncoder:
     """The Qwen3 text encoder `text_encoders/<name>` and its tokenizer (cached)."""
     path = resolve(models_dir, "text_encoders", name)
-    sha, placement = file_sha256(path), policy.placement("text-encoder")
-    refuse_int8(policy)
+    load = _after_libraries(_load_text_encoder)
+    return cached_text_encoder([path], policy, family=FAMILY, key="text-encoder",
+                               load=lambda placement: load(path, placement),
+                               encode=engine.encode_prompts, name=name)
 
-    def load() -> TextEncoder:
+
+def _after_libraries(load: Any) -> Any:
+    """`load(path, placement)` once the model libraries are imported and frozen."""
+    def loaded(path: Path, placement: Placement) -> Any:
         _model_libraries()
-        model, tokenizer = _load_text_encoder(path, placement)
-        return text_encoder_model(name=name, sha=sha, model=model, tokenizer=tokenizer,
-                                  placement=placement, policy=policy,
-                                  encode=engine.encode_prompts, family=FAMILY)
+        return load(path, placement)
 
-    return MODEL_CACHE.get_or_load(("text-encoder", sha, placement), load)
+    return loaded
 
 
 def config_for(path: Path, role: str) -> Path:
     """The config.json to build `path` with: its sidecar, else the shipped full-size one."""
-    own = sidecar(path, ".config.json")
-    return own if own.is_file() else CONFIGS / role / "config.json"
+    return config_or_shipped(path, CONFIGS, role)
 
 
 def _load_transformer(path: Path, placement: Placement) -> Any:
     from diffusers import ZImageTransformer2DModel
 
-    model = _load_weights(ZImageTransformer2DModel, path, placement, "transformer",
-                          "a Z-Image transformer", "diffusion_models")
-    if placement.device == "cpu":
-        own_storage(model)
-    return model.to(placement.device).eval()  # the denoiser never waits offloaded
+    return placed_denoiser(_load_weights(ZImageTransformer2DModel, path, placement, "transformer",
+                                         "a Z-Image transformer", "diffusion_models"), placement)
 
 
 def _load_vae(path: Path, placement: Placement) -> Any:
@@ -142,12 +122,7 @@ def _load_text_encoder(path: Path, placement: Placement) -> tuple[Any, Any]:
     from transformers import AutoTokenizer, Qwen3Model
 
     dtype = placement.torch_dtype
-    tok_dir = path if path.is_dir() else sidecar(path, ".tokenizer")
-    if not (tok_dir / "tokenizer_config.json").is_file():
-        raise ModelLoadError(
-            f"no tokenizer for text encoder {path.name}: put its tokenizer files "
-            f"(tokenizer.json, tokenizer_config.json, …) in {tok_dir}/"
-        )
+    tok_dir = tokenizer_folder(path)
     with load_errors(path, "a Qwen3 text encoder", "text_encoders"):
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
         if path.is_dir():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.models.family import ModelLoadError
+from workers.models.flow import to_denoised
 from workers.models.values import TextEncoder
 from workers.models.zimage import engine, loading, tiny
 from workers.models.zimage.engine import (
@@ -66,11 +67,6 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     if flat:  # their input is every item's tokens in one sequence: no row per item to add to
         raise ValueError(f"LoRAs on Z-Image's embedders ({', '.join(flat)}) are not supported")
     return modules
-
-
-def to_denoised(job: Any, output: Any) -> Any:
-    """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
-    return job.latents - job.sigmas[job.step] * output
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
