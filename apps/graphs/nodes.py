@@ -7,6 +7,7 @@ from dataclasses import replace
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
+from apps.graphs.nodes_wan import WAN
 from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
@@ -29,6 +30,7 @@ def _wired(param: Param) -> Param:
 _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
               description="Noise seed; the same seed gives the same image.")
 MAX_STEPS = 100
+MAX_END_STEP = 10000  # ComfyUI's KSamplerAdvanced end_step default: past any schedule
 _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
@@ -197,6 +199,17 @@ MODELS = (
             Param("scheduler", "enum", "default", choices=("default", *SCHEDULERS),
                   description="A ComfyUI scheduler over the model's sigmas, or the family's "
                   "own schedule (\"default\")."),
+            Param("start_step", "int", 0, min=0, max=MAX_END_STEP,
+                  description="Run the schedule from this step (ComfyUI's KSamplerAdvanced): "
+                  "chain two samplers, e.g. Wan 2.2's high-noise then low-noise expert."),
+            Param("end_step", "int", MAX_END_STEP, min=0, max=MAX_END_STEP,
+                  description="Stop before this step (past the last: run to the end)."),
+            Param("add_noise", "bool", True,
+                  description="Noise the latent to the first step's sigma; off for a latent "
+                  "that a sampler returned with leftover noise."),
+            Param("return_with_leftover_noise", "bool", False,
+                  description="A run that stops early returns its latent still noised (for "
+                  "the next sampler); off: its last step denoises fully."),
         ),
     ),
     NodeDescriptor(
@@ -358,4 +371,4 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + SAMPLING + UPSCALING)
+                                         + SAMPLING + UPSCALING + WAN)
