@@ -504,6 +504,8 @@ def denoise_job(
         return model.batcher.run(job) if group is None else group.run(ctx, model, job)
     except torch.OutOfMemoryError as exc:
         raise NodeFailed(f"out of device memory while sampling with {model.name}: {exc}") from exc
+    except ValueError as exc:  # the family's predict refusing the job (Wan: I2V channels)
+        raise NodeFailed(f"{model.name}: {exc}") from exc
 
 
 def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[[int, int], None]:

@@ -27,6 +27,7 @@ from PIL import Image
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.models.wan import LATENT, TEMPORAL
+from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
 
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' __call__ default max_sequence_length
@@ -63,7 +64,7 @@ def schedule(steps: int, width: int, height: int, denoise: float = 1.0,
     n = steps − the steps an img2img `denoise` skips."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    scheduler = FlowMatchEulerDiscreteScheduler(
+    scheduler: Any = FlowMatchEulerDiscreteScheduler(
         num_train_timesteps=NUM_TRAIN_TIMESTEPS, shift=SHIFT if shift is None else float(shift))
     scheduler.set_timesteps(steps)
     start = int(max(steps - min(steps * denoise, steps), 0))
@@ -92,6 +93,8 @@ def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
         sizes.setdefault(tuple(job.latents.shape), []).append(index)
     for members in sizes.values():
         group = [jobs[i] for i in members]
+        for job in group:  # the batcher's progress `batch`: the jobs that shared the forward
+            job.extra[FORWARD_JOBS] = len(group)
         for i, velocity in zip(members, _forward(transformer, group), strict=True):
             out[i] = velocity
     return [out[i] for i in range(len(jobs))]
@@ -212,7 +215,7 @@ def i2v_condition(vae: Vae, start: Image.Image, end: Image.Image | None, width: 
         parts += [image.new_zeros(1, 3, frames - 2, height, width),
                   processor.preprocess(end, height=height, width=width).float().unsqueeze(2)]
     latents = encode_video(vae, torch.cat(parts, dim=2)).cpu()  # [1, 16, F', h, w]
-    lat_frames, h, w = latents.shape[2:]
+    h, w = latents.shape[-2:]
     mask = torch.ones(1, 1, frames, h, w)
     mask[:, :, 1 : frames if end is None else frames - 1] = 0
     first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=TEMPORAL)

@@ -31,7 +31,6 @@ from workers.models.wan import DIFFUSION_PREFIX, I2V_CHANNELS, T2V_CHANNELS
 
 SMOKE = "smoke-wan"
 TEXT_WIDTH = 32  # UMT5's d_model == the transformer's text_dim
-SHIFT = 8.0
 
 
 def transformer_config(in_channels: int = T2V_CHANNELS) -> dict[str, Any]:
@@ -74,7 +73,10 @@ def text_encoder_config(tokenizer: Any) -> Any:
 
 
 def scheduler() -> Any:
+    """The pipelines' scheduler as the farm's `sample` schedules Wan (its default shift)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from workers.models.wan.engine import SHIFT
 
     return FlowMatchEulerDiscreteScheduler(shift=SHIFT)
 
