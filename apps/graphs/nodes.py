@@ -199,17 +199,6 @@ MODELS = (
             Param("scheduler", "enum", "default", choices=("default", *SCHEDULERS),
                   description="A ComfyUI scheduler over the model's sigmas, or the family's "
                   "own schedule (\"default\")."),
-            Param("start_step", "int", 0, min=0, max=MAX_END_STEP,
-                  description="Run the schedule from this step (ComfyUI's KSamplerAdvanced): "
-                  "chain two samplers, e.g. Wan 2.2's high-noise then low-noise expert."),
-            Param("end_step", "int", MAX_END_STEP, min=0, max=MAX_END_STEP,
-                  description="Stop before this step (past the last: run to the end)."),
-            Param("add_noise", "bool", True,
-                  description="Noise the latent to the first step's sigma; off for a latent "
-                  "that a sampler returned with leftover noise."),
-            Param("return_with_leftover_noise", "bool", False,
-                  description="A run that stops early returns its latent still noised (for "
-                  "the next sampler); off: its last step denoises fully."),
         ),
     ),
     NodeDescriptor(
@@ -296,6 +285,33 @@ MODELS = (
         "after a VAE encode): the prompt conditioned on the latent as is.",
     ),
 )
+
+_WINDOW = (
+    Param("start_step", "int", 0, min=0, max=MAX_END_STEP,
+          description="Run the schedule from this step (ComfyUI's KSamplerAdvanced): "
+          "chain two samplers, e.g. Wan 2.2's high-noise then low-noise expert."),
+    Param("end_step", "int", MAX_END_STEP, min=0, max=MAX_END_STEP,
+          description="Stop before this step (past the last: run to the end)."),
+    Param("add_noise", "bool", True,
+          description="Noise the latent to the first step's sigma; off for a latent "
+          "that a sampler returned with leftover noise."),
+    Param("return_with_leftover_noise", "bool", False,
+          description="A run that stops early returns its latent still noised (for "
+          "the next sampler); off: its last step denoises fully."),
+)
+
+
+def _advanced(sample: NodeDescriptor) -> NodeDescriptor:
+    """`sample` with ComfyUI's KSamplerAdvanced controls (the same runner)."""
+    return replace(sample, type="sample/advanced", title="Sample (advanced)",
+                   params=(*sample.params, *_WINDOW),
+                   description="Sample over steps [start_step, end_step) of the schedule, "
+                   "with or without fresh noise, leaving the rest of the noise or not "
+                   "(ComfyUI's KSamplerAdvanced): two chain, e.g. Wan 2.2's high-noise then "
+                   "low-noise expert.")
+
+
+MODELS = (*MODELS, _advanced(next(d for d in MODELS if d.type == "sample")))
 
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",
                     description="Noise seed; the same seed gives the same image.")

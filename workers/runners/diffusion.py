@@ -168,11 +168,17 @@ def latent_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     return {"latent": Latent(torch.zeros(size), empty=True, downscale=EMPTY_DOWNSCALE)}
 
 
+@runner("sample/advanced")
+def sample_advanced(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`sample` with KSamplerAdvanced's window params (see `sample`)."""
+    return sample(ctx, params, inputs)
+
+
 @runner("sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """Denoise `latent` (pure noise at denoise 1.0; else re-noised to the schedule's start).
 
-    ComfyUI's KSamplerAdvanced controls: only steps [start_step, end_step) of the `steps`
+    `sample/advanced` adds ComfyUI's KSamplerAdvanced controls: only steps [start_step, end_step) of the `steps`
     schedule run; without `add_noise` the latent is taken as already noised to the window's
     first sigma (a previous window's result); with `return_with_leftover_noise` a window that
     ends early returns its latent still noised, else its last step goes to σ 0. So two samplers
