@@ -311,7 +311,7 @@ def _advanced(sample: NodeDescriptor) -> NodeDescriptor:
                    "low-noise expert.")
 
 
-MODELS = (*MODELS, _advanced(next(d for d in MODELS if d.type == "sample")))
+SAMPLE_ADVANCED = _advanced(next(d for d in MODELS if d.type == "sample"))
 
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",
                     description="Noise seed; the same seed gives the same image.")
@@ -387,4 +387,4 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + SAMPLING + UPSCALING + WAN)
+                                         + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + WAN)

@@ -45,7 +45,7 @@ def sample(ctx: Any, model_name: str, positive: Any, negative: Any, latent: Any,
            seed: int = 7, guidance: float = GUIDANCE, **window: Any) -> Any:
     model = run(ctx, "load/diffusion-model", {"file": model_name})["model"]
     params = {"seed": seed, "steps": STEPS, "guidance": guidance, "denoise": 1.0, **window}
-    return run(ctx, "sample", params, {"model": model, "positive": positive,
+    return run(ctx, "sample/advanced" if window else "sample", params, {"model": model, "positive": positive,
                                        "negative": negative, "latent": latent})["latent"]
 
 

@@ -178,12 +178,13 @@ def sample_advanced(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, 
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """Denoise `latent` (pure noise at denoise 1.0; else re-noised to the schedule's start).
 
-    `sample/advanced` adds ComfyUI's KSamplerAdvanced controls: only steps [start_step, end_step) of the `steps`
-    schedule run; without `add_noise` the latent is taken as already noised to the window's
-    first sigma (a previous window's result); with `return_with_leftover_noise` a window that
-    ends early returns its latent still noised, else its last step goes to σ 0. So two samplers
-    chain (Wan 2.2's high-noise then low-noise expert). Flow latents between windows are in
-    ComfyUI's scaling (x / (1 − σ)), so either half may be a custom sampler."""
+    `sample/advanced` adds ComfyUI's KSamplerAdvanced controls: only steps [start_step,
+    end_step) of the `steps` schedule run; without `add_noise` the latent is taken as already
+    noised to the window's first sigma (a previous window's result); with
+    `return_with_leftover_noise` a window that ends early returns its latent still noised, else
+    its last step goes to σ 0. So two samplers chain (Wan 2.2's high-noise then low-noise
+    expert). Flow latents between windows are in ComfyUI's scaling (x / (1 − σ)), so either
+    half may be a custom sampler."""
     import torch
 
     model = expect(inputs, "model", DiffusionModel)
