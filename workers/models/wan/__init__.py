@@ -65,6 +65,13 @@ def vae_channels(header: ModelHeader) -> int | None:
     return None
 
 
+def variant(header: ModelHeader) -> str | None:
+    """A Wan transformer's kind from its input channels: t2v (16), i2v (36: also first-last
+    frame), ti2v (48: TI2V-5B); None for Wan's other files."""
+    channels = transformer_channels(header)
+    return {T2V_CHANNELS: "t2v", I2V_CHANNELS: "i2v", TI2V_CHANNELS: "ti2v"}.get(channels or 0)
+
+
 def latent_frames(frames: int) -> int:
     """Latent frames of a clip of `frames` (1 + 4k) frames."""
     return (frames - 1) // TEMPORAL + 1
@@ -82,4 +89,6 @@ FAMILY = FamilyInfo(
     guidance="cfg",
     text_encoders=("UMT5",),
     cfg_offset=0.0,  # the pipeline's guidance_scale is ComfyUI's cfg
+    video=True,
+    variant=variant,
 )
