@@ -173,3 +173,29 @@ def test_a_still_of_the_clip_and_clear_errors_name_what_is_wrong(wan_stack, make
                                              "batch": 1})["latent"]
     with pytest.raises(NodeFailed, match=r"36 input channels.*wan/image-to-video"):
         sample(ctx, names["model_i2v"], pos, None, latent, guidance=0.0)
+
+
+def test_a_lora_render_is_what_the_pipeline_paints_with_the_lora_loaded(wan_stack, make_ctx):
+    from workers.models.catalog import scan
+    from workers.models.wan.tiny import smoke_pipeline
+
+    models_dir, names = wan_stack
+    entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
+    assert entries[("loras", names["lora"])]["family"] == "wan"
+    ctx = make_ctx(models_dir=models_dir)
+    parts = loaded(ctx, names)
+    pos, neg = (conditioning(ctx, parts["encoder"], t) for t in (PROMPT, ""))
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    model = run(ctx, "load/lora", {"lora": names["lora"], "strength": 0.8},
+                {"model": model})["model"]
+    latent = run(ctx, "latent/empty-video", {"width": W, "height": H, "length": FRAMES,
+                                             "batch": 1})["latent"]
+    params = {"seed": 7, "steps": STEPS, "guidance": GUIDANCE, "denoise": 1.0}
+    latent = run(ctx, "sample", params, {"model": model, "positive": pos, "negative": neg,
+                                         "latent": latent})["latent"]
+    ours = frames(ctx, parts["vae"], latent)
+    pipe = smoke_pipeline()
+    pipe.load_lora_weights(str(models_dir / "loras" / names["lora"]), adapter_name="a0")
+    pipe.set_adapters(["a0"], adapter_weights=[0.8])
+    assert levels(ours, reference(pipe)) <= 1
+    assert levels(ours, t2v(make_ctx(models_dir=models_dir), names)) > 4  # the LoRA does change it

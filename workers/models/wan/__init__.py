@@ -17,6 +17,8 @@ Video latents are [1, 16, F', H/8, W/8], F' = (F − 1)/4 + 1 frames.
 
 from __future__ import annotations
 
+import re
+
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
 
@@ -24,13 +26,19 @@ LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # per frame; 1×2×2 p
 TEMPORAL = 4  # the VAE's frame compression: F frames ↔ (F − 1)/4 + 1 latent frames
 DIFFUSION_PREFIX = "model.diffusion_model."  # ComfyUI's saved-model prefix
 T2V_CHANNELS, I2V_CHANNELS, TI2V_CHANNELS = 16, 36, 48
+# A LoRA key of Wan's blocks: a top-level `blocks.N.` (FLUX.1 / Qwen-Image / SDXL nest theirs
+# under `transformer_blocks` / `down_blocks`), under any trainer's prefix.
+LORA_KEY = re.compile(r"^(?:diffusion_model\.|transformer\.|model\.diffusion_model\.)?"
+                      r"blocks\.\d+\.(?:self_attn|cross_attn|attn1|attn2|ffn)\.|"
+                      r"^lora_unet_blocks_\d+_(?:self_attn|cross_attn|ffn)_")
 
 
 def recognise(header: ModelHeader) -> str | None:
     """transformer: a 5-D patch embedding with Wan's text / condition embedder; text_encoder: a
-    UMT5 encoder; vae: a 3-D causal VAE with 16 or 48 latent channels. LoRAs: none yet."""
+    UMT5 encoder; vae: a 3-D causal VAE with 16 or 48 latent channels; lora: a LoRA of Wan's
+    `blocks.N.self_attn` / `attn1` / `ffn` modules (ComfyUI, diffusers or kohya names)."""
     if header.is_lora():
-        return None
+        return "lora" if any(LORA_KEY.match(k) for k in header.shapes) else None
     if transformer_channels(header) is not None:
         return "transformer"
     if header.class_name == "UMT5EncoderModel" or header.has(

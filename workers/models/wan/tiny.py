@@ -151,6 +151,29 @@ def smoke_pipeline(seed: int = 0, *, experts: bool = False, i2v: bool = False,
     return pipe
 
 
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4, alpha: float = 2.0) -> str:
+    """A random LoRA of the tiny T2V transformer in ComfyUI's (original Wan) keys
+    (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `.lora_B.weight`, `.alpha`), as Wan
+    trainers publish them, under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    config = transformer_config()
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    targets = {"blocks.0.self_attn.q": (d, d), "blocks.0.cross_attn.o": (d, d),
+               "blocks.1.ffn.0": (d, config["ffn_dim"]), "blocks.1.ffn.2": (config["ffn_dim"], d)}
+    generator = torch.Generator("cpu").manual_seed(4000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"diffusion_model.{module}"
+        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+        state[f"{key}.alpha"] = torch.tensor(alpha)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
+
+
 def _single_file_encoder(model: Any, tokenizer: Any, path: Path) -> None:
     """`<stem>.safetensors` + `<stem>.config.json` + `<stem>.tokenizer/`, as ComfyUI users keep
     text encoders (transformers' own save: the checkpoint's key layout)."""
