@@ -199,3 +199,21 @@ def test_a_lora_render_is_what_the_pipeline_paints_with_the_lora_loaded(wan_stac
     pipe.set_adapters(["a0"], adapter_weights=[0.8])
     assert levels(ours, reference(pipe)) <= 1
     assert levels(ours, t2v(make_ctx(models_dir=models_dir), names)) > 4  # the LoRA does change it
+
+
+def test_the_transformer_s_original_layout_is_what_diffusers_own_converter_reads(wan_stack):
+    from safetensors import safe_open
+
+    from workers.models.wan import keys
+    from workers.models.wan.tiny import build_tiny_components
+
+    state = dict(build_tiny_components()["transformer"].state_dict())
+    theirs = keys.from_original(keys.to_original(state))
+    assert theirs.keys() == state.keys()
+    assert all(torch.equal(theirs[k], v) for k, v in state.items())
+    models_dir, names = wan_stack
+    with safe_open(models_dir / "diffusion_models" / names["model"], "pt") as f:
+        stored = set(f.keys())  # ComfyUI's layout, which the T2V tests above load
+    assert {"model.diffusion_model.blocks.0.self_attn.q.weight",
+            "model.diffusion_model.text_embedding.0.weight",
+            "model.diffusion_model.head.head.weight"} <= stored

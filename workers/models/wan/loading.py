@@ -24,7 +24,7 @@ from workers.models.catalog import file_sha256, resolve
 from workers.models.family import ModelLoadError
 from workers.models.header import read_header
 from workers.models.values import DiffusionModel, TextEncoder, Vae
-from workers.models.wan import DIFFUSION_PREFIX, LATENT, engine
+from workers.models.wan import DIFFUSION_PREFIX, LATENT, engine, keys
 from workers.models.weights import (
     check_complete,
     denoiser_model,
@@ -118,10 +118,8 @@ def _load_transformer(path: Path, placement: Placement) -> Any:
                                                           torch_dtype=placement.torch_dtype)
         else:
             state = _state(path, DIFFUSION_PREFIX)
-            if "text_embedding.0.weight" in state:  # the original / ComfyUI layout
-                from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
-                state = convert_wan_transformer_to_diffusers(state)
+            if keys.is_original(state):  # the original / ComfyUI layout
+                state = keys.from_original(state)
             own = sidecar(path, ".config.json")
             config = (WanTransformer3DModel.load_config(str(own)) if own.is_file()
                       else transformer_config_from_shapes({k: tuple(v.shape)

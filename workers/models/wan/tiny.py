@@ -2,9 +2,10 @@
 The same seed always builds the same weights. What `write_smoke_stack` writes:
 
     diffusion_models/smoke-wan.safetensors       T2V (Wan 2.1; Wan 2.2's high-noise expert):
-                                                 `model.diffusion_model.` + diffusers' names
-                                                 (+ .config.json)
-    diffusion_models/smoke-wan-low.safetensors   Wan 2.2's low-noise expert (T2V, other weights)
+                                                 `model.diffusion_model.` + the original keys
+                                                 ComfyUI ships (+ .config.json)
+    diffusion_models/smoke-wan-low.safetensors   Wan 2.2's low-noise expert (T2V, other weights),
+                                                 diffusers' names (as the I2V one)
     diffusion_models/smoke-wan-i2v.safetensors   I2V / first-last frame: 36 input channels
                                                  (latents + mask + encoded condition video)
     vae/smoke-wan-vae.safetensors                AutoencoderKLWan, diffusers' keys (+ .config.json)
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from workers.models.wan import DIFFUSION_PREFIX, I2V_CHANNELS, T2V_CHANNELS
+from workers.models.wan import DIFFUSION_PREFIX, I2V_CHANNELS, T2V_CHANNELS, keys
 
 SMOKE = "smoke-wan"
 TEXT_WIDTH = 32  # UMT5's d_model == the transformer's text_dim
@@ -117,8 +118,10 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
                        ("model_i2v", "transformer_i2v")):
         path = models_dir / "diffusion_models" / NAMES[role]
         module = parts[part]
-        save_file({DIFFUSION_PREFIX + k: v.contiguous() for k, v in module.state_dict().items()},
-                  path)
+        state = dict(module.state_dict())
+        if role == "model":  # ComfyUI's original layout; the others in diffusers' names
+            state = keys.to_original(state)
+        save_file({DIFFUSION_PREFIX + k: v.contiguous() for k, v in state.items()}, path)
         _config(path, "WanTransformer3DModel", dict(module.config))
     vae = models_dir / "vae" / NAMES["vae"]
     save_file({k: v.contiguous() for k, v in parts["vae"].state_dict().items()}, vae)
