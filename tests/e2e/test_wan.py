@@ -99,3 +99,61 @@ def test_four_queued_wan_runs_share_forwards_and_each_is_the_pipeline_s_clip(own
         ours = take_pixels(owner, run)[0].astype(int)
         assert ours.shape == (H, W, 3)
         assert np.abs(ours - pipeline_frame(seed, prompt)).max() <= 1, seed
+
+
+def test_comfyuis_wan22_two_expert_workflow_imports_and_renders_the_pipeline_s_clip(owner, wan):
+    """ComfyUI's Wan 2.2 template (API format): two UNETLoaders behind ModelSamplingSD3, the
+    `wan` CLIPLoader, EmptyHunyuanLatentVideo, two KSamplerAdvanced (high-noise steps [0, k)
+    with leftover noise, low-noise [k, n) without new noise), VAEDecode, one frame saved:
+    WanPipeline's clip with transformer_2 switching at the same step."""
+    from workers.models.wan.engine import schedule, to_uint8
+    from workers.models.wan.tiny import smoke_pipeline
+
+    ratio, seed, prompt = 0.9, 21, "a lighthouse in the rain"
+    _, timesteps = schedule(STEPS, W, H)
+    high = int((timesteps >= ratio * 1000).sum())
+    assert 0 < high < STEPS
+
+    def advanced(model: str, start: int, end: int, noise: str, leftover: str,
+                 latent: list[Any]) -> dict[str, Any]:
+        return {"class_type": "KSamplerAdvanced", "inputs": {
+            "model": [model, 0], "positive": ["7", 0], "negative": ["8", 0],
+            "latent_image": latent, "add_noise": noise, "noise_seed": seed, "steps": STEPS,
+            "cfg": GUIDANCE, "sampler_name": "euler", "scheduler": "simple",
+            "start_at_step": start, "end_at_step": end, "return_with_leftover_noise": leftover}}
+
+    workflow = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": wan["model"],
+                                                     "weight_dtype": "default"}},
+        "2": {"class_type": "UNETLoader", "inputs": {"unet_name": wan["model_low"],
+                                                     "weight_dtype": "default"}},
+        "3": {"class_type": "ModelSamplingSD3", "inputs": {"model": ["1", 0], "shift": 8.0}},
+        "4": {"class_type": "ModelSamplingSD3", "inputs": {"model": ["2", 0], "shift": 8.0}},
+        "5": {"class_type": "CLIPLoader", "inputs": {"clip_name": wan["text_encoder"],
+                                                     "type": "wan", "device": "default"}},
+        "6": {"class_type": "VAELoader", "inputs": {"vae_name": wan["vae"]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["5", 0]}},
+        "8": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["5", 0]}},
+        "9": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {
+            "width": W, "height": H, "length": FRAMES, "batch_size": 1}},
+        "10": advanced("3", 0, high, "enable", "enable", ["9", 0]),
+        "11": advanced("4", high, 10000, "disable", "disable", ["10", 0]),
+        "12": {"class_type": "VAEDecode", "inputs": {"samples": ["11", 0], "vae": ["6", 0]}},
+        "13": {"class_type": "ImageFromBatch", "inputs": {"image": ["12", 0],
+                                                          "batch_index": FRAMES - 1, "length": 1}},
+        "14": {"class_type": "SaveImage", "inputs": {"images": ["13", 0],
+                                                     "filename_prefix": "wan22"}},
+    }
+    response = owner.post("/v1/import/comfy", json=workflow)
+    assert response.status_code == 200, response.text
+    imported = response.json()
+    assert not imported["report"]["unmapped"], imported["report"]
+    run = owner.wait_run(owner.post("/v1/runs", json={"graph": imported["graph"],
+                                                      "target": imported["target"]}).json()["runId"],
+                         timeout=120)
+    ours = take_pixels(owner, run)[0].astype(int)
+    pipe = smoke_pipeline(experts=True, boundary_ratio=ratio)
+    out = pipe(prompt=prompt, negative_prompt="", height=H, width=W, num_frames=FRAMES,
+               num_inference_steps=STEPS, guidance_scale=GUIDANCE, output_type="np",
+               generator=torch.Generator("cpu").manual_seed(seed)).frames
+    assert np.abs(ours - to_uint8(np.asarray(out[0]))[-1].astype(int)).max() <= 1
