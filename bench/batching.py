@@ -32,12 +32,14 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
   - qwen-edit: QwenImageEditPipeline (Edit Plus takes one prompt a call: no list call) with the
            qwenimage row's transformer and one 128² reference image (its VAE encode timed and
            left out; the pipeline's 1 MP reference area patched to 128²), no CFG.
+  - wan: WanPipeline, a ~10 M-parameter WanTransformer3DModel (4 blocks, width 384) with the
+           tiny UMT5 / VAE, 9 frames of 96², CFG 5 with the empty negative (rates in clips/s).
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|sdxl|lora
+    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|sdxl|lora
 """
 
 from __future__ import annotations
@@ -569,8 +571,71 @@ def _alternating(pipeline: Any, sampler: Any) -> dict[int, tuple[float, float]]:
         return row
 
 
+WAN_MID: dict[str, Any] = {"patch_size": [1, 2, 2], "num_attention_heads": 6,
+                           "attention_head_dim": 64, "in_channels": 16, "out_channels": 16,
+                           "text_dim": 32, "freq_dim": 256, "ffn_dim": 1536, "num_layers": 4,
+                           "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
+                           "rope_max_seq_len": 1024}
+WAN_SIDE, WAN_FRAMES, WAN_GUIDANCE = 96, 9, 5.0
+
+
+def wan_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (WanPipeline with the n prompts' embeds and the empty negative's, CFG on; the
+    farm's step batcher: each job's two rows in the shared forward) clips/s, the best of REPEAT
+    alternating runs each; denoise only (latents out)."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.values import TextEncoder
+    from workers.models.wan import LATENT, engine, latent_frames
+    from workers.models.wan.tiny import build_tiny_components
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    transformer = WanTransformer3DModel.from_config(WAN_MID).eval()
+    pipe: Any = WanPipeline(transformer=transformer, **{k: parts[k] for k in (
+        "tokenizer", "text_encoder", "vae", "scheduler")})
+    pipe.set_progress_bar_config(disable=True)
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
+                          policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(transformer, jobs), bounds.items,
+                          bounds.tokens)
+    sigmas, timesteps = engine.schedule(steps, WAN_SIDE, WAN_SIDE)
+    side = WAN_SIDE // LATENT.downscale
+    shape = (1, LATENT.channels, latent_frames(WAN_FRAMES), side, side)
+
+    def pipeline(n: int) -> float:
+        embeds, negative = pipe.encode_prompt(prompts(n), [""] * n, max_sequence_length=512)
+        start = time.perf_counter()
+        pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, guidance_scale=WAN_GUIDANCE,
+             width=WAN_SIDE, height=WAN_SIDE, num_frames=WAN_FRAMES, num_inference_steps=steps,
+             output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        [empty] = engine.encode_prompts(encoder, [""])
+        jobs = [SampleJob(noise(shape, torch.Generator("cpu").manual_seed(i), "cpu"), sigmas,
+                          timesteps, conds[i], negative=empty, guidance=WAN_GUIDANCE)
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    with torch.no_grad():
+        pipeline(1), sampler(1)  # warm
+        row = {}
+        for n in CONCURRENCY:  # alternating, the best of REPEAT each: the machine is shared
+            pairs = [(pipeline(n), sampler(n)) for _ in range(REPEAT)]
+            row[n] = (max(p for p, _ in pairs), max(s for _, s in pairs))
+        return row
+
+
 FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row, "flux2": flux2_row,
-               "qwen-edit": qwen_edit_row}
+               "qwen-edit": qwen_edit_row, "wan": wan_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

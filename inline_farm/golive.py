@@ -164,15 +164,26 @@ def memory(setup: Setup) -> Check:
     within the farm's estimate for the run."""
     files_held = setup.farm.call("GET", "/v1/models/files")["files"]
     models: dict[str, str] = {}
+    others: dict[str, str] = {}  # families held only in kinds a prompt graph cannot drive
     for entry in files_held:
         if entry["folder"] == "diffusion_models" and entry.get("family"):
-            models.setdefault(entry["family"], entry["name"])
-    if not models:
+            if entry.get("variant") in (None, "t2v"):  # Wan's I2V takes a start image
+                models.setdefault(entry["family"], entry["name"])
+            else:
+                others.setdefault(entry["family"], str(entry["variant"]))
+    if not models and not others:
         return Check("memory", None, "n/a: no live worker holds a diffusion model")
     figures, ok = [], True
+    for family, variant in sorted(others.items()):
+        if family not in models:
+            figures.append(f"{family}: skipped (only {variant} models: the check renders from "
+                           "a prompt)")
     for family, name in sorted(models.items()):
         files = model_files(setup.farm, name)
-        body = _labelled(_graph(setup, seed=setup.seed + 300, files=files), f"check memory {family}")
+        graph = _graph(setup, seed=setup.seed + 300, files=files)
+        if _video_family(family):
+            graph = _as_video(graph)
+        body = _labelled(graph, f"check memory {family}")
         run = _render_all(setup.farm, [body])[0]
         if run["status"] != "succeeded":
             return Check("memory", False, f"{family}: the run {run['status']}: {run.get('error')}")
@@ -374,6 +385,30 @@ def _graph(setup: Setup, *, seed: int, steps: int | None = None, parallel: str |
     if parallel:
         body["graph"]["nodes"]["sample"]["params"]["parallel"] = parallel
     return body
+
+
+VIDEO_FRAMES = 5  # a video family's memory check renders a short clip (1 + 4k frames)
+
+
+def _video_family(family: str) -> bool:
+    from workers.models.families import REGISTERED, info  # torch-free
+
+    return family in REGISTERED and info(family).video
+
+
+def _as_video(body: dict[str, Any]) -> dict[str, Any]:
+    """A prompt graph as a video family's: an empty clip latent, its decode into frames, and
+    the last frame saved (the memory of a clip's render, without the video nodes)."""
+    out = json.loads(json.dumps(body))
+    nodes = out["graph"]["nodes"]
+    size = nodes["latent"]["params"]
+    nodes["latent"] = {"type": "latent/empty-video",
+                       "params": {**size, "length": VIDEO_FRAMES, "batch": 1}}
+    nodes["decode"]["type"] = "vae/decode-video"
+    nodes["still"] = {"type": "frames/image", "params": {"index": -1},
+                      "inputs": {"frames": {"node": "decode", "port": "frames"}}}
+    nodes["save"]["inputs"]["image"] = {"node": "still", "port": "image"}
+    return out
 
 
 def _labelled(body: dict[str, Any], label: str) -> dict[str, Any]:

@@ -111,6 +111,22 @@ def with_seed(body: dict[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
+def _first_prompt_model(names: list[str], files_held: list[dict[str, Any]]) -> str:
+    """The first of `names` a prompt graph of images drives: not a video family's model, nor a
+    kind that needs more than a prompt (Wan's I2V); the first of all when none is."""
+    from workers.models.families import REGISTERED, info  # torch-free
+
+    entries = {e["name"]: e for e in files_held if e["folder"] == "diffusion_models"}
+
+    def plain(name: str) -> bool:
+        entry = entries.get(name, {})
+        family = entry.get("family")
+        video = family in REGISTERED and info(family).video
+        return not video and entry.get("variant") in (None, "t2v")
+
+    return next((n for n in names if plain(n)), names[0])
+
+
 def model_files(farm: Farm, model: str | None) -> dict[str, str]:
     """The diffusion model (`model`, or the first a live worker holds) and a text encoder and a
     VAE to go with it, from the files the farm's live workers hold, and the model's `family`
@@ -134,8 +150,8 @@ def model_files(farm: Farm, model: str | None) -> dict[str, str]:
     if model is not None and model not in held["model"]:
         raise FarmError(f"no live worker holds the model {model!r}; held: "
                         + ", ".join(held["model"]))
-    chosen = model or held["model"][0]
     files_held = farm.call("GET", "/v1/models/files")["files"]
+    chosen = model or _first_prompt_model(held["model"], files_held)
     families = {(e["folder"], e["name"]): set(e.get("families") or []) for e in files_held}
     family = next((e.get("family") for e in files_held
                    if (e["folder"], e["name"]) == ("diffusion_models", chosen)), None)

@@ -34,12 +34,28 @@ def stack(farm, personas, data_dirs):
     return smoke_stack_reported(farm, personas["owner"], data_dirs["models"])
 
 
-def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack):
+@pytest.fixture
+def wan_stack(farm, owner, data_dirs) -> dict[str, str]:
+    """Wan's smoke stack beside it: T2V and I2V (36-channel) transformers, a video family."""
+    import time
+
+    from workers.models.wan.tiny import write_smoke_stack
+
+    names = write_smoke_stack(data_dirs["models"])
+    deadline = time.monotonic() + 30
+    while not set(names.values()) <= {f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the Wan smoke stack"
+        time.sleep(0.2)
+    return names
+
+
+def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack):
     code, results = check(farm, personas["owner"], "--model", stack["model"])
     assert code == 0, [r for r in results.values() if r["ok"] is not True]
     for name in ("reproducible", "isolated", "memory", "cancel", "overload"):
         assert results[name]["ok"] is True, results[name]
     assert "zimage: " in results["memory"]["figures"]
+    assert "wan: " in results["memory"]["figures"]  # a clip of its T2V model, not the I2V one
     assert "(rss above start) ≤ estimate" in results["memory"]["figures"]
     assert "memory" in results["cancel"]["figures"] and "before" in results["cancel"]["figures"]
     assert "429 after 100 runs in flight" in results["overload"]["figures"]

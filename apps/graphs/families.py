@@ -42,10 +42,12 @@ class ModelFile:
     role: str | None
     families: tuple[str, ...]
     bytes: int
+    variant: str | None = None  # the family's kind of model (Wan: t2v, i2v, ti2v)
 
     def to_wire(self) -> dict[str, Any]:
         return {"folder": self.folder, "name": self.name, "family": self.family,
-                "role": self.role, "families": list(self.families), "bytes": self.bytes}
+                "role": self.role, "families": list(self.families), "bytes": self.bytes,
+                "variant": self.variant}
 
 
 def fleet_files(workers: Iterable[Any]) -> dict[tuple[str, str], ModelFile]:
@@ -57,7 +59,8 @@ def fleet_files(workers: Iterable[Any]) -> dict[tuple[str, str], ModelFile]:
             if key not in files:
                 families = tuple(entry.get("families") or ())
                 files[key] = ModelFile(key[0], key[1], entry.get("family"), entry.get("role"),
-                                       families, int(entry.get("size") or 0))
+                                       families, int(entry.get("size") or 0),
+                                       entry.get("variant"))
     return dict(sorted(files.items()))
 
 

@@ -8,6 +8,7 @@ from apps.graphs.descriptors import NodeDescriptor, Param, Port
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
 from apps.graphs.nodes_video import VIDEO
+from apps.graphs.nodes_wan import WAN
 from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
@@ -30,6 +31,7 @@ def _wired(param: Param) -> Param:
 _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
               description="Noise seed; the same seed gives the same image.")
 MAX_STEPS = 100
+MAX_END_STEP = 10000  # ComfyUI's KSamplerAdvanced end_step default: past any schedule
 _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
 _guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
                   description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
@@ -308,6 +310,33 @@ MODELS = (
     ),
 )
 
+_WINDOW = (
+    Param("start_step", "int", 0, min=0, max=MAX_END_STEP,
+          description="Run the schedule from this step (ComfyUI's KSamplerAdvanced): "
+          "chain two samplers, e.g. Wan 2.2's high-noise then low-noise expert."),
+    Param("end_step", "int", MAX_END_STEP, min=0, max=MAX_END_STEP,
+          description="Stop before this step (past the last: run to the end)."),
+    Param("add_noise", "bool", True,
+          description="Noise the latent to the first step's sigma; off for a latent "
+          "that a sampler returned with leftover noise."),
+    Param("return_with_leftover_noise", "bool", False,
+          description="A run that stops early returns its latent still noised (for "
+          "the next sampler); off: its last step denoises fully."),
+)
+
+
+def _advanced(sample: NodeDescriptor) -> NodeDescriptor:
+    """`sample` with ComfyUI's KSamplerAdvanced controls (the same runner)."""
+    return replace(sample, type="sample/advanced", title="Sample (advanced)",
+                   params=(*sample.params, *_WINDOW),
+                   description="Sample over steps [start_step, end_step) of the schedule, "
+                   "with or without fresh noise, leaving the rest of the noise or not "
+                   "(ComfyUI's KSamplerAdvanced): two chain, e.g. Wan 2.2's high-noise then "
+                   "low-noise expert.")
+
+
+SAMPLE_ADVANCED = _advanced(next(d for d in MODELS if d.type == "sample"))
+
 _noise_seed = Param("noise_seed", "int", 0, min=0, max=MAX_SEED, input="seed",
                     description="Noise seed; the same seed gives the same image.")
 _cfg = Param("cfg", "float", 1.0, min=0.0, max=100.0,
@@ -382,4 +411,5 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + SAMPLING + UPSCALING + VIDEO)
+                                         + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + VIDEO
+                                         + WAN)

@@ -72,6 +72,7 @@ class ModelFileOut(WireOut):
     role: str | None
     families: list[str]
     bytes: int
+    variant: str | None = None  # the family's kind of model where it has several (Wan: t2v, i2v)
 
 
 class ModelFilesOut(WireOut):

@@ -25,7 +25,17 @@ from apps.importer.comfy_families import (
     flux_shift,
     loader_evidence,
 )
-from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, PASSED, RULES, UNSUPPORTED, Rule
+from apps.importer.comfy_nodes import (
+    CUT,
+    FOLDED,
+    NOTE_TYPES,
+    PASSED,
+    RULES,
+    UNSUPPORTED,
+    VIDEO_DECODE,
+    VIDEO_LATENTS,
+    Rule,
+)
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 from workers.models.families import REGISTERED, info
@@ -83,12 +93,13 @@ def prompt_to_graph(
     _families_check(state)
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
+    _video_decodes(state)
     picked: set[str] = set()
     for node_id in sorted(state.mapped, key=id_order):
         _pick(state, node_id, picked)
     for node in state.mapped.values():
         _map_node(state, node)
-        if node.rule.type == "sample":
+        if node.rule.type in ("sample", "sample/advanced"):
             _sampler_family_params(state, node)
     kept, target = _outputs(state)
     kept |= _previews(state, kept, target)
@@ -339,6 +350,35 @@ def _shift_of(state: _State, node_id: str) -> float | None:
         max_shift, base_shift, width, height = (float(v or 0) for v in values)
         return flux_shift(max_shift, base_shift, width, height)
     return values[0]
+
+
+_LATENT_THROUGH = {"sample": "latent_image", "sample/advanced": "latent_image",
+                   "sampling/custom": "latent_image", "sampling/custom-advanced": "latent_image"}
+
+
+def _video_decodes(state: _State) -> None:
+    """A VAEDecode whose latent comes (through samplers) from a video latent decodes a clip:
+    vae/decode-video (its IMAGE output is the clip's frames, ComfyUI's image batch)."""
+    for node in state.mapped.values():
+        if node.rule.type == "vae/decode" and _video_latent(state, node.id):
+            node.rule = VIDEO_DECODE
+
+
+def _video_latent(state: _State, node_id: str) -> bool:
+    _, inputs = state.nodes[node_id]
+    link = inputs.get("samples")
+    for _ in range(len(state.nodes) + 1):
+        origin = _resolve(state, link) if isinstance(link, Link) else None
+        source = state.mapped.get(origin.node) if origin is not None else None
+        if source is None:
+            return False
+        if source.rule.type in VIDEO_LATENTS:
+            return True
+        through = _LATENT_THROUGH.get(source.rule.type)
+        if through is None:
+            return False
+        link = state.nodes[source.id][1].get(through)
+    return False
 
 
 def _pick(state: _State, node_id: str, picked: set[str]) -> None:

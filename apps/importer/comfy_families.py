@@ -8,7 +8,8 @@ The evidence, strongest first:
   and loaders that exist for one family only (`TripleCLIPLoader`: SD3);
 - node types that exist for one family only (`FAMILY_NODES`: `WanImageToVideo`,
   `TextEncodeQwenImageEdit`, `LTXV*`, …). Shared nodes say nothing: `EmptySD3LatentImage`
-  (any 16-channel latent: Z-Image's and FLUX.1's templates use it), `FluxGuidance` and
+  (any 16-channel latent: Z-Image's and FLUX.1's templates use it), `EmptyHunyuanLatentVideo`
+  (HunyuanVideo's and Wan's templates), `FluxGuidance` and
   `ModelSamplingFlux` (FLUX.1, FLUX.2, Chroma), `ModelSamplingSD3` (SD3, Wan, Qwen-Image).
 A workflow whose evidence names a family that is not registered on this farm is refused
 (`unsupported_family`, naming the node) before anything reaches a worker.
@@ -44,7 +45,7 @@ FAMILY_NODES: dict[str, str] = {
     "TripleCLIPLoader": "sd3", "CLIPTextEncodeSD3": "sd3",
     "QuadrupleCLIPLoader": "hidream", "CLIPTextEncodeHiDream": "hidream",
     "CLIPTextEncodeSDXL": "sdxl", "CLIPTextEncodeSDXLRefiner": "sdxl",
-    "EmptyHunyuanLatentVideo": "hunyuan-video", "HunyuanImageToVideo": "hunyuan-video",
+    "HunyuanImageToVideo": "hunyuan-video",
     "TextEncodeHunyuanVideo_ImageToVideo": "hunyuan-video",
     "EmptyHunyuanImageLatent": "hunyuan-image", "CLIPTextEncodeHunyuanDiT": "hunyuan-dit",
     "EmptyMochiLatentVideo": "mochi", "EmptyCosmosLatentVideo": "cosmos",

@@ -56,6 +56,10 @@ WIDGETS: dict[str, tuple[str, ...]] = {
         "add_noise", "noise_seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler",
         "start_at_step", "end_at_step", "return_with_leftover_noise",
     ),
+    "EmptyHunyuanLatentVideo": ("width", "height", "length", "batch_size"),
+    "WanImageToVideo": ("width", "height", "length", "batch_size"),
+    "WanFirstLastFrameToVideo": ("width", "height", "length", "batch_size"),
+    "ImageFromBatch": ("batch_index", "length"),
     "ModelSamplingAuraFlow": ("shift",),
     "ModelSamplingSD3": ("shift",),
     "ModelSamplingFlux": ("max_shift", "base_shift", "width", "height"),
@@ -214,28 +218,19 @@ def _unknown(widget: str, names: frozenset[str]) -> Callable[[dict[str, Any]], s
     return check
 
 
-def _advanced_denoise(values: dict[str, Any]) -> dict[str, Any]:
-    """KSamplerAdvanced's start step → our `denoise` (the tail of the schedule run)."""
-    steps, start = values.get("steps"), values.get("start_at_step", 0)
-    if isinstance(steps, int) and isinstance(start, int) and 0 < start < steps:
-        return {"denoise": tail_denoise(steps, steps - start)}
-    return {}
+def _enabled(value: Any) -> bool:
+    """KSamplerAdvanced's "enable" / "disable" switches."""
+    return value in ("enable", True)
 
 
-def _advanced_limits(values: dict[str, Any]) -> list[str]:
-    found = []
-    steps, start = values.get("steps"), values.get("start_at_step", 0)
-    if isinstance(steps, int) and isinstance(start, int) and start >= steps > 0:
-        found.append(f"start_at_step {start} is past the last step: ComfyUI returns the latent "
-                     "unsampled; the farm samples every step")
-    steps, end = values.get("steps"), values.get("end_at_step", 10000)
-    if isinstance(steps, int) and isinstance(end, int) and end < steps:
-        found.append(f"end_at_step {end} is ignored: the farm's sampler runs to the last step")
-    if values.get("add_noise") == "disable":
-        found.append("add_noise 'disable' is ignored: the farm's sampler always adds noise")
-    if values.get("return_with_leftover_noise") == "enable":
-        found.append("return_with_leftover_noise is ignored: the result is fully denoised")
-    return found
+def _image_from_batch_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ImageFromBatch of one frame of a clip (VAEDecode of a video latent) → frames/image."""
+    if kind_of("image") != "frames":
+        return "ImageFromBatch picks frames of a decoded clip only on this farm"
+    if values.get("length", 1) != 1:
+        return "ImageFromBatch of more than one frame: the farm picks one frame (length 1)"
+    return Rule("frames/image", inputs={"image": "frames"}, outputs=("image",),
+                params={"batch_index": ParamMap("index")})
 
 
 def _zero_sides(values: dict[str, Any]) -> str | None:
@@ -356,12 +351,37 @@ RULES: dict[str, Rule] = {
         warnings=(_sampler_names, _seed_range, _ksampler_denoise_range),
         derive=_ksampler_denoise,
     ),
-    "KSamplerAdvanced": Rule(
-        "sample", inputs=_SAMPLER_INPUTS, outputs=("latent",),
-        params={"noise_seed": ParamMap("seed", _seed), **_SEED_AND_STEPS},
-        warnings=(_advanced_sampler_names, _seed_range, _advanced_limits),
-        derive=_advanced_denoise,
+    "KSamplerAdvanced": Rule(  # its step window: two chain (Wan 2.2's experts)
+        "sample/advanced", inputs=_SAMPLER_INPUTS, outputs=("latent",),
+        params={"noise_seed": ParamMap("seed", _seed), **_SEED_AND_STEPS,
+                "start_at_step": ParamMap("start_step"), "end_at_step": ParamMap("end_step"),
+                "add_noise": ParamMap("add_noise", _enabled),
+                "return_with_leftover_noise": ParamMap("return_with_leftover_noise", _enabled)},
+        warnings=(_advanced_sampler_names, _seed_range),
     ),
+    # Wan (video): ComfyUI's Wan templates make their latent with EmptyHunyuanLatentVideo
+    "EmptyHunyuanLatentVideo": Rule(
+        "latent/empty-video", outputs=("latent",),
+        params={"width": ParamMap("width"), "height": ParamMap("height"),
+                "length": ParamMap("length"), "batch_size": ParamMap("batch")},
+    ),
+    "WanImageToVideo": Rule(  # clip_vision_output (Wan 2.1's CLIP image embeds) is not read
+        "wan/image-to-video",
+        inputs={"positive": "positive", "negative": "negative", "vae": "vae",
+                "start_image": "start_image"},
+        outputs=("positive", "negative", "latent"),
+        params={"width": ParamMap("width"), "height": ParamMap("height"),
+                "length": ParamMap("length"), "batch_size": ParamMap("batch")},
+    ),
+    "WanFirstLastFrameToVideo": Rule(
+        "wan/image-to-video",
+        inputs={"positive": "positive", "negative": "negative", "vae": "vae",
+                "start_image": "start_image", "end_image": "end_image"},
+        outputs=("positive", "negative", "latent"),
+        params={"width": ParamMap("width"), "height": ParamMap("height"),
+                "length": ParamMap("length"), "batch_size": ParamMap("batch")},
+    ),
+    "ImageFromBatch": Rule("frames/image", pick=_image_from_batch_pick),
     "RandomNoise": Rule(
         "sampling/noise", outputs=("noise",), params={"noise_seed": ParamMap("noise_seed", _seed)},
         warnings=(_seed_range,),
@@ -467,7 +487,15 @@ CUT: dict[str, str] = {
     ),
 }
 
-UNSUPPORTED: dict[str, str] = {}
+UNSUPPORTED: dict[str, str] = {
+    "Wan22ImageToVideoLatent": "Wan 2.2 TI2V-5B (48-channel latents, per-token timesteps) is "
+    "not built on this farm yet: use the A14B models (WanImageToVideo)",
+}
+
+# VAEDecode of a video latent (from these nodes, through samplers): the clip's frames.
+VIDEO_DECODE = Rule("vae/decode-video", inputs={"samples": "latent", "vae": "vae"},
+                    outputs=("frames",))
+VIDEO_LATENTS = frozenset({"latent/empty-video", "wan/image-to-video"})
 
 # Passed through: output slot → the input it is, unchanged, on this farm (none today; LoraLoader's
 # CLIP output was one until load/lora applied the text encoder's half).

@@ -221,11 +221,11 @@ def test_the_admin_shows_the_families_a_worker_holds(fleet):
     assert "flux1, sdxl, zimage" in page
 
 
-WAN = {  # a Wan 2.1 text-to-video workflow's loaders and sampler, ComfyUI API format
-    "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors",
+HUNYUAN = {  # a HunyuanVideo text-to-video workflow's loaders and sampler, ComfyUI API format
+    "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "hunyuan_video_t2v_720p_bf16.safetensors",
                                                  "weight_dtype": "default"}},
-    "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8.safetensors",
-                                                 "type": "wan", "device": "default"}},
+    "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "llava_llama3_fp8.safetensors",
+                                                 "type": "hunyuan_video", "device": "default"}},
     "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["2", 0]}},
     "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 832, "height": 480,
                                                               "length": 33, "batch_size": 1}},
@@ -233,7 +233,7 @@ WAN = {  # a Wan 2.1 text-to-video workflow's loaders and sampler, ComfyUI API f
         "model": ["1", 0], "positive": ["3", 0], "negative": ["3", 0], "latent_image": ["4", 0],
         "seed": 1, "steps": 30, "cfg": 6, "sampler_name": "uni_pc", "scheduler": "simple",
         "denoise": 1}},
-    "6": {"class_type": "VAELoader", "inputs": {"vae_name": "wan_2.1_vae.safetensors"}},
+    "6": {"class_type": "VAELoader", "inputs": {"vae_name": "hunyuan_video_vae_bf16.safetensors"}},
     "7": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}},
     "8": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["7", 0], "fps": 16}},
 }
@@ -243,18 +243,18 @@ def test_both_doors_refuse_a_workflow_of_a_family_the_farm_does_not_run(fleet, a
     """/v1/import/comfy: 422 `unsupported_family` naming the node; ComfyUI's /prompt: its 400
     with the node in `node_errors`, not `invalid_prompt` for the family's own node types."""
     api = client_for(artist)
-    response = api.post("/v1/import/comfy", WAN, content_type="application/json")
+    response = api.post("/v1/import/comfy", HUNYUAN, content_type="application/json")
     assert response.status_code == 422, response.content
     error = response.json()["error"]
     assert (error["code"], error["nodeId"]) == ("unsupported_family", "2")
-    assert "wan model family" in error["message"]
-    door = api.post("/comfy/prompt", {"prompt": WAN, "client_id": "c"},
+    assert "hunyuan-video model family" in error["message"]
+    door = api.post("/comfy/prompt", {"prompt": HUNYUAN, "client_id": "c"},
                     content_type="application/json")
     assert door.status_code == 400, door.content
     entry = door.json()["node_errors"]["2"]
     assert entry["class_type"] == "CLIPLoader"
     assert entry["errors"][0]["type"] == "unsupported_family"
-    assert "wan model family" in entry["errors"][0]["message"]
+    assert "hunyuan-video model family" in entry["errors"][0]["message"]
     assert entry["errors"][0]["extra_info"] == {}  # no input of the node is to blame
 
 

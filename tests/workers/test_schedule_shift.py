@@ -139,6 +139,12 @@ def test_ksampler_advanced_starts_at_comfyuis_step(steps, start):
     params = imported_sampler("KSamplerAdvanced", noise_seed=1, steps=steps, add_noise="enable",
                               start_at_step=start, end_at_step=10000,
                               return_with_leftover_noise="disable")
-    ours, _ = zimage.sigma_schedule(params["steps"], 64, 64, params["denoise"], params["shift"])
+    from workers.runners.diffusion import _Window
+
+    assert (params["start_step"], params["denoise"]) == (start, 1.0)  # sample/advanced's window
+    own, timesteps = zimage.sigma_schedule(params["steps"], 64, 64, params["denoise"],
+                                           params["shift"])
+    cut = _Window.of(params).cut(own, timesteps)
+    assert cut is not None
     full, _ = zimage.sigma_schedule(steps, 64, 64, 1.0, 3.0)
-    assert torch.equal(ours, full[start:])
+    assert torch.equal(cut[0], full[start:])

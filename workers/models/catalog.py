@@ -20,7 +20,7 @@ import threading
 from pathlib import Path, PurePosixPath
 
 from workers.models import upscale
-from workers.models.families import identify
+from workers.models.families import identify, info
 from workers.models.family import ModelLoadError
 from workers.models.header import HeaderUnreadable, read_header
 
@@ -165,7 +165,14 @@ def _identity(path: Path, folder: str) -> dict[str, object]:
     except (ModelLoadError, OSError):  # corrupt: listed, and its load will say why
         return {"family": None, "role": None, "families": []}
     return {"family": found.family or None, "role": found.role or None,
-            "families": list(found.families)}
+            "families": list(found.families), "variant": _variant(path, found.family)}
+
+
+def _variant(path: Path, family: str) -> str | None:
+    """The family's kind of this model (FamilyInfo.variant), None where it has one kind."""
+    variant = info(family).variant if family else None
+    header = read_header(path) if variant is not None else None
+    return variant(header) if variant is not None and header is not None else None
 
 
 def _upscaler_identity(path: Path) -> dict[str, object]:

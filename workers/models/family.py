@@ -86,6 +86,10 @@ class FamilyInfo:
     - `cfg_offset`: a CFG family's `guidance` for ComfyUI's cfg c is c − cfg_offset: 0 where
       the family mixes uncond + g·(cond − uncond) as ComfyUI (and most diffusers pipelines)
       do; Z-Image's pipeline mixes cond + g·(cond − uncond), the same prediction at g = c − 1.
+    - `video`: a video family (Wan): its graphs make clips (latent/empty-video →
+      vae/decode-video), and checks that render each family build such a graph.
+    - `variant(header)`: what kind of the family's model a file is, where the kinds take other
+      graphs (Wan's transformers: "t2v", "i2v", "ti2v"); the catalog reports it. None: one kind.
     - `text_encoders`: the encoders a text-encoder loader of this family names, one file each
       (FLUX.1: CLIP-L and T5); a loader naming another count is a 422 at submit. Empty: the
       family's encoders come some other way (a checkpoint).
@@ -102,6 +106,8 @@ class FamilyInfo:
     guidance: Literal["cfg", "distilled"] = "cfg"
     text_encoders: tuple[str, ...] = ()
     cfg_offset: float = 0.0
+    video: bool = False
+    variant: Callable[[ModelHeader], str | None] | None = None
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch

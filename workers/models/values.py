@@ -72,6 +72,10 @@ class Conditioning:
     embeds: Any  # the family's form: Z-Image [L, D], on the text encoder's dtype and device
     text: str
     encoder: TextEncoder
+    # the family's per-job denoiser inputs that ride with the prompt (Wan I2V: `condition`, the
+    # mask + encoded start / end frames, ComfyUI's concat_latent_image); the sampler passes
+    # the positive's on to its SampleJob's `extra`
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

@@ -168,9 +168,23 @@ def latent_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     return {"latent": Latent(torch.zeros(size), empty=True, downscale=EMPTY_DOWNSCALE)}
 
 
+@runner("sample/advanced")
+def sample_advanced(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`sample` with KSamplerAdvanced's window params (see `sample`)."""
+    return sample(ctx, params, inputs)
+
+
 @runner("sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    """Denoise `latent` (pure noise at denoise 1.0; else re-noised to the schedule's start)."""
+    """Denoise `latent` (pure noise at denoise 1.0; else re-noised to the schedule's start).
+
+    `sample/advanced` adds ComfyUI's KSamplerAdvanced controls: only steps [start_step,
+    end_step) of the `steps` schedule run; without `add_noise` the latent is taken as already
+    noised to the window's first sigma (a previous window's result); with
+    `return_with_leftover_noise` a window that ends early returns its latent still noised, else
+    its last step goes to σ 0. So two samplers chain (Wan 2.2's high-noise then low-noise
+    expert). Flow latents between windows are in ComfyUI's scaling (x / (1 − σ)), so either
+    half may be a custom sampler."""
     import torch
 
     model = expect(inputs, "model", DiffusionModel)
@@ -179,44 +193,113 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     negative = inputs.get("negative")
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
     guidance, denoise = float(params["guidance"]), float(params["denoise"])
+    window = _Window.of(params)
     family, fmt = plugin(model.family), info(model.family).latent
     _same_family(model, positive.encoder, "positive")
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(positive.extra)
     if distilled(model):  # an embedded scale: no CFG, one forward
-        extra, guidance = {"guidance": guidance}, 0.0
+        extra, guidance = {**extra, "guidance": guidance}, 0.0
     width, height = latent.pixel_size
-    shape = checked(lambda: fmt.shape(width, height))
-    if not latent.empty and tuple(latent.samples.shape) != shape:
-        raise NodeFailed(
-            f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
-            f"({model.family}) expects {shape} at {width}×{height}"
-        )
+    shape = latent_shape(model, latent)
     shift = None if params.get("shift") is None else float(params["shift"])
     sampler = params.get("sampler", "default")
     if (sampler, params.get("scheduler", "default")) != ("default", "default"):
+        from workers.models.values import Sigmas
+
+        values = window.sigmas(_ksampler_sigmas(params, model, latent).values)
+        if values is None:
+            return {"latent": latent}
         out, _ = sample_with(ctx, model, positive, _negative_embeds(positive, negative, guidance),
-                             guidance, extra, latent, _ksampler_sigmas(params, model, latent),
-                             sampler, seed, shift=shift)
+                             guidance, extra, latent, Sigmas(values=values), sampler, seed,
+                             add_noise=window.add_noise, shift=shift)
         return {"latent": out}
     sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise,
                                                         shift=shift))
+    cut = window.cut(sigmas, timesteps)
+    if cut is None:  # ComfyUI: a window past the last step returns the latent as it came
+        return {"latent": latent}
+    sigmas, timesteps = cut
     device = model.placement.device
 
     def start_latents() -> Any:
         generator = torch.Generator("cpu").manual_seed(seed)
         eps = noise(shape, generator, device)
-        if denoise >= 1.0:
+        if denoise >= 1.0 and window.plain:
             init_noise = getattr(family, "init_noise", None)  # optional: flow starts at eps
             return eps if init_noise is None else init_noise(eps, sigmas)
         init = torch.zeros(shape) if latent.empty else latent.samples
-        return family.renoise(init.to(device), eps, sigmas[0])
+        return family.renoise(init.to(device), eps if window.add_noise else eps * 0, sigmas[0])
 
     start = on_device_thread(start_latents)
     neg = _negative_embeds(positive, negative, guidance)
     ctx.note_lineage(seed=seed)
     out = denoise_job(ctx, model, start, sigmas, timesteps, positive.embeds, neg, guidance,
                       extra=extra)
+    if float(sigmas[-1]) > 0 and _const(family, width, height, shift):  # leftover noise
+        out = out / (1.0 - sigmas[-1].to(out.device))
     return {"latent": Latent(out, downscale=fmt.downscale)}
+
+
+class _Window:
+    """The `sample` node's KSamplerAdvanced params: steps [first, last), add_noise,
+    return_with_leftover_noise (ComfyUI's `common_ksampler` semantics)."""
+
+    def __init__(self, first: int, last: int, add_noise: bool, leftover: bool) -> None:
+        self.first, self.last, self.add_noise, self.leftover = first, last, add_noise, leftover
+
+    @classmethod
+    def of(cls, params: dict[str, Any]) -> _Window:
+        return cls(int(params.get("start_step", 0)), int(params.get("end_step", MAX_END_STEP)),
+                   bool(params.get("add_noise", True)),
+                   bool(params.get("return_with_leftover_noise", False)))
+
+    @property
+    def plain(self) -> bool:
+        """Every step, from fresh noise: the sampler's ordinary run."""
+        return self.first == 0 and self.add_noise
+
+    def sigmas(self, values: Any) -> Any:
+        """`values` [n + 1] cut to the window; None when it starts past the last step."""
+        cut = self.cut(values, values[:-1])
+        return None if cut is None else cut[0]
+
+    def cut(self, sigmas: Any, timesteps: Any) -> tuple[Any, Any] | None:
+        if self.last < len(sigmas) - 1:
+            sigmas, timesteps = sigmas[: self.last + 1].clone(), timesteps[: self.last]
+            if not self.leftover:
+                sigmas[-1] = 0.0
+        if self.first > 0:
+            if self.first >= len(sigmas) - 1:
+                return None
+            sigmas, timesteps = sigmas[self.first:], timesteps[self.first:]
+        return sigmas, timesteps
+
+
+MAX_END_STEP = 10000  # ComfyUI's KSamplerAdvanced end_step default: past any schedule
+
+
+def _const(family: Any, width: int, height: int, shift: float | None) -> bool:
+    """Whether the family's sampling is flow matching (ComfyUI's CONST: its latents between
+    sampler windows are scaled by 1 / (1 − σ))."""
+    sampling = getattr(family, "model_sampling", None)
+    return bool(sampling and sampling(width, height, shift=shift).const)
+
+
+def latent_shape(model: DiffusionModel, latent: Latent) -> tuple[int, ...]:
+    """The shape `model`'s family samples for `latent`: [1, C, h, w] for an image, [1, C, F',
+    h, w] for a video latent (latent/empty-video, a decoded clip's); a NodeFailed when a given
+    latent is not that shape."""
+    fmt = info(model.family).latent
+    width, height = latent.pixel_size
+    shape: tuple[int, ...] = checked(lambda: fmt.shape(width, height))
+    if latent.samples.ndim == 5:
+        shape = (*shape[:2], int(latent.samples.shape[2]), *shape[2:])
+    if not latent.empty and tuple(latent.samples.shape) != shape:
+        raise NodeFailed(
+            f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
+            f"({model.family}) expects {shape} at {width}×{height}"
+        )
+    return shape
 
 
 def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning, negative: Any,
@@ -236,10 +319,7 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     family, fmt = plugin(model.family), info(model.family).latent
     _same_family(model, positive.encoder, "positive")
     width, height = latent.pixel_size
-    shape = checked(lambda: fmt.shape(width, height))
-    if not latent.empty and tuple(latent.samples.shape) != shape:
-        raise NodeFailed(f"the latent has shape {tuple(latent.samples.shape)}; {model.name} "
-                         f"({model.family}) expects {shape} at {width}×{height}")
+    shape = latent_shape(model, latent)
     if not (hasattr(family, "to_denoised") and hasattr(family, "model_sampling")):
         raise NodeFailed(f"{model.family} models have no generic samplers yet: use sampler "
                          "\"default\"")
@@ -431,6 +511,8 @@ def denoise_job(
         return model.batcher.run(job) if group is None else group.run(ctx, model, job)
     except torch.OutOfMemoryError as exc:
         raise NodeFailed(f"out of device memory while sampling with {model.name}: {exc}") from exc
+    except ValueError as exc:  # the family's predict refusing the job (Wan: I2V channels)
+        raise NodeFailed(f"{model.name}: {exc}") from exc
 
 
 def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[[int, int], None]:

@@ -103,6 +103,7 @@ def _custom(ctx: NodeContext, guider: Guider, seed: int, inputs: dict[str, Any],
         raise NodeFailed(f"the sigmas are {sigmas.model.name}'s ({sigmas.model.family}); the "
                          f"guider's model {guider.model.name} is {guider.model.family}")
     guidance, extra = _guidance(guider)
+    extra = {**guider.positive.extra, **extra}  # a family's conditioning inputs (Wan I2V)
     negative = _negative_embeds(guider.positive, guider.negative, guidance)
     out, denoised = sample_with(ctx, guider.model, guider.positive, negative, guidance, extra,
                                 latent, sigmas, sampler.name, seed, add_noise)

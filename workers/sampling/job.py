@@ -21,8 +21,8 @@ def _never_cancelled() -> None:
 class SampleJob:
     """The state of one flow-matching denoise, stepped by a `StepBatcher`.
 
-    - `latents`: [1, C, H/8, W/8] float32 on the denoiser's device; the batcher replaces it
-      after every step (x ← x + (σ_next − σ)·v).
+    - `latents`: [1, C, H/8, W/8] float32 on the denoiser's device (a video family's:
+      [1, C, F', H/8, W/8]); the batcher replaces it after every step (x ← x + (σ_next − σ)·v).
     - `sigmas`: [n + 1] float32, this job's own schedule ending at σ_n = 0; step i goes
       σ_i → σ_{i+1}. `timesteps`: [n] float32, the scheduler's timestep for each step.
     - `positive` / `negative`: caption embeddings [L, D] on the denoiser's device; `negative`
@@ -68,8 +68,9 @@ class SampleJob:
             raise ValueError("guidance > 0 needs negative embeddings (use the empty prompt's)")
         if self.step_done is not None and len(self.step_done) != len(self.timesteps):
             raise ValueError("step_done needs one entry per evaluation")
-        if self.latents.ndim != 4 or self.latents.shape[0] != 1:
-            raise ValueError(f"job latents must be [1, C, H, W], got {tuple(self.latents.shape)}")
+        if self.latents.ndim not in (4, 5) or self.latents.shape[0] != 1:
+            raise ValueError(f"job latents must be [1, C, H, W] or [1, C, F, H, W], got "
+                             f"{tuple(self.latents.shape)}")
 
     @property
     def total(self) -> int:
@@ -89,8 +90,10 @@ class SampleJob:
 
     @property
     def tokens(self) -> int:
-        """Latent tokens this job puts in a forward (2×2 patches of [C, H, W], per item)."""
-        return self.items * (self.latents.shape[-2] // 2) * (self.latents.shape[-1] // 2)
+        """Latent tokens this job puts in a forward (2×2 patches of [C, H, W], of every frame
+        of [C, F, H, W], per item)."""
+        frames = self.latents.shape[2] if self.latents.ndim == 5 else 1
+        return self.items * frames * (self.latents.shape[-2] // 2) * (self.latents.shape[-1] // 2)
 
     @property
     def cfg(self) -> bool:

@@ -303,11 +303,13 @@ def _reference_pixels(graph: GraphDoc, order: list[str]) -> int:
 
 
 def _largest_image(graph: GraphDoc, order: list[str]) -> int:
-    """The most pixels any node of the closure asks for (its width × height params)."""
+    """The most pixels any node of the closure asks for (its width × height params, times its
+    `length` frames for a video node: a clip's activations grow with its frames)."""
     largest = 0
     for node_id in order:
         params = graph.nodes[node_id].params
-        width, height = params.get("width"), params.get("height")
+        width, height, length = params.get("width"), params.get("height"), params.get("length")
         if isinstance(width, int) and isinstance(height, int):
-            largest = max(largest, width * height)
+            frames = length if isinstance(length, int) and length > 0 else 1
+            largest = max(largest, width * height * frames)
     return largest

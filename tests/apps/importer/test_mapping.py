@@ -279,7 +279,7 @@ def test_image_nodes_map_and_the_loaded_file_is_listed_as_an_asset():
     assert result.report.assets == [{"id": "1", "type": "LoadImage", "file": "cat.png"}]
 
 
-def test_ksampler_advanced_start_step_becomes_denoise():
+def test_ksampler_advanced_keeps_its_step_window():
     api = workflow("z_image_turbo.api.json")
     sampler = api["57:3"]
     sampler["class_type"] = "KSamplerAdvanced"
@@ -288,10 +288,12 @@ def test_ksampler_advanced_start_step_becomes_denoise():
                          "noise_seed": 5, "add_noise": "enable", "start_at_step": 2,
                          "end_at_step": 10000, "return_with_leftover_noise": "disable"}
     graph = nodes(imported(api))
-    assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 0.75,
+    assert graph["57:3"]["type"] == "sample/advanced"
+    assert graph["57:3"]["params"] == {"seed": 5, "steps": 8, "guidance": 0.0, "denoise": 1.0,
                                        "shift": 3.0, "parallel": "auto",
-                                           "sampler": "default",
-                                       "scheduler": "default"}
+                                       "sampler": "default", "scheduler": "default",
+                                       "start_step": 2, "end_step": 10000, "add_noise": True,
+                                       "return_with_leftover_noise": False}
 
 
 def test_a_comfy_seed_beyond_what_json_holds_wraps_around_with_a_warning():

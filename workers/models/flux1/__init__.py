@@ -63,9 +63,11 @@ def clip_kind(header: ModelHeader) -> str | None:
 
 
 def t5_kind(header: ModelHeader) -> bool:
+    """A T5 encoder; not UMT5 (Wan's), which has a relative attention bias in every block."""
     return header.class_name == "T5EncoderModel" or (
         header.has("encoder.block.0.layer.0.SelfAttention.")
         and (header.has("shared.weight") or header.has("encoder.embed_tokens.weight"))
+        and not header.has("block.1.layer.0.SelfAttention.relative_attention_bias.")
     )
 
 

@@ -1,0 +1,53 @@
+"""Wan's side of the family contract (workers/models/family.py `FamilyPlugin`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.models.wan import tiny
+from workers.models.wan.engine import (
+    SHIFT,
+    decode_latents_batch,
+    encode_image,
+    encode_prompts,
+    predict,
+    renoise,
+    schedule,
+)
+from workers.models.wan.loading import load_diffusion_model, load_text_encoder, load_vae
+
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
+           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
+           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    """{transformer module: (A, B, scale)} of a Wan LoRA file in any format
+    WanPipeline.lora_state_dict reads (ComfyUI / original `diffusion_model.blocks.N.self_attn.q`,
+    diffusers / PEFT): its converters, alphas as diffusers applies them. Text-encoder weights
+    are left out."""
+    from diffusers import WanPipeline
+
+    from workers.models.lora import peft_modules
+
+    state = WanPipeline.lora_state_dict(str(path), local_files_only=True)
+    if not any(k.startswith("transformer.") for k in state):
+        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
+    return peft_modules(state, None, "transformer.")
+
+
+def to_denoised(job: Any, output: Any) -> Any:
+    """The x0 estimate x − σ·v at the job's current evaluation (CONST sampling)."""
+    return job.latents - job.sigmas[job.step] * output
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    """ComfyUI's model sampling for Wan: discrete flow, shift 8 unless given."""
+    from workers.sampling.schedulers import FlowSampling
+
+    return FlowSampling(SHIFT if shift is None else float(shift))
