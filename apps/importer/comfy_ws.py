@@ -70,7 +70,8 @@ async def _session_user(scope: dict[str, Any]) -> User | None:
     """The editor's logged-in user (the session cookie, read by AuthMiddlewareStack), for a
     socket opened by a page of this farm: browsers send cookies to any site's websocket, so
     the Origin must be this host."""
-    headers = {name.lower(): value.decode("latin-1") for name, value in scope.get("headers") or []}
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+               for name, value in scope.get("headers") or []}
     if not same_origin(headers.get("origin"), headers.get("host", ""), None):
         return None
     lazy = scope.get("user")
