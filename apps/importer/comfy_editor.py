@@ -32,6 +32,7 @@ from django.views.decorators.http import require_GET
 
 from apps.fleet.selectors import model_catalog
 from apps.importer.comfy_api import BadInput, comfy_user, door
+from apps.importer.comfy_door import comfy_prompt_get_for_user
 from apps.importer.comfy_jobs import (
     MAX_LIMIT,
     comfy_job_get_for_user,
@@ -276,6 +277,29 @@ extensions = _empty([])  # no custom-node JavaScript: the farm runs only its own
 i18n = _empty({})
 workflow_templates = _empty({})  # custom nodes' templates: none
 global_subgraphs = _empty({})
+
+
+RUNS_SOURCE = "farm-runs"  # `?template=<prompt id>&source=farm-runs` opens a run's workflow
+
+
+def editor_url_for_prompt(prompt_id: str) -> str:
+    """The editor, opening the workflow a prompt was queued from (the template URL loader)."""
+    return f"/comfy/?template={prompt_id}&source={RUNS_SOURCE}"
+
+
+def workflow_url_for_prompt(prompt_id: str) -> str:
+    return f"/comfy/api/workflow_templates/{RUNS_SOURCE}/{prompt_id}.json"
+
+
+@door("GET")
+def run_workflow(request: HttpRequest, user: User, source: str, name: str) -> HttpResponse:
+    """The editor workflow a prompt was queued with (its `extra_pnginfo`), for whoever may see
+    the prompt (owner, team, staff); 404 for anything else, as for a template nobody has."""
+    prompt = comfy_prompt_get_for_user(user=user, prompt_id=name) if source == RUNS_SOURCE else None
+    workflow = ((prompt.extra_data or {}).get("extra_pnginfo") or {}).get("workflow") if prompt else None
+    if not isinstance(workflow, dict):
+        return JsonResponse({"error": "no editor workflow for this run"}, status=404)
+    return JsonResponse(workflow)
 
 
 @door("GET")

@@ -44,6 +44,7 @@ _routes: list[Any] = [
     path("extensions", editor.extensions),
     path("i18n", editor.i18n),
     path("workflow_templates", editor.workflow_templates),
+    path("workflow_templates/<str:source>/<str:name>.json", editor.run_workflow),
     path("global_subgraphs", editor.global_subgraphs),
     path("global_subgraphs/<str:subgraph>", editor.global_subgraphs),
     path("view_metadata/<str:folder>", editor.view_metadata),

@@ -175,8 +175,10 @@ def test_an_artist_renders_zimage_in_the_editor_and_another_sees_none_of_it(
                   page.evaluate("window.app.graph.serialize()"))
     assert saved["status"] == 200 and saved["data"]["path"] == "workflows/fox.json", saved
 
-    opened_by_itself = a.close_dialogs()
-    assert any("Inline Farm" in text for text in opened_by_itself)  # the templates browser
+    # A first visit opens the templates browser: the farm's own, those whose nodes all run here.
+    page.wait_for_selector("[role=dialog] >> text=Z-Image Turbo", timeout=15_000)
+    a.shot("templates-browser")
+    a.close_dialogs()
     with page.expect_response(lambda r: r.url.endswith("/api/prompt")
                               and r.request.method == "POST") as queued:
         page.click("[data-testid=queue-button]")
@@ -222,6 +224,11 @@ def test_history_and_workflows_survive_a_farm_restart(editors: dict[str, Editor]
     a.wait_ready()
     jobs = a.api("/jobs?status=completed,failed,cancelled&limit=10&offset=0")["data"]["jobs"]
     assert [j["status"] for j in jobs] == ["completed"]
+    # The admin's "open in the editor" link: the run's own workflow opens in a new tab.
+    a.page.goto(f"{farm.url}/comfy/?template={jobs[0]['id']}&source=farm-runs")
+    a.wait_ready()
+    a.page.wait_for_function("window.app.graph.nodes.some(n => n.type === 'KSampler')"
+                             " && window.app.graph.nodes.length >= 9", timeout=20_000)
     listed = a.api("/userdata?dir=workflows&recurse=true&split=false&full_info=true")["data"]
     assert [f["path"] for f in listed] == ["fox.json"]
     detail = a.api(f"/jobs/{jobs[0]['id']}")["data"]
@@ -234,6 +241,9 @@ def test_a_node_the_farm_lacks_is_named_when_queued(
 ) -> None:
     a = editors["artist-a"]
     page = a.page
+    a.close_dialogs()
+    page.evaluate("([p]) => window.app.loadApiJson(p, 'fox.json')", [zimage_prompt(stack)])
+    page.wait_for_function("window.app.graph.nodes.length >= 9")
     workflow = page.evaluate("window.app.graph.serialize()")
     template = next(n for n in workflow["nodes"] if n["type"] == "SaveImage")
     missing = {**template, "id": 999, "type": "FarmlessUpscaler", "title": "Farmless Upscaler",
@@ -242,17 +252,21 @@ def test_a_node_the_farm_lacks_is_named_when_queued(
         port["link"] = None
     workflow["nodes"].append(missing)
     page.evaluate("([w]) => window.app.loadGraphData(w, true, true, 'missing.json')", [workflow])
-    page.wait_for_timeout(500)
-    page.keyboard.press("Escape")
+    # The editor marks the node missing by itself (/object_info lacks its type).
+    page.wait_for_selector("text=FarmlessUpscaler", timeout=15_000)
+    a.shot("missing-node-on-load")
+    a.close_dialogs()
     with page.expect_response(lambda r: r.url.endswith("/api/prompt")
                               and r.request.method == "POST") as queued:
         page.click("[data-testid=queue-button]")
     answered = queued.value
     assert answered.status == 400
     body = answered.json()
-    assert "FarmlessUpscaler" in json.dumps(body), body
-    page.wait_for_selector("text=FarmlessUpscaler", timeout=15_000)
-    a.shot("missing-node")
+    assert body["error"]["type"] == "missing_node_type", body
+    assert "Farmless Upscaler" in body["error"]["message"] and "999" in body["node_errors"], body
+    page.click("text=View details")  # the editor's issues panel names the node
+    page.wait_for_selector("text=Farmless Upscaler", state="visible", timeout=10_000)
+    a.shot("missing-node-issues")
     assert a.failures == []
 
 
