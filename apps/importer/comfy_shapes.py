@@ -119,7 +119,8 @@ def _first_untyped(prompt: dict[str, Any]) -> ComfyRefused | None:
     does not have (a custom node missing here). ComfyUI answers `missing_node_type` naming the
     node's title; so does the farm, with the node in `node_errors` too."""
     for node_id, node in prompt.items():
-        if isinstance(node, dict) and not isinstance(node.get("class_type"), str):
+        # An API node always has `inputs` (a UI-format workflow's other keys do not count).
+        if isinstance(node, dict) and "inputs" in node and not isinstance(node.get("class_type"), str):
             meta = node.get("_meta")
             title = meta.get("title") if isinstance(meta, dict) else None
             name = title if isinstance(title, str) and title else f"#{node_id}"

@@ -1,4 +1,4 @@
-"""The editor's templates browser on the farm: the workflows in apps/importer/comfy_templates/
+"""The editor's templates browser on the farm: the workflows in apps/importer/comfy_template_files/
 whose every node the farm knows (a template naming a node the farm lacks is left out), in the
 index format the editor reads (`/templates/index.json`, then `/templates/<name>.json` and its
 thumbnail `<name>-1.webp`).
@@ -14,7 +14,7 @@ from typing import Any
 from apps.importer.comfy_nodes import UI_ONLY
 from apps.importer.comfy_object_info import object_info
 
-FOLDER = Path(__file__).resolve().parent / "comfy_templates"
+FOLDER = Path(__file__).resolve().parent / "comfy_template_files"
 # What each template says of itself in the browser: title, description (by file stem).
 ABOUT: dict[str, dict[str, str]] = {
     "farm_zimage_turbo": {
