@@ -187,13 +187,13 @@ def test_an_artist_renders_zimage_in_the_editor_and_another_sees_none_of_it(
     kinds = [frame.get("type") for frame in a.frames]
     for kind in ("status", "execution_start", "progress", "executed", "execution_success"):
         assert kind in kinds, (kind, kinds)
-    page.evaluate("window.app.extensionManager.setting.set("
-                  "'LiteGraph.Canvas.LowQualityRenderingZoomThreshold', 0.1)")
+    page.set_viewport_size({"width": 2000, "height": 1000})  # the whole workflow, readable
     page.keyboard.press(".")  # fit the whole workflow in view (the canvas draws the output)
     page.wait_for_function(
         "window.app.graph.nodes.some(n => n.imgs && n.imgs.length && n.imgs[0].naturalWidth > 0)",
         timeout=30_000)
     a.shot("editor-finished-render")
+    page.set_viewport_size(WINDOW)
 
     jobs = a.api("/jobs?status=completed,failed,cancelled&limit=10&offset=0")["data"]["jobs"]
     assert [j["status"] for j in jobs] == ["completed"], jobs

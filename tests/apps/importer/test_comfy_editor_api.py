@@ -14,7 +14,7 @@ from apps.importer import comfy_templates
 from apps.importer.comfy_shapes import unknown_refusal
 
 pytestmark = pytest.mark.django_db
-SAME = {"HTTP_ORIGIN": "http://testserver"}
+SAME = {"Origin": "http://testserver"}
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_the_editor_asks_for_a_login_then_serves_the_pinned_frontend(client: Cli
     client.force_login(get_user_model().objects.create_user("artist"))
     page = client.get("/comfy/")
     assert page.status_code == 200 and page.headers["Cache-Control"] == "no-store"
-    html = b"".join(page.streaming_content).decode()
+    html = page.getvalue().decode()
     script = html.split('src="./assets/')[1].split('"')[0]
     asset = client.get(f"/comfy/assets/{script}")
     assert asset.status_code == 200 and asset.headers["Content-Type"] == "text/javascript"
@@ -48,10 +48,10 @@ def test_the_editor_asks_for_a_login_then_serves_the_pinned_frontend(client: Cli
 def test_saved_workflows_belong_to_their_artist(artist: Client, stranger: Client) -> None:
     body = json.dumps({"nodes": [], "links": []})
     saved = artist.post("/comfy/api/userdata/workflows%2Ffox.json?overwrite=false&full_info=true",
-                        body, content_type="application/json", **SAME)
+                        body, content_type="application/json", headers=SAME)
     assert saved.status_code == 200 and saved.json()["path"] == "workflows/fox.json"
     again = artist.post("/comfy/api/userdata/workflows/fox.json?overwrite=false", body,
-                        content_type="application/json", **SAME)
+                        content_type="application/json", headers=SAME)
     assert again.status_code == 409
     listed = artist.get("/comfy/api/userdata?dir=workflows&recurse=true&full_info=true").json()
     assert [f["path"] for f in listed] == ["fox.json"] and listed[0]["size"] == len(body)
@@ -59,23 +59,23 @@ def test_saved_workflows_belong_to_their_artist(artist: Client, stranger: Client
 
     assert stranger.get("/comfy/api/userdata?dir=workflows&recurse=true").status_code == 404
     assert stranger.get("/comfy/api/userdata/workflows/fox.json").status_code == 404
-    assert stranger.delete("/comfy/api/userdata/workflows/fox.json", **SAME).status_code == 404
+    assert stranger.delete("/comfy/api/userdata/workflows/fox.json", headers=SAME).status_code == 404
 
     moved = artist.post("/comfy/api/userdata/workflows/fox.json/move/workflows/renard.json",
-                        **SAME)
+                        headers=SAME)
     assert moved.status_code == 200 and moved.json() == "workflows/renard.json"
-    assert artist.delete("/comfy/api/userdata/workflows/renard.json", **SAME).status_code == 204
+    assert artist.delete("/comfy/api/userdata/workflows/renard.json", headers=SAME).status_code == 204
     assert artist.get("/comfy/api/userdata?dir=workflows").status_code == 404
     assert artist.post("/comfy/api/userdata/..%2Fescape.json", body,
-                       content_type="application/json", **SAME).status_code == 400
+                       content_type="application/json", headers=SAME).status_code == 400
 
 
 def test_settings_are_kept_per_artist(artist: Client, stranger: Client) -> None:
     assert artist.get("/comfy/api/settings").json() == {}
     artist.post("/comfy/api/settings", json.dumps({"Comfy.Locale": "fr"}),
-                content_type="text/plain", **SAME)
+                content_type="text/plain", headers=SAME)
     artist.post("/comfy/api/settings/Comfy.TutorialCompleted", "true",
-                content_type="text/plain", **SAME)
+                content_type="text/plain", headers=SAME)
     assert artist.get("/comfy/api/settings").json() == {"Comfy.Locale": "fr",
                                                        "Comfy.TutorialCompleted": True}
     assert artist.get("/comfy/api/settings/Comfy.Locale").json() == "fr"
@@ -84,10 +84,10 @@ def test_settings_are_kept_per_artist(artist: Client, stranger: Client) -> None:
 
 def test_another_sites_page_cannot_write_with_an_artists_cookie(artist: Client) -> None:
     forged = artist.post("/comfy/api/settings", json.dumps({"Comfy.Locale": "xx"}),
-                         content_type="text/plain", HTTP_ORIGIN="https://evil.example")
+                         content_type="text/plain", headers={"Origin": "https://evil.example"})
     assert forged.status_code == 401 and "log in at /login/" in forged.json()["error"]["message"]
     sneaked = artist.post("/comfy/api/prompt", "{}", content_type="text/plain",
-                          HTTP_SEC_FETCH_SITE="cross-site")
+                          headers={"Sec-Fetch-Site": "cross-site"})
     assert sneaked.status_code == 401
     assert artist.get("/comfy/api/settings").json() == {}
 
