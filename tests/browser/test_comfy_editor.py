@@ -301,3 +301,25 @@ def test_object_info_passes_the_editors_own_node_schema(
         }""")
     assert "error" not in result, result
     assert result["count"] > 20 and result["bad"] == {}, result
+
+
+def test_the_session_socket_opens_only_for_the_farms_own_pages(
+    editors: dict[str, Editor], farm: Any
+) -> None:
+    """Browsers send cookies to any site's websocket: another origin is refused (4401)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    cookie = "; ".join(f"{c['name']}={c['value']}" for c in editors["artist-b"].context.cookies())
+    url = farm.url.replace("http", "ws") + "/comfy/ws?clientId=probe"
+
+    def first(origin: str) -> Any:
+        # Playwright's sync API holds this thread's event loop: the sync client, not asyncio.
+        with connect(url, additional_headers={"Cookie": cookie, "Origin": origin}) as ws:
+            try:
+                return json.loads(ws.recv(timeout=10))
+            except ConnectionClosed as closed:
+                return closed.rcvd.code if closed.rcvd else None
+
+    assert first(farm.url)["type"] == "status"
+    assert first("https://evil.example") == 4401

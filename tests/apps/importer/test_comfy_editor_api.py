@@ -136,3 +136,13 @@ def test_a_node_sent_without_its_type_is_comfyuis_missing_node_type_naming_it() 
     assert refused is not None and refused.status == 400
     assert refused.error["type"] == "missing_node_type"
     assert "Fancy Upscaler" in refused.error["message"] and "3" in refused.node_errors
+
+
+def test_a_client_keys_url_opens_the_editor_without_a_login(client: Client) -> None:
+    from apps.importer.comfy_door import comfy_key_create, comfy_key_revoke
+
+    key, secret = comfy_key_create(user=get_user_model().objects.create_user("krita"))
+    assert client.get(f"/comfy/k/{secret}/").status_code == 200
+    assert client.get(f"/comfy/k/{secret}/api/users").status_code == 200
+    comfy_key_revoke(key_id=key.pk)
+    assert client.get(f"/comfy/k/{secret}/").status_code == 401
