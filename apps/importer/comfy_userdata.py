@@ -8,7 +8,6 @@ files (a path is only ever looked up under its owner).
 from __future__ import annotations
 
 import json
-import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +139,3 @@ def comfy_settings_update(*, user: User, values: dict[str, Any]) -> None:
     settings = {**comfy_settings_get(user=user), **values}
     comfy_userfile_put(user=user, path=SETTINGS_FILE, overwrite=True,
                        content=json.dumps(settings, indent=4).encode())
-
-
-def split_dir(path: str) -> tuple[str, str]:
-    return posixpath.split(path)
