@@ -132,6 +132,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
+LOGIN_URL = "/login/"  # the ComfyUI editor's login (apps/importer/comfy_editor.py)
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 # --- Farm paths -------------------------------------------------------------------------------

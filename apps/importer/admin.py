@@ -10,9 +10,24 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from apps.importer.comfy_door import comfy_key_create, comfy_key_revoke
+from apps.importer.comfy_editor import editor_url_for_prompt, workflow_url_for_prompt
 from apps.importer.models import ComfyKey, ComfyPrompt
+
+
+def comfy_prompt_links(prompt: ComfyPrompt) -> SafeString | str:
+    """Links to the workflow a prompt was queued with: in ComfyUI's editor, and as JSON (only
+    prompts queued from the editor carry one; an API client's prompt is its `prompt` JSON)."""
+    workflow = ((prompt.extra_data or {}).get("extra_pnginfo") or {}).get("workflow")
+    if not isinstance(workflow, dict):
+        return "none (queued by an API client: see its prompt)"
+    pid = str(prompt.pk)
+    return format_html('<a href="{}" target="_blank">open in the editor</a> · '
+                       '<a href="{}" target="_blank">workflow JSON</a>',
+                       editor_url_for_prompt(pid), workflow_url_for_prompt(pid))
 
 
 class ComfyKeyForm(forms.ModelForm):
@@ -62,8 +77,12 @@ class ComfyPromptAdmin(admin.ModelAdmin):
     list_display = ("number", "id", "owner", "client_id", "run", "created_at")
     search_fields = ("id", "client_id", "owner__username", "run__id")
     list_select_related = ("owner", "run")
-    readonly_fields = ("id", "number", "owner", "run", "client_id", "prompt", "extra_data",
-                       "outputs", "created_at")
+    readonly_fields = ("id", "number", "owner", "run", "editor_links", "client_id", "prompt",
+                       "extra_data", "outputs", "created_at")
+
+    @admin.display(description="workflow")
+    def editor_links(self, prompt: ComfyPrompt) -> SafeString | str:
+        return comfy_prompt_links(prompt)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -110,13 +110,36 @@ def _check_request(request: HttpRequest, kwargs: dict[str, Any]) -> None:
 
 
 def comfy_user(request: HttpRequest, key: str | None) -> User | None:
-    """The caller: the client key of the base URL, else the Bearer token."""
+    """The caller: the client key of the base URL, else the Bearer token, else (the editor in
+    a browser) the Django session of a same-origin request."""
     if key is not None:
         return user_for_comfy_key(key)
     scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and secret.strip():
         return user_for_token(secret.strip())
-    return None
+    return session_user(request)
+
+
+def session_user(request: HttpRequest) -> User | None:
+    """The logged-in user of the session cookie. A request that changes something must come
+    from the farm's own pages (same origin): the door skips Django's CSRF token, which
+    ComfyUI's editor does not send, so the Origin header is what stops another site."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    if request.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(
+            request.headers.get("Origin"), request.get_host(), request.headers.get("Sec-Fetch-Site")):
+        return None
+    assert isinstance(user, User)
+    return user
+
+
+def same_origin(origin: str | None, host: str, fetch_site: str | None) -> bool:
+    """Whether a browser request came from a page of `host` (its Origin header, else the
+    Fetch metadata a browser sends on every request)."""
+    if origin:
+        return origin.split("://", 1)[-1] == host
+    return fetch_site in ("same-origin", "none")
 
 
 def door(*methods: str) -> Callable[[View], View]:
@@ -131,8 +154,9 @@ def door(*methods: str) -> Callable[[View], View]:
                 return response
             user = comfy_user(request, key) if key is None or text_problem(key) is None else None
             if user is None:
-                return _refusal(401, "unauthorized", "send 'Authorization: Bearer <token>' or "
-                                "use a base URL with a client key (/comfy/k/<key>/)")
+                return _refusal(401, "unauthorized", "send 'Authorization: Bearer <token>', "
+                                "use a base URL with a client key (/comfy/k/<key>/), or log "
+                                "in at /login/")
             try:
                 _check_request(request, kwargs)
                 return view(request, user, **kwargs)

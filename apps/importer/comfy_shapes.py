@@ -61,6 +61,9 @@ _NO_NODE = {
 def unknown_refusal(prompt: dict[str, Any]) -> ComfyRefused | None:
     """ComfyUI refuses a prompt naming a node type it does not have, wherever the node is
     (`invalid_prompt`); so does the farm, and `node_errors` names the node too."""
+    untyped = _first_untyped(prompt)
+    if untyped is not None:
+        return untyped
     unknown = _first_unknown(prompt)
     if unknown is None:
         return None
@@ -109,6 +112,26 @@ def unmapped_node_errors(unmapped: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _node_error(class_type: str, errors: list[ErrorShape], outputs: list[str]) -> dict[str, Any]:
     return {"errors": errors, "dependent_outputs": outputs, "class_type": class_type}
+
+
+def _first_untyped(prompt: dict[str, Any]) -> ComfyRefused | None:
+    """A node sent without a class_type: what ComfyUI's editor sends for a node whose type it
+    does not have (a custom node missing here). ComfyUI answers `missing_node_type` naming the
+    node's title; so does the farm, with the node in `node_errors` too."""
+    for node_id, node in prompt.items():
+        # An API node always has `inputs` (a UI-format workflow's other keys do not count).
+        if isinstance(node, dict) and "inputs" in node and not isinstance(node.get("class_type"), str):
+            meta = node.get("_meta")
+            title = meta.get("title") if isinstance(meta, dict) else None
+            name = title if isinstance(title, str) and title else f"#{node_id}"
+            message = (f"Node '{name}' has no class_type. The workflow may be corrupted or a "
+                       "custom node is missing.")
+            entry = error("missing_node_type", message, f"Node ID '#{node_id}'",
+                          node_id=str(node_id), class_type=None, node_title=title)
+            return ComfyRefused(400, entry, {str(node_id): _node_error("", [error(
+                "missing_node_type", f"{name} is not a node type this farm runs", str(node_id))],
+                [])})
+    return None
 
 
 def _first_unknown(prompt: dict[str, Any]) -> tuple[str, str] | None:

@@ -9,8 +9,9 @@ are announced on a channel-layer group per (owner, client id) after commit; the 
 looks for them every `POLL_SECONDS`, so a lost announcement or a channel-layer outage only
 delays them.
 
-Auth: `Authorization: Bearer <token>`, a client key in the URL (`/comfy/k/<key>/ws`), or the
-/v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`). Refused: close 4401; an open
+Auth: `Authorization: Bearer <token>`, a client key in the URL (`/comfy/k/<key>/ws`), the
+/v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`), or the editor's Django
+session (same origin only). Refused: close 4401; an open
 socket closes 4401 within about a second of its token or key being revoked, or its user
 deactivated (apps/accounts/watch.py). A `clientId` PostgreSQL cannot store: close 4400.
 """
@@ -35,6 +36,7 @@ from apps.accounts.selectors import user_for_token
 from apps.accounts.services import token_hash
 from apps.accounts.watch import credential_watch
 from apps.graphs.schema import text_problem
+from apps.importer.comfy_api import same_origin
 from apps.importer.comfy_door import (
     client_group,
     comfy_client_prompts,
@@ -64,6 +66,20 @@ def _user(key: str | None, token: str | None) -> User | None:
     return user_for_token(token) if token else None
 
 
+async def _session_user(scope: dict[str, Any]) -> User | None:
+    """The editor's logged-in user (the session cookie, read by AuthMiddlewareStack), for a
+    socket opened by a page of this farm: browsers send cookies to any site's websocket, so
+    the Origin must be this host."""
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+               for name, value in scope.get("headers") or []}
+    if not same_origin(headers.get("origin"), headers.get("host", ""), None):
+        return None
+    lazy = scope.get("user")
+    user = await _db(lambda: lazy if lazy is not None and lazy.is_authenticated
+                     and lazy.is_active else None)()
+    return user if isinstance(user, User) else None
+
+
 def _credential(key: str | None, token: str | None) -> tuple[str, str]:
     """(kind, digest) of the credential a socket was admitted with, for the watch."""
     if key is not None:
@@ -90,6 +106,8 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
         key = self.scope["url_route"]["kwargs"].get("key")
         try:
             user = await _db(_user)(key, token)
+            if user is None and key is None and token is None:
+                user = await _session_user(self.scope)
         except Exception:
             log.exception("opening a ComfyUI socket failed")
             user = None
@@ -107,8 +125,9 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
         self.followers: dict[Any, asyncio.Task[None]] = {}
         self.send_lock = asyncio.Lock()
         self.main = asyncio.create_task(self._serve())
-        kind, digest = _credential(key, token)
-        self.watching = credential_watch().watch(kind, digest, self._revoked)
+        if key is not None or token is not None:  # a session socket ends with its page
+            kind, digest = _credential(key, token)
+            self.watching = credential_watch().watch(kind, digest, self._revoked)
 
     async def _revoked(self) -> None:
         """The credential stopped authenticating: stop following and say so."""

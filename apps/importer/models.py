@@ -80,3 +80,26 @@ class ComfyUpload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subfolder}/{self.name}" if self.subfolder else self.name
+
+
+class ComfyUserFile(models.Model):
+    """One file of a user's ComfyUI user directory (the editor's `/userdata`: saved workflows,
+    `comfy.settings.json`, …), kept in PostgreSQL so that it follows the user to any web host."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="comfy_user_files")
+    path = models.CharField(max_length=500, help_text="Relative, '/'-separated, never '..'.")
+    content = models.BinaryField()
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    modified_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "ComfyUI user file"
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "path"], name="comfy_user_file_path_per_owner"),
+            models.CheckConstraint(condition=~Q(path=""), name="comfy_user_file_named"),
+        ]
+
+    def __str__(self) -> str:
+        return self.path

@@ -45,12 +45,13 @@ class RunAdmin(admin.ModelAdmin):
                             "attempts", "worker", "lease_expires_at", "client_run_id",
                             "created_at", "started_at", "finished_at", "run_duration")}),
         ("Takes", {"fields": ("takes_preview",)}),
+        ("ComfyUI", {"fields": ("comfy_workflow",)}),
         ("Graph", {"fields": ("graph_readable", "requirement_pretty")}),
     )
     readonly_fields = ("id", "owner", "status_badge", "error", "target", "priority", "queue",
                        "attempts", "worker", "lease_expires_at", "client_run_id", "created_at",
                        "started_at", "finished_at", "run_duration", "takes_preview",
-                       "graph_readable", "requirement_pretty")
+                       "graph_readable", "requirement_pretty", "comfy_workflow")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
         worker_pk = Worker.objects.filter(name=OuterRef("worker_name")).values("pk")[:1]
@@ -136,6 +137,16 @@ class RunAdmin(admin.ModelAdmin):
             "</tr>{}</table><p>target <b>{}</b> · graph sha256 {}</p>", rows, run.target,
             run.graph.sha256,
         )
+
+    @admin.display(description="workflow")
+    def comfy_workflow(self, run: Run) -> SafeString | str:
+        """The ComfyUI workflow(s) queued as this run through the /comfy/ door, if any."""
+        from apps.importer.admin import comfy_prompt_links
+
+        prompts = list(run.comfy_prompts.all()[:5])
+        if not prompts:
+            return "not queued through ComfyUI"
+        return format_html_join(" | ", "{}", ((comfy_prompt_links(p),) for p in prompts))
 
     @admin.display(description="requirement")
     def requirement_pretty(self, run: Run) -> SafeString:

@@ -1,0 +1,94 @@
+"""ComfyUI's jobs API (`GET /api/jobs`, `/api/jobs/{id}`, `POST /api/jobs/cancel`), which the
+editor's queue and history panels read: a user's own prompts, each as the job its run is.
+
+The shapes follow the editor's zod schema (src/platform/remote/comfyui/jobs/jobTypes.ts in the
+frontend package): `{jobs: [...], pagination: {offset, limit, total, has_more}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from apps.importer.comfy_door import comfy_interrupt
+from apps.importer.comfy_shapes import class_of, error_body, history_entry, image_ref
+from apps.importer.models import ComfyPrompt
+from apps.runs.models import RunStatus
+from inline_farm.ids import is_uuid
+
+# ComfyUI's job statuses and the run statuses each stands for.
+JOB_STATUS = {
+    RunStatus.QUEUED: "pending", RunStatus.RUNNING: "in_progress",
+    RunStatus.SUCCEEDED: "completed", RunStatus.FAILED: "failed",
+    RunStatus.CANCELLED: "cancelled",
+}
+RUN_STATUS = {job: run for run, job in JOB_STATUS.items()}
+MAX_LIMIT = 500
+
+
+def _own(user: User) -> QuerySet[ComfyPrompt]:
+    """The editor is personal: its panels list the user's own prompts only."""
+    return (ComfyPrompt.objects.filter(owner=user).select_related("run")
+            .prefetch_related("run__takes"))
+
+
+def comfy_jobs_for_user(
+    *, user: User, statuses: list[str], limit: int, offset: int
+) -> tuple[list[ComfyPrompt], int]:
+    """(a page of the user's prompts whose job status is one of `statuses`, newest first; how
+    many there are in all). Unknown statuses match nothing."""
+    runs = [RUN_STATUS[s] for s in statuses if s in RUN_STATUS] if statuses else list(RUN_STATUS.values())
+    qs = _own(user).filter(run__status__in=runs)
+    return list(qs.order_by("-created_at", "-number")[offset: offset + limit]), qs.count()
+
+
+def comfy_job_get_for_user(*, user: User, job_id: str) -> ComfyPrompt | None:
+    return _own(user).filter(pk=job_id).first() if is_uuid(job_id) else None
+
+
+def comfy_jobs_cancel(*, user: User, job_ids: list[str]) -> int:
+    """Cancel the user's own jobs, pending or running; finished ones are left as they are."""
+    ids = _own(user).filter(pk__in=[i for i in job_ids if is_uuid(i)]).values_list("pk", flat=True)
+    return sum(comfy_interrupt(user=user, prompt_id=str(pk)) for pk in ids)
+
+
+def _ms(value: Any) -> int | None:
+    return int(value.timestamp() * 1000) if value is not None else None
+
+
+def job_item(prompt: ComfyPrompt) -> dict[str, Any]:
+    """One prompt as the jobs list shows it."""
+    run = prompt.run
+    takes = list(run.takes.all())
+    preview = None
+    if takes:
+        first = takes[0]
+        preview = {**image_ref(first, class_of(prompt.prompt, first.node_id)),
+                   "nodeId": first.node_id, "mediaType": "images"}
+    workflow = ((prompt.extra_data or {}).get("extra_pnginfo") or {}).get("workflow")
+    item: dict[str, Any] = {
+        "id": str(prompt.pk), "status": JOB_STATUS[RunStatus(run.status)],
+        "create_time": _ms(prompt.created_at),
+        "execution_start_time": _ms(run.started_at), "execution_end_time": _ms(run.finished_at),
+        "preview_output": preview, "outputs_count": len(takes),
+        "previewable_outputs_count": len(takes),
+        "workflow_id": workflow.get("id") if isinstance(workflow, dict) else None,
+        "execution_error": None,
+        "run_id": str(run.pk),  # the farm's run: /v1/runs/{id}, the admin's run page
+    }
+    if run.status == RunStatus.FAILED:
+        item["execution_error"] = error_body(
+            str(prompt.pk), run.error_node or "", class_of(prompt.prompt, run.error_node),
+            run.error_code or "error", run.error_message or "", [], _ms(run.finished_at) or 0)
+    return item
+
+
+def job_detail(prompt: ComfyPrompt) -> dict[str, Any]:
+    """One job with its workflow (what the editor re-opens) and its outputs."""
+    return {**job_item(prompt),
+            "workflow": {"prompt": prompt.prompt, "extra_data": prompt.extra_data},
+            "outputs": history_entry(prompt)["outputs"],
+            "update_time": _ms(prompt.run.finished_at or prompt.run.started_at
+                               or prompt.created_at)}

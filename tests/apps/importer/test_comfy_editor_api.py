@@ -1,0 +1,148 @@
+"""What ComfyUI's editor asks of the farm, answered per user over the Django session: its page
+and files, the user directory (workflows, settings), jobs, templates and the empty features;
+another site's page cannot write with an artist's cookie."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from apps.importer import comfy_templates
+from apps.importer.comfy_shapes import unknown_refusal
+
+pytestmark = pytest.mark.django_db
+SAME = {"Origin": "http://testserver"}
+
+
+@pytest.fixture
+def artist(client: Client) -> Client:
+    client.force_login(get_user_model().objects.create_user("artist"))
+    return client
+
+
+@pytest.fixture
+def stranger() -> Client:
+    other = Client()
+    other.force_login(get_user_model().objects.create_user("stranger"))
+    return other
+
+
+def test_the_editor_asks_for_a_login_then_serves_the_pinned_frontend(client: Client) -> None:
+    assert client.get("/comfy/").headers["Location"] == "/login/?next=/comfy/"
+    assert client.get("/login/").status_code == 200
+    client.force_login(get_user_model().objects.create_user("artist"))
+    page = client.get("/comfy/")
+    assert page.status_code == 200 and page.headers["Cache-Control"] == "no-store"
+    html = page.getvalue().decode()
+    script = html.split('src="./assets/')[1].split('"')[0]
+    asset = client.get(f"/comfy/assets/{script}")
+    assert asset.status_code == 200 and asset.headers["Content-Type"] == "text/javascript"
+    assert "immutable" in asset.headers["Cache-Control"]
+    assert client.get("/comfy/assets/..%2F..%2F__init__.py").status_code == 404
+    assert client.get("/comfy/api/no-such-route").status_code == 404
+
+
+def test_saved_workflows_belong_to_their_artist(artist: Client, stranger: Client) -> None:
+    body = json.dumps({"nodes": [], "links": []})
+    saved = artist.post("/comfy/api/userdata/workflows%2Ffox.json?overwrite=false&full_info=true",
+                        body, content_type="application/json", headers=SAME)
+    assert saved.status_code == 200 and saved.json()["path"] == "workflows/fox.json"
+    again = artist.post("/comfy/api/userdata/workflows/fox.json?overwrite=false", body,
+                        content_type="application/json", headers=SAME)
+    assert again.status_code == 409
+    listed = artist.get("/comfy/api/userdata?dir=workflows&recurse=true&full_info=true").json()
+    assert [f["path"] for f in listed] == ["fox.json"] and listed[0]["size"] == len(body)
+    assert artist.get("/comfy/api/userdata/workflows/fox.json").content == body.encode()
+
+    assert stranger.get("/comfy/api/userdata?dir=workflows&recurse=true").status_code == 404
+    assert stranger.get("/comfy/api/userdata/workflows/fox.json").status_code == 404
+    assert stranger.delete("/comfy/api/userdata/workflows/fox.json", headers=SAME).status_code == 404
+
+    moved = artist.post("/comfy/api/userdata/workflows/fox.json/move/workflows/renard.json",
+                        headers=SAME)
+    assert moved.status_code == 200 and moved.json() == "workflows/renard.json"
+    assert artist.delete("/comfy/api/userdata/workflows/renard.json", headers=SAME).status_code == 204
+    assert artist.get("/comfy/api/userdata?dir=workflows").status_code == 404
+    assert artist.post("/comfy/api/userdata/..%2Fescape.json", body,
+                       content_type="application/json", headers=SAME).status_code == 400
+
+
+def test_settings_are_kept_per_artist(artist: Client, stranger: Client) -> None:
+    assert artist.get("/comfy/api/settings").json() == {}
+    artist.post("/comfy/api/settings", json.dumps({"Comfy.Locale": "fr"}),
+                content_type="text/plain", headers=SAME)
+    artist.post("/comfy/api/settings/Comfy.TutorialCompleted", "true",
+                content_type="text/plain", headers=SAME)
+    assert artist.get("/comfy/api/settings").json() == {"Comfy.Locale": "fr",
+                                                       "Comfy.TutorialCompleted": True}
+    assert artist.get("/comfy/api/settings/Comfy.Locale").json() == "fr"
+    assert stranger.get("/comfy/api/settings").json() == {}
+
+
+def test_another_sites_page_cannot_write_with_an_artists_cookie(artist: Client) -> None:
+    forged = artist.post("/comfy/api/settings", json.dumps({"Comfy.Locale": "xx"}),
+                         content_type="text/plain", headers={"Origin": "https://evil.example"})
+    assert forged.status_code == 401 and "log in at /login/" in forged.json()["error"]["message"]
+    sneaked = artist.post("/comfy/api/prompt", "{}", content_type="text/plain",
+                          headers={"Sec-Fetch-Site": "cross-site"})
+    assert sneaked.status_code == 401
+    assert artist.get("/comfy/api/settings").json() == {}
+
+
+def test_the_editors_other_calls_answer_as_comfyui_does_without_the_feature(artist: Client) -> None:
+    assert artist.get("/comfy/api/users").json() == {"storage": "server", "migrated": True}
+    assert artist.get("/comfy/api/extensions").json() == []
+    assert artist.get("/comfy/api/i18n").json() == {}
+    assert artist.get("/comfy/api/workflow_templates").json() == {}
+    assert artist.get("/comfy/api/global_subgraphs").json() == {}
+    jobs = artist.get("/comfy/api/jobs?status=in_progress,pending&limit=200&offset=0").json()
+    assert jobs == {"jobs": [], "pagination": {"offset": 0, "limit": 200, "total": 0,
+                                               "has_more": False}}
+    assert artist.get("/comfy/api/jobs/not-a-job").status_code == 404
+    assert artist.get("/comfy/api/experiment/models").json() == []
+    assert artist.get("/comfy/api/experiment/models/loras").status_code == 404
+    missing = artist.get("/comfy/api/workflow_templates/farm-runs/"
+                         "00000000-0000-4000-8000-000000000000.json")
+    assert missing.status_code == 404
+
+
+def test_the_templates_browser_lists_only_workflows_the_farm_runs(
+    artist: Client, tmp_path, monkeypatch
+) -> None:
+    index = artist.get("/comfy/templates/index.json").json()
+    assert [t["name"] for t in index[0]["templates"]] == ["farm_zimage_turbo"]
+    workflow = artist.get("/comfy/templates/farm_zimage_turbo.json").json()
+    assert {n["type"] for n in workflow["nodes"]} >= {"KSampler", "UNETLoader", "SaveImage"}
+    assert artist.get("/comfy/templates/farm_zimage_turbo-1.webp")["Content-Type"] == "image/webp"
+    assert artist.get("/comfy/templates/index.fr.json").status_code == 404
+
+    for name, kind in (("runs", "KSampler"), ("needs_custom", "UltimateSDUpscale")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"nodes": [{"id": 1, "type": kind}]}))
+    monkeypatch.setattr(comfy_templates, "FOLDER", tmp_path)
+    comfy_templates.template_index.cache_clear()
+    try:
+        listed = comfy_templates.template_index()[0]["templates"]
+        assert [t["name"] for t in listed] == ["runs"]
+        assert comfy_templates.template_file("needs_custom.json") is None
+    finally:
+        comfy_templates.template_index.cache_clear()
+
+
+def test_a_node_sent_without_its_type_is_comfyuis_missing_node_type_naming_it() -> None:
+    refused = unknown_refusal({"3": {"inputs": {}, "_meta": {"title": "Fancy Upscaler"}}})
+    assert refused is not None and refused.status == 400
+    assert refused.error["type"] == "missing_node_type"
+    assert "Fancy Upscaler" in refused.error["message"] and "3" in refused.node_errors
+
+
+def test_a_client_keys_url_opens_the_editor_without_a_login(client: Client) -> None:
+    from apps.importer.comfy_door import comfy_key_create, comfy_key_revoke
+
+    key, secret = comfy_key_create(user=get_user_model().objects.create_user("krita"))
+    assert client.get(f"/comfy/k/{secret}/").status_code == 200
+    assert client.get(f"/comfy/k/{secret}/api/users").status_code == 200
+    comfy_key_revoke(key_id=key.pk)
+    assert client.get(f"/comfy/k/{secret}/").status_code == 401
