@@ -52,8 +52,7 @@ class Guidance:
         return self.modality > 1.0 or self.audio_modality > 1.0
 
     def passes(self) -> tuple[str, ...]:
-        return ("cond",) + (("stg",) if self.do_stg else ()) + (
-            ("modality",) if self.do_modality else ())
+        return ("cond",) + (("stg",) if self.do_stg else ()) + (("modality",) if self.do_modality else ())
 
 
 @dataclass
@@ -79,32 +78,43 @@ class Ltx2Run:
     audio_scheduler: Any = field(default=None, repr=False)
 
 
-def encode_prompts(components: dict[str, Any], texts: list[str],
-                   max_sequence_length: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def encode_prompts(
+    components: dict[str, Any], texts: list[str], max_sequence_length: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(video embeds, audio embeds, mask) of `texts` in one Gemma3 call and one connectors call,
     as LTX2Pipeline builds them (every hidden state stacked, left padding)."""
     tok, encoder = components["tokenizer"], components["text_encoder"]
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    inputs = tok([t.strip() for t in texts], padding="max_length", max_length=max_sequence_length,
-                 truncation=True, add_special_tokens=True, return_tensors="pt")
+    inputs = tok(
+        [t.strip() for t in texts],
+        padding="max_length",
+        max_length=max_sequence_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
-        out = encoder(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                      output_hidden_states=True)
+        out = encoder(
+            input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, output_hidden_states=True
+        )
         embeds = torch.stack(out.hidden_states, dim=-1).flatten(2, 3).to(encoder.dtype)
-        video, audio, mask = components["connectors"](embeds, inputs.attention_mask,
-                                                      padding_side="left")
+        video, audio, mask = components["connectors"](embeds, inputs.attention_mask, padding_side="left")
     return video, audio, mask
 
 
-def latent_sizes(components: dict[str, Any], width: int, height: int, num_frames: int,
-                 fps: float) -> tuple[int, int, int, int]:
+def latent_sizes(
+    components: dict[str, Any], width: int, height: int, num_frames: int, fps: float
+) -> tuple[int, int, int, int]:
     """(latent frames, latent height, latent width, audio latent length) of a clip."""
     vae, audio_vae = components["vae"], components["audio_vae"]
     t, s = vae.temporal_compression_ratio, vae.spatial_compression_ratio
-    per_second = (audio_vae.config.sample_rate / audio_vae.config.mel_hop_length
-                  / float(audio_vae.temporal_compression_ratio))
+    per_second = (
+        audio_vae.config.sample_rate
+        / audio_vae.config.mel_hop_length
+        / float(audio_vae.temporal_compression_ratio)
+    )
     return (num_frames - 1) // t + 1, height // s, width // s, round(num_frames / fps * per_second)
 
 
@@ -115,17 +125,32 @@ def schedule(scheduler: Any, steps: int, tokens: int) -> tuple[Any, torch.Tensor
 
     sched = copy.deepcopy(scheduler)
     cfg = sched.config
-    mu = calculate_shift(tokens, cfg.get("base_image_seq_len", 1024),
-                         cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.95),
-                         cfg.get("max_shift", 2.05))
+    mu = calculate_shift(
+        tokens,
+        cfg.get("base_image_seq_len", 1024),
+        cfg.get("max_image_seq_len", 4096),
+        cfg.get("base_shift", 0.95),
+        cfg.get("max_shift", 2.05),
+    )
     sched.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     sched.set_begin_index(0)
     return sched, sched.sigmas, sched.timesteps
 
 
-def start(components: dict[str, Any], prompt: str, negative: str, *, width: int, height: int,
-          num_frames: int, fps: float, steps: int, generator: torch.Generator,
-          guidance: Guidance = Guidance(), max_sequence_length: int = 1024) -> Ltx2Run:
+def start(
+    components: dict[str, Any],
+    prompt: str,
+    negative: str,
+    *,
+    width: int,
+    height: int,
+    num_frames: int,
+    fps: float,
+    steps: int,
+    generator: torch.Generator,
+    guidance: Guidance = Guidance(),
+    max_sequence_length: int = 1024,
+) -> Ltx2Run:
     """A run's start: its prompt rows, noise (video then audio, from `generator` as the pipeline
     draws them) and schedule."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
@@ -135,18 +160,36 @@ def start(components: dict[str, Any], prompt: str, negative: str, *, width: int,
     video_embeds, audio_embeds, mask = encode_prompts(components, texts, max_sequence_length)
     f, h, w, audio_len = latent_sizes(components, width, height, num_frames, fps)
     transformer, audio_vae = components["transformer"], components["audio_vae"]
-    latents = randn_tensor((1, transformer.config.in_channels, f, h, w), generator=generator,
-                           dtype=torch.float32)
-    latents = LTX2Pipeline._pack_latents(latents, transformer.config.patch_size,
-                                         transformer.config.patch_size_t)
+    latents = randn_tensor(
+        (1, transformer.config.in_channels, f, h, w), generator=generator, dtype=torch.float32
+    )
+    latents = LTX2Pipeline._pack_latents(
+        latents, transformer.config.patch_size, transformer.config.patch_size_t
+    )
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-    audio = randn_tensor((1, audio_vae.config.latent_channels, audio_len, mel),
-                         generator=generator, dtype=torch.float32)
+    audio = randn_tensor(
+        (1, audio_vae.config.latent_channels, audio_len, mel), generator=generator, dtype=torch.float32
+    )
     audio = LTX2Pipeline._pack_audio_latents(audio)
     sched, sigmas, timesteps = schedule(components["scheduler"], steps, latents.shape[1])
     audio_sched, _, _ = schedule(components["scheduler"], steps, latents.shape[1])
-    return Ltx2Run(latents, audio, video_embeds, audio_embeds, mask, sigmas, timesteps, f, h, w,
-                   audio_len, fps, guidance, scheduler=sched, audio_scheduler=audio_sched)
+    return Ltx2Run(
+        latents,
+        audio,
+        video_embeds,
+        audio_embeds,
+        mask,
+        sigmas,
+        timesteps,
+        f,
+        h,
+        w,
+        audio_len,
+        fps,
+        guidance,
+        scheduler=sched,
+        audio_scheduler=audio_sched,
+    )
 
 
 def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -160,28 +203,39 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
         return t if cond else t[-1:]
 
     dtype = first.video_embeds.dtype
-    latents = torch.cat([r.latents.expand(n, -1, -1) for r, n in zip(runs, rows)]).to(dtype)
-    audio = torch.cat([r.audio.expand(n, -1, -1) for r, n in zip(runs, rows)]).to(dtype)
-    timestep = torch.cat([r.timesteps[r.step].expand(n) for r, n in zip(runs, rows)])
+    latents = torch.cat([r.latents.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
+    audio = torch.cat([r.audio.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
+    timestep = torch.cat([r.timesteps[r.step].expand(n) for r, n in zip(runs, rows, strict=True)])
     video_coords = transformer.rope.prepare_video_coords(
-        sum(rows), first.frames, first.height, first.width, latents.device, fps=first.fps)
-    audio_coords = transformer.audio_rope.prepare_audio_coords(
-        sum(rows), first.audio_frames, audio.device)
+        sum(rows), first.frames, first.height, first.width, latents.device, fps=first.fps
+    )
+    audio_coords = transformer.audio_rope.prepare_audio_coords(sum(rows), first.audio_frames, audio.device)
     mask = torch.cat([pick(r.mask, r) for r in runs])
     with torch.no_grad():
         video_out, audio_out = transformer(
-            hidden_states=latents, audio_hidden_states=audio,
+            hidden_states=latents,
+            audio_hidden_states=audio,
             encoder_hidden_states=torch.cat([pick(r.video_embeds, r) for r in runs]),
             audio_encoder_hidden_states=torch.cat([pick(r.audio_embeds, r) for r in runs]),
-            timestep=timestep, sigma=timestep, encoder_attention_mask=mask,
-            audio_encoder_attention_mask=mask, num_frames=first.frames, height=first.height,
-            width=first.width, fps=first.fps, audio_num_frames=first.audio_frames,
-            video_coords=video_coords, audio_coords=audio_coords,
+            timestep=timestep,
+            sigma=timestep,
+            encoder_attention_mask=mask,
+            audio_encoder_attention_mask=mask,
+            num_frames=first.frames,
+            height=first.height,
+            width=first.width,
+            fps=first.fps,
+            audio_num_frames=first.audio_frames,
+            video_coords=video_coords,
+            audio_coords=audio_coords,
             isolate_modalities=kind == "modality",
             spatio_temporal_guidance_blocks=list(first.guidance.stg_blocks) if kind == "stg" else None,
-            perturbation_mask=None, use_cross_timestep=False, return_dict=False)
+            perturbation_mask=None,
+            use_cross_timestep=False,
+            return_dict=False,
+        )
     video_out, audio_out = video_out.float(), audio_out.float()
-    return list(zip(video_out.split(rows), audio_out.split(rows)))
+    return list(zip(video_out.split(rows), audio_out.split(rows), strict=True))
 
 
 def advance(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -192,8 +246,11 @@ def advance(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) ->
     sigma, audio_sigma = run.scheduler.sigmas[i], run.audio_scheduler.sigmas[i]
     new = []
     for m, (x, s) in enumerate(((run.latents, sigma), (run.audio, audio_sigma))):
-        scales = (g.cfg, g.stg, g.modality, g.rescale) if m == 0 else (
-            g.audio_cfg, g.audio_stg, g.audio_modality, g.audio_rescale)
+        scales = (
+            (g.cfg, g.stg, g.modality, g.rescale)
+            if m == 0
+            else (g.audio_cfg, g.audio_stg, g.audio_modality, g.audio_rescale)
+        )
         cond = x - outs["cond"][m] * s
         if g.do_cfg:
             uncond, cond = cond.chunk(2)
@@ -228,22 +285,24 @@ def decode(components: dict[str, Any], run: Ltx2Run) -> tuple[np.ndarray, np.nda
 
     vae, audio_vae, vocoder = components["vae"], components["audio_vae"], components["vocoder"]
     tcfg = components["transformer"].config
-    latents = LTX2Pipeline._unpack_latents(run.latents, run.frames, run.height, run.width,
-                                           tcfg.patch_size, tcfg.patch_size_t)
+    latents = LTX2Pipeline._unpack_latents(
+        run.latents, run.frames, run.height, run.width, tcfg.patch_size, tcfg.patch_size_t
+    )
     if vae.config.timestep_conditioning:
         raise NotImplementedError("LTX-2 VAEs with timestep conditioning are not supported yet")
-    latents = LTX2Pipeline._denormalize_latents(latents.to(run.video_embeds.dtype), vae.latents_mean,
-                                                vae.latents_std, vae.config.scaling_factor)
+    latents = LTX2Pipeline._denormalize_latents(
+        latents.to(run.video_embeds.dtype), vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+    )
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-    audio = LTX2Pipeline._denormalize_audio_latents(run.audio, audio_vae.latents_mean,
-                                                    audio_vae.latents_std)
+    audio = LTX2Pipeline._denormalize_audio_latents(run.audio, audio_vae.latents_mean, audio_vae.latents_std)
     audio = LTX2Pipeline._unpack_audio_latents(audio, run.audio_frames, num_mel_bins=mel)
     with torch.no_grad():
         video = vae.decode(latents.to(vae.dtype), None, return_dict=False)[0]
         spectrogram = audio_vae.decode(audio.to(audio_vae.dtype), return_dict=False)[0]
         wave = vocoder(spectrogram)
     video_np = VideoProcessor(vae_scale_factor=vae.spatial_compression_ratio).postprocess_video(
-        video, output_type="np")[0]
+        video, output_type="np"
+    )[0]
     frames = (video_np * 255).round().astype(np.uint8)
     rate = int(vocoder.config.output_sampling_rate)
     return frames, wave[0].float().numpy(), rate
