@@ -163,3 +163,52 @@ def test_vram_counts_frames() -> None:
     short, long = activation_gb(768, 512, 9), activation_gb(768, 512, 121)
     assert 2.0 < short < long
     assert activation_gb(1536, 1024, 121) > 3 * (long - 2.0)
+
+
+def test_tiny_stack_loads_locally_and_renders_the_same(components: dict[str, Any], tmp_path: Path) -> None:
+    """The stack written as a diffusers folder loads offline (cached), its files are recognised
+    from their own headers, and it renders what the in-memory stack renders."""
+    from workers.models.family import ModelLoadError
+    from workers.models.header import read_header
+    from workers.models.ltx2.loading import load_folder
+    from workers.models.ltx2.tiny import write_tiny_stack
+
+    names = write_tiny_stack(tmp_path)
+    folder = tmp_path / "checkpoints" / names["checkpoint"]
+    roles = {}
+    for part in ("transformer", "vae", "audio_vae", "text_encoder", "vocoder"):
+        header = read_header(folder / part)
+        assert header is not None
+        roles[part] = FAMILY.recognise(header)
+    assert roles == {
+        "transformer": "transformer",
+        "vae": "vae",
+        "audio_vae": "vae",
+        "text_encoder": "text_encoder",
+        "vocoder": None,
+    }
+    loaded = load_folder(folder)
+    assert load_folder(folder) is loaded
+    loaded["vae"].use_framewise_decoding = False  # as the tiny stack (a runtime flag, not config)
+    runs = []
+    for stack in (components, loaded):
+        run = engine.start(
+            stack,
+            PROMPT,
+            "",
+            width=W,
+            height=H,
+            num_frames=FRAMES,
+            fps=FPS,
+            steps=2,
+            generator=torch.Generator().manual_seed(9),
+            guidance=CFG_ONLY,
+            max_sequence_length=SEQ,
+        )
+        engine.denoise(stack["transformer"], [run])
+        runs.append(engine.decode(stack, run))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    (folder / "vocoder").rename(tmp_path / "vocoder-away")
+    with pytest.raises(ModelLoadError, match="smoke-ltx2: the LTX-2 folder lacks vocoder"):
+        load_folder(folder)

@@ -11,6 +11,7 @@ is built from a config and the tokenizer is byte-level (no download).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -177,3 +178,16 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         "connectors": connectors.eval(),
         "vocoder": vocoder.eval(),
     }
+
+
+SMOKE = "smoke-ltx2"
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    """`checkpoints/smoke-ltx2/`: the tiny stack as a diffusers LTX2Pipeline folder (safetensors);
+    returns {"checkpoint": "smoke-ltx2"}."""
+    from diffusers import LTX2Pipeline
+
+    pipe: Any = LTX2Pipeline(**build_tiny_components())
+    pipe.save_pretrained(models_dir / "checkpoints" / SMOKE, safe_serialization=True)
+    return {"checkpoint": SMOKE}
