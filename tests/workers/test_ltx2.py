@@ -212,3 +212,69 @@ def test_tiny_stack_loads_locally_and_renders_the_same(components: dict[str, Any
     (folder / "vocoder").rename(tmp_path / "vocoder-away")
     with pytest.raises(ModelLoadError, match="smoke-ltx2: the LTX-2 folder lacks vocoder"):
         load_folder(folder)
+
+
+def test_image_to_video_equals_the_pipeline(components: dict[str, Any]) -> None:
+    """LTX2ImageToVideoPipeline (its defaults: H.264 CRF 33 re-compression of the image, frame 0
+    held at the image's latents with timestep 0): the same frames and audio."""
+    from diffusers import LTX2ImageToVideoPipeline
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 40, 3), dtype=np.uint8))
+    pipe: Any = LTX2ImageToVideoPipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(
+        image=image,
+        prompt=PROMPT,
+        negative_prompt="",
+        generator=torch.Generator().manual_seed(4),
+        num_inference_steps=STEPS,
+        height=H,
+        width=W,
+        num_frames=FRAMES,
+        frame_rate=FPS,
+        max_sequence_length=SEQ,
+        output_type="np",
+        spatio_temporal_guidance_blocks=[1],
+    )
+    run = engine.start(
+        components,
+        PROMPT,
+        "",
+        width=W,
+        height=H,
+        num_frames=FRAMES,
+        fps=FPS,
+        steps=STEPS,
+        generator=torch.Generator().manual_seed(4),
+        guidance=DEFAULTS,
+        max_sequence_length=SEQ,
+        image=image,
+    )
+    engine.denoise(components["transformer"], [run])
+    frames, audio, _ = engine.decode(components, run)
+    np.testing.assert_array_equal(frames, (out.frames[0] * 255).round().astype(np.uint8))
+    np.testing.assert_array_equal(audio, out.audio[0].float().numpy())
+    # an image-to-video run and a text-to-video one share each transformer call
+    mixed = [
+        engine.start(
+            components,
+            PROMPT,
+            "",
+            width=W,
+            height=H,
+            num_frames=FRAMES,
+            fps=FPS,
+            steps=STEPS,
+            generator=torch.Generator().manual_seed(4),
+            guidance=DEFAULTS,
+            max_sequence_length=SEQ,
+            image=image,
+        ),
+        farm_run(components, DEFAULTS, 4),
+    ]
+    engine.denoise(components["transformer"], mixed)
+    alone = farm_run(components, DEFAULTS, 4)
+    engine.denoise(components["transformer"], [alone])
+    assert torch.allclose(mixed[0].latents, run.latents, atol=1e-5, rtol=0)
+    assert torch.allclose(mixed[1].latents, alone.latents, atol=1e-5, rtol=0)

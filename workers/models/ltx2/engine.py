@@ -74,6 +74,7 @@ class Ltx2Run:
     fps: float
     guidance: Guidance
     step: int = 0
+    frame0: torch.Tensor | None = None  # image-to-video: [1, tokens], 1 on the first frame's tokens
     scheduler: Any = field(default=None, repr=False)
     audio_scheduler: Any = field(default=None, repr=False)
 
@@ -150,6 +151,8 @@ def start(
     generator: torch.Generator,
     guidance: Guidance = Guidance(),
     max_sequence_length: int = 1024,
+    image: Any = None,
+    image_crf: int | None = None,
 ) -> Ltx2Run:
     """A run's start: its prompt rows, noise (video then audio, from `generator` as the pipeline
     draws them) and schedule."""
@@ -157,15 +160,22 @@ def start(
     from diffusers.utils.torch_utils import randn_tensor
 
     texts = [negative, prompt] if guidance.do_cfg else [prompt]
-    video_embeds, audio_embeds, mask = encode_prompts(components, texts, max_sequence_length)
+    video_embeds, audio_embeds, text_mask = encode_prompts(components, texts, max_sequence_length)
     f, h, w, audio_len = latent_sizes(components, width, height, num_frames, fps)
     transformer, audio_vae = components["transformer"], components["audio_vae"]
-    latents = randn_tensor(
-        (1, transformer.config.in_channels, f, h, w), generator=generator, dtype=torch.float32
-    )
-    latents = LTX2Pipeline._pack_latents(
-        latents, transformer.config.patch_size, transformer.config.patch_size_t
-    )
+    ps, pt = transformer.config.patch_size, transformer.config.patch_size_t
+    shape = (1, transformer.config.in_channels, f, h, w)
+    frames_mask = None
+    if image is None:
+        latents = randn_tensor(shape, generator=generator, dtype=torch.float32)
+    else:  # LTX2ImageToVideoPipeline: the image's latents as frame 0, noise elsewhere
+        first = encode_first_frame(components, image, width, height, image_crf, video_embeds.dtype)
+        frame0 = torch.zeros((1, 1, f, h, w), dtype=torch.float32)
+        frame0[:, :, 0] = 1.0
+        noise = randn_tensor(shape, generator=generator, dtype=torch.float32)
+        latents = first.repeat(1, 1, f, 1, 1) * frame0 + noise * (1 - frame0)
+        frames_mask = LTX2Pipeline._pack_latents(frame0, ps, pt).squeeze(-1)
+    latents = LTX2Pipeline._pack_latents(latents, ps, pt)
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
     audio = randn_tensor(
         (1, audio_vae.config.latent_channels, audio_len, mel), generator=generator, dtype=torch.float32
@@ -178,7 +188,7 @@ def start(
         audio,
         video_embeds,
         audio_embeds,
-        mask,
+        text_mask,
         sigmas,
         timesteps,
         f,
@@ -189,7 +199,31 @@ def start(
         guidance,
         scheduler=sched,
         audio_scheduler=audio_sched,
+        frame0=frames_mask,
     )
+
+
+def encode_first_frame(
+    components: dict[str, Any], image: Any, width: int, height: int, crf: int | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """The normalised latents [1, C, 1, h, w] of a PIL image as LTX2ImageToVideoPipeline makes
+    them: H.264 re-compressed at `crf` (None: the model's default, 33 for Gemma3 LTX-2), resized
+    bilinearly, the VAE's mode."""
+    from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    vae = components["vae"]
+    crf = crf if crf is not None else resolve_default_image_crf(components["text_encoder"])
+    if crf != 0:
+        image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
+    processor = VideoProcessor(vae_scale_factor=vae.spatial_compression_ratio, resample="bilinear")
+    pixels = processor.preprocess(image, height=height, width=width).to(dtype=dtype)
+    with torch.no_grad():
+        latents = vae.encode(pixels[0].unsqueeze(0).unsqueeze(2)).latent_dist.mode()
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents.dtype)
+    std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents.dtype)
+    return ((latents - mean) / std).to(dtype)
 
 
 def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -206,6 +240,14 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
     latents = torch.cat([r.latents.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
     audio = torch.cat([r.audio.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
     timestep = torch.cat([r.timesteps[r.step].expand(n) for r, n in zip(runs, rows, strict=True)])
+    video_timestep = timestep
+    if any(r.frame0 is not None for r in runs):  # image-to-video: frame 0's tokens at t = 0
+        tokens = first.latents.shape[1]
+        masks = [
+            (r.frame0 if r.frame0 is not None else torch.zeros(1, tokens)).expand(n, -1)
+            for r, n in zip(runs, rows, strict=True)
+        ]
+        video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat(masks))
     video_coords = transformer.rope.prepare_video_coords(
         sum(rows), first.frames, first.height, first.width, latents.device, fps=first.fps
     )
@@ -217,7 +259,8 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
             audio_hidden_states=audio,
             encoder_hidden_states=torch.cat([pick(r.video_embeds, r) for r in runs]),
             audio_encoder_hidden_states=torch.cat([pick(r.audio_embeds, r) for r in runs]),
-            timestep=timestep,
+            timestep=video_timestep,
+            audio_timestep=timestep if video_timestep is not timestep else None,
             sigma=timestep,
             encoder_attention_mask=mask,
             audio_encoder_attention_mask=mask,
@@ -231,7 +274,7 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
             isolate_modalities=kind == "modality",
             spatio_temporal_guidance_blocks=list(first.guidance.stg_blocks) if kind == "stg" else None,
             perturbation_mask=None,
-            use_cross_timestep=False,
+            use_cross_timestep=True,
             return_dict=False,
         )
     video_out, audio_out = video_out.float(), audio_out.float()
@@ -265,7 +308,10 @@ def advance(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) ->
             guided = rescale_noise_cfg(guided, cond, guidance_rescale=scales[3])
         new.append((x - guided) / s)
     t = run.timesteps[i]
-    run.latents = run.scheduler.step(new[0], t, run.latents, return_dict=False)[0]
+    stepped = run.scheduler.step(new[0], t, run.latents, return_dict=False)[0]
+    if run.frame0 is not None:  # image-to-video: frame 0 stays the image's latents
+        stepped = torch.where(run.frame0.unsqueeze(-1) > 0, run.latents, stepped)
+    run.latents = stepped
     run.audio = run.audio_scheduler.step(new[1], t, run.audio, return_dict=False)[0]
     run.step += 1
 
