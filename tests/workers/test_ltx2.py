@@ -15,7 +15,7 @@ import torch
 
 from workers.models.header import ModelHeader
 from workers.models.ltx2 import FAMILY, activation_gb, engine, latent_frames
-from workers.models.values import Audio, Frames, Video
+from workers.models.values import Video
 from workers.video import video_write
 
 W, H, FRAMES, FPS, STEPS, SEQ = 32, 32, 9, 25.0, 3, 16
@@ -128,8 +128,9 @@ def test_runs_batch_in_one_forward(components: dict[str, Any]) -> None:
 def test_clip_encodes_as_mp4_with_aac(components: dict[str, Any], tmp_path: Path) -> None:
     run = farm_run(components, CFG_ONLY, 5)
     engine.denoise(components["transformer"], [run])
-    frames, audio, rate = engine.decode(components, run)
-    video = Video(Frames(frames), FPS, Audio(audio, rate))
+    video = engine.to_video(components, run)
+    assert isinstance(video, Video) and video.audio is not None and video.fps == FPS
+    audio, rate = video.audio.samples, video.audio.sample_rate
     facts = video_write(video, tmp_path / "take.mp4", format="mp4", crf=18, comment="ltx2")
     assert facts.frame_count == FRAMES and facts.audio_seconds == pytest.approx(audio.shape[1] / rate)
     with av.open(str(tmp_path / "take.mp4")) as f:

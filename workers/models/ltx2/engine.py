@@ -352,3 +352,12 @@ def decode(components: dict[str, Any], run: Ltx2Run) -> tuple[np.ndarray, np.nda
     frames = (video_np * 255).round().astype(np.uint8)
     rate = int(vocoder.config.output_sampling_rate)
     return frames, wave[0].float().numpy(), rate
+
+
+def to_video(components: dict[str, Any], run: Ltx2Run) -> Any:
+    """A finished run as the `video` port's value (workers/models/values.py `Video`): its frames
+    at the run's frame rate with the vocoder's sound track."""
+    from workers.models.values import Audio, Frames, Video
+
+    frames, audio, rate = decode(components, run)
+    return Video(Frames(frames), run.fps, Audio(audio, rate))
