@@ -157,6 +157,19 @@ def test_recognises_its_files(components: dict[str, Any]) -> None:
     assert FAMILY.recognise(header(components["text_encoder"])) == "text_encoder"
     assert FAMILY.recognise(header(components["vocoder"])) is None
     assert FAMILY.recognise(ModelHeader({"decoder.conv_in.weight": (512, 16, 3, 3)})) is None
+    # the original layout (diffusers' converters read it): the transformer alone, and the
+    # all-in-one file with both VAEs
+    original = {
+        "model.diffusion_model.audio_patchify_proj.weight": (2048, 128),
+        "model.diffusion_model.av_ca_a2v_gate_adaln_single.linear.weight": (4096, 4096),
+    }
+    assert FAMILY.recognise(ModelHeader(original)) == "transformer"
+    both = {
+        **original,
+        "vae.per_channel_statistics.mean-of-means": (128,),
+        "audio_vae.per_channel_statistics.mean-of-means": (128,),
+    }
+    assert FAMILY.recognise(ModelHeader(both)) == "checkpoint"
 
 
 def test_vram_counts_frames() -> None:

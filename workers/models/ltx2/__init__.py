@@ -24,11 +24,18 @@ GEMMA3 = ("Gemma3ForConditionalGeneration", "Gemma3Model")
 
 
 def recognise(header: ModelHeader) -> str | None:
-    """transformer: LTX-2's audio-video transformer; vae: its video or audio VAE; text_encoder:
-    a Gemma3 with its vision tower. LoRAs: not recognised yet."""
+    """checkpoint: the all-in-one file Lightricks publishes and ComfyUI loads (the transformer
+    in its original keys + `vae.` + `audio_vae.`, diffusers' CHECKPOINT_KEY_NAMES["ltx2"]);
+    transformer: LTX-2's audio-video transformer (original or diffusers' keys); vae: its video or
+    audio VAE; text_encoder: a Gemma3 with its vision tower. LoRAs: not recognised yet."""
     if header.is_lora():
         return None
     name = header.class_name
+    original = header.has("audio_patchify_proj.") or header.has("av_ca_a2v_gate_adaln_single.")
+    if original and header.has("vae.per_channel_statistics.") and header.has("audio_vae."):
+        return "checkpoint"  # Lightricks' / ComfyUI's all-in-one file
+    if original:
+        return "transformer"  # the original keys (`patchify_proj`, `adaln_single`)
     if name == "LTX2VideoTransformer3DModel" or (
         header.has("audio_scale_shift_table") and header.has("audio_proj_in.")
     ):
