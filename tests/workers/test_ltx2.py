@@ -159,12 +159,12 @@ def test_recognises_its_files(components: dict[str, Any]) -> None:
     assert FAMILY.recognise(ModelHeader({"decoder.conv_in.weight": (512, 16, 3, 3)})) is None
     # the original layout (diffusers' converters read it): the transformer alone, and the
     # all-in-one file with both VAEs
-    original = {
+    original: dict[str, tuple[int, ...]] = {
         "model.diffusion_model.audio_patchify_proj.weight": (2048, 128),
         "model.diffusion_model.av_ca_a2v_gate_adaln_single.linear.weight": (4096, 4096),
     }
     assert FAMILY.recognise(ModelHeader(original)) == "transformer"
-    both = {
+    both: dict[str, tuple[int, ...]] = {
         **original,
         "vae.per_channel_statistics.mean-of-means": (128,),
         "audio_vae.per_channel_statistics.mean-of-means": (128,),
