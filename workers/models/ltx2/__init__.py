@@ -1,0 +1,86 @@
+"""LTX-2 (video with an audio track) through diffusers: the `ltx2` model family. TORCH-FREE.
+
+Not yet in `families.REGISTERED` (see the README's LTX-2 section): this package has the family's
+facts, file recognition and VRAM estimate here, `engine` (reproduces `LTX2Pipeline` text-to-video
++ audio bit for bit on CPU, with its default CFG + STG + modality guidance) and `tiny` (a random
+stack as diffusers' own LTX-2 tests size it). The plug-in half (plugin.py, nodes, graphs) is to
+come.
+
+Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix):
+the audio-video transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
+`decoder.conv_in.conv` + `latents_mean`), the audio VAE (a 4-D one), the Gemma3 text encoder
+(`language_model` layers with `q_norm`, a `vision_tower`).
+"""
+
+from __future__ import annotations
+
+from workers.models.family import FamilyInfo, LatentFormat
+from workers.models.header import ModelHeader
+
+# LTX-2's video latents: 128 channels, ÷32 in space (÷8 in time), patch 1.
+LATENT = LatentFormat(channels=128, downscale=32, patch=1)
+TEMPORAL = 8  # latent frames = (frames − 1) / 8 + 1
+GEMMA3 = ("Gemma3ForConditionalGeneration", "Gemma3Model")
+
+
+def recognise(header: ModelHeader) -> str | None:
+    """checkpoint: the all-in-one file Lightricks publishes and ComfyUI loads (the transformer
+    in its original keys + `vae.` + `audio_vae.`, diffusers' CHECKPOINT_KEY_NAMES["ltx2"]);
+    transformer: LTX-2's audio-video transformer (original or diffusers' keys); vae: its video or
+    audio VAE; text_encoder: a Gemma3 with its vision tower. LoRAs: not recognised yet."""
+    if header.is_lora():
+        return None
+    name = header.class_name
+    original = header.has("audio_patchify_proj.") or header.has("av_ca_a2v_gate_adaln_single.")
+    if original and header.has("vae.per_channel_statistics.") and header.has("audio_vae."):
+        return "checkpoint"  # Lightricks' / ComfyUI's all-in-one file
+    if original:
+        return "transformer"  # the original keys (`patchify_proj`, `adaln_single`)
+    if name == "LTX2VideoTransformer3DModel" or (
+        header.has("audio_scale_shift_table") and header.has("audio_proj_in.")
+    ):
+        return "transformer"
+    if name in ("AutoencoderKLLTX2Video", "AutoencoderKLLTX2Audio") or is_ltx2_vae(header):
+        return "vae"
+    if (
+        name in GEMMA3
+        or header.config.get("model_type") == "gemma3"
+        or (header.has("language_model", "self_attn.q_norm.") and header.has("vision_tower."))
+    ):
+        return "text_encoder"
+    return None
+
+
+def is_ltx2_vae(header: ModelHeader) -> bool:
+    """An LTX-2 video VAE (5-D causal convs) or audio VAE (4-D), diffusers' keys with the
+    per-channel `latents_mean` buffer."""
+    shape = header.shapes.get("decoder.conv_in.conv.weight")
+    return shape is not None and len(shape) in (4, 5) and "latents_mean" in header.shapes
+
+
+def latent_frames(frames: int) -> int:
+    """Latent frames of a clip of `frames` (8k + 1) frames."""
+    return (frames - 1) // TEMPORAL + 1
+
+
+def activation_gb(width: int, height: int, frames: int) -> float:
+    """The memory a run needs beyond its weights, counting frames: the transformer's activations
+    grow with its video tokens (w/32 · h/32 · latent frames), the VAE decode with the pixels of
+    all frames. Rough figures for bf16 (0.9 GB per thousand tokens under CFG's 2 rows, 0.25 GB
+    per megapixel-frame for the tiled-free decode), plus a fixed 2 GB."""
+    tokens = (width // LATENT.downscale) * (height // LATENT.downscale) * latent_frames(frames)
+    return 2.0 + 0.9 * tokens / 1000 + 0.25 * width * height * frames / 1e6
+
+
+FAMILY = FamilyInfo(
+    id="ltx2",
+    title="LTX-2",
+    latent=LATENT,
+    recognise=recognise,
+    splits=False,
+    activation_gb=2.0,
+    activation_gb_per_mpx=30.0,  # a 121-frame clip; activation_gb(w, h, frames) counts frames
+    guidance="cfg",
+    text_encoders=("Gemma3",),
+    cfg_offset=0.0,  # the pipeline's guidance_scale g mixes uncond + g·(cond − uncond)
+)

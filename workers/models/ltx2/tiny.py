@@ -1,0 +1,193 @@
+"""A tiny random-weight LTX-2 stack (tests; `./farm models smoke` once the family is registered).
+The same seed always builds the same weights.
+
+Sizes follow diffusers' own LTX-2 tests (tests/pipelines/ltx2/test_ltx2.py): a 2-layer audio+video
+transformer (video 2 heads of 8, audio 2 heads of 4, 4 latent channels each), 1-layer connectors,
+a one-stage video VAE (÷2 in space, ÷2 in time: 5 frames → 3 latent frames), a 2-channel audio VAE
+over 8 mel bins at 16 kHz and a 2-upsample vocoder. Diffusers' tests download
+`hf-internal-testing/tiny-gemma3`; here the Gemma3 (2 layers of width 32, a 1-layer vision tower)
+is built from a config and the tokenizer is byte-level (no download).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WIDTH = 32  # Gemma3's hidden size == the transformer's caption_channels
+LAYERS = 2  # Gemma3 text layers: the connectors read LAYERS + 1 stacked hidden states
+
+
+def tiny_tokenizer() -> Any:
+    """A byte-level tokenizer (256 byte tokens) with an end and a pad token."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    specials: dict[str, Any] = {"unk_token": None, "bos_token": None}
+    tok: Any = Qwen2Tokenizer(vocab=vocab, merges=[], eos_token="<eos>", pad_token="<pad>", **specials)
+    tok.padding_side = "left"  # Gemma's, as LTX2Pipeline sets it
+    return tok
+
+
+def text_encoder_config(tokenizer: Any) -> Any:
+    from transformers import Gemma3Config
+
+    return Gemma3Config(
+        text_config={
+            "hidden_size": WIDTH,
+            "intermediate_size": 32,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": 512,
+            "sliding_window": 64,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
+        mm_tokens_per_image=4,
+        image_token_index=len(tokenizer) - 1,
+    )
+
+
+def build_tiny_components(seed: int = 0) -> dict[str, Any]:
+    """Fresh random modules (float32, CPU, eval) under LTX2Pipeline's component names."""
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        FlowMatchEulerDiscreteScheduler,
+        LTX2VideoTransformer3DModel,
+    )
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3ForConditionalGeneration
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    text_encoder: Any = Gemma3ForConditionalGeneration(text_encoder_config(tokenizer))
+    torch.manual_seed(seed)
+    transformer: Any = LTX2VideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        audio_in_channels=4,
+        audio_out_channels=4,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=4,
+        audio_cross_attention_dim=8,
+        num_layers=2,
+        qk_norm="rms_norm_across_heads",
+        caption_channels=WIDTH,
+        rope_double_precision=False,
+        rope_type="split",
+    )
+    torch.manual_seed(seed)
+    connectors: Any = LTX2TextConnectors(
+        caption_channels=WIDTH,
+        text_proj_in_factor=LAYERS + 1,
+        video_connector_num_attention_heads=4,
+        video_connector_attention_head_dim=8,
+        video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32,
+        rope_theta=10000.0,
+        rope_double_precision=False,
+        causal_temporal_positioning=False,
+        rope_type="split",
+    )
+    torch.manual_seed(seed)
+    vae: Any = AutoencoderKLLTX2Video(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8,),
+        decoder_block_out_channels=(8,),
+        layers_per_block=(1,),
+        decoder_layers_per_block=(1, 1),
+        spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,),
+        decoder_inject_noise=(False, False),
+        downsample_type=("spatial",),
+        upsample_residual=(False,),
+        upsample_factor=(1,),
+        timestep_conditioning=False,
+        patch_size=1,
+        patch_size_t=1,
+        encoder_causal=True,
+        decoder_causal=False,
+    )
+    vae.use_framewise_encoding = False
+    vae.use_framewise_decoding = False
+    torch.manual_seed(seed)
+    audio_vae: Any = AutoencoderKLLTX2Audio(
+        base_channels=4,
+        output_channels=2,
+        ch_mult=(1,),
+        num_res_blocks=1,
+        attn_resolutions=None,
+        in_channels=2,
+        resolution=32,
+        latent_channels=2,
+        norm_type="pixel",
+        causality_axis="height",
+        dropout=0.0,
+        mid_block_add_attention=False,
+        sample_rate=16000,
+        mel_hop_length=160,
+        is_causal=True,
+        mel_bins=8,
+    )
+    torch.manual_seed(seed)
+    vocoder: Any = LTX2Vocoder(
+        in_channels=2 * 8,
+        hidden_channels=32,
+        out_channels=2,
+        upsample_kernel_sizes=[4, 4],
+        upsample_factors=[2, 2],
+        resnet_kernel_sizes=[3],
+        resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1,
+        output_sampling_rate=16000,
+    )
+    return {
+        "transformer": transformer.eval(),
+        "vae": vae.eval(),
+        "audio_vae": audio_vae.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
+        "text_encoder": text_encoder.eval(),
+        "tokenizer": tokenizer,
+        "connectors": connectors.eval(),
+        "vocoder": vocoder.eval(),
+    }
+
+
+SMOKE = "smoke-ltx2"
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    """`checkpoints/smoke-ltx2/`: the tiny stack as a diffusers LTX2Pipeline folder (safetensors);
+    returns {"checkpoint": "smoke-ltx2"}."""
+    from diffusers import LTX2Pipeline
+
+    pipe: Any = LTX2Pipeline(**build_tiny_components())
+    pipe.save_pretrained(models_dir / "checkpoints" / SMOKE, safe_serialization=True)
+    return {"checkpoint": SMOKE}
