@@ -238,8 +238,8 @@ class _RunState:
             run_id=self.claim.run_id, node_id=node_id, node_type=spec.type,
             graph_sha256=self.claim.graph_sha256, models_dir=Path(settings.INLINE_MODELS_DIR),
             owner_id=self.claim.owner_id, policy=self.policy, check_cancelled=self.cancel.check,
-            report_progress=lambda step, total, preview, batch: self._progress(
-                node_id, step, total, preview, batch),
+            report_progress=lambda step, total, preview, batch, frames=None: self._progress(
+                node_id, step, total, preview, batch, frames),
         )
         inputs = self._inputs(spec)
         params = self._params(node_id, spec, descriptor, inputs)
@@ -283,10 +283,12 @@ class _RunState:
         return [node_id, index]
 
     def _progress(self, node_id: str, step: int, total: int, preview: bytes | None,
-                  batch: int | None = None) -> None:
+                  batch: int | None = None, frames: int | None = None) -> None:
         payload: dict[str, Any] = {"nodeId": node_id, "step": step, "total": total}
         if batch is not None:
             payload["batch"] = batch  # how many runs shared the forward that made this step
+        if frames is not None:
+            payload["frames"] = frames  # a video sampler: the frames of the clip it makes
         if preview:
             import base64
 

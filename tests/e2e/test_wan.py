@@ -92,9 +92,11 @@ def test_four_queued_wan_runs_share_forwards_and_each_is_the_pipeline_s_clip(own
     posted = [owner.post("/v1/runs", json=graph(wan, seed=s, prompt=p)) for s, p in runs]
     assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
     done = [owner.wait_run(r.json()["runId"], timeout=120) for r in posted]
-    batches = [int(e.payload.get("batch") or 1) for run in done
-               for e in RunEvent.objects.filter(run_id=run["id"], type="progress")]
+    progress = [e.payload for run in done
+                for e in RunEvent.objects.filter(run_id=run["id"], type="progress")]
+    batches = [int(p.get("batch") or 1) for p in progress]
     assert len(batches) == 4 * STEPS and max(batches) > 1, batches
+    assert {p.get("frames") for p in progress} == {FRAMES}, "a video run's progress: its frames"
     for (seed, prompt), run in zip(runs, done, strict=True):
         ours = take_pixels(owner, run)[0].astype(int)
         assert ours.shape == (H, W, 3)

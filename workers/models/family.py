@@ -130,6 +130,8 @@ Policy = Any  # workers.device.policy.DevicePolicy
 # - to_denoised(job, output) -> Tensor: the x0 estimate ("denoised", in the sampler's sigma
 #   space) from the model's output for `job` at `job.sigmas[job.step]`, for k-diffusion-style
 #   samplers (the session's seam: it joins the contract once every family has it).
+# - video_frames(latent_frames) -> int: the frames a video latent of `latent_frames` frames
+#   decodes to (a video family: its samplers' progress events carry `frames`).
 
 
 class FamilyPlugin(Protocol):

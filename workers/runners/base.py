@@ -83,19 +83,24 @@ class NodeContext:
     owner_id: int
     policy: Any  # workers.device.policy.DevicePolicy (typed loosely: imported lazily)
     check_cancelled: Callable[[], None]
-    report_progress: Callable[[int, int, bytes | None, int | None], None]
+    # (step, total, preview PNG, batch[, frames]): frames only for video samplers
+    report_progress: Callable[..., None]
     lineage: dict[str, Any] = field(default_factory=dict)
     takes: list[TakeRequest] = field(default_factory=list)
     shown: list[Any] = field(default_factory=list)  # values shown on the run (util/preview)
 
     def progress(self, step: int, total: int, preview_png: bytes | None = None,
-                 batch: int | None = None) -> None:
+                 batch: int | None = None, frames: int | None = None) -> None:
         """Report `step` of `total` for this node; raises RunCancelled once the run is not ours.
 
-        `batch`: how many jobs (runs) shared the forward that made this step, for samplers.
+        `batch`: how many jobs (runs) shared the forward that made this step, for samplers;
+        `frames`: the frames of the clip a video sampler is making (None for an image).
         (The executor's report is fenced by the attempt, so it is also the cancellation check.)
         """
-        self.report_progress(step, total, preview_png, batch)
+        if frames is None:
+            self.report_progress(step, total, preview_png, batch)
+        else:
+            self.report_progress(step, total, preview_png, batch, frames)
 
     def note_lineage(self, **facts: Any) -> None:
         """Record facts (seed, model file hashes, …) that end up in every downstream take."""

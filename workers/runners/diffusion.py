@@ -497,7 +497,7 @@ def denoise_job(
         # the family's own step (optional: else flow Euler) unless a generic sampler's is given
         **{"advance": getattr(plugin(model.family), "advance", None), **job_fields},
     )
-    job.on_progress = _progress_reporter(ctx, job, preview)
+    job.on_progress = _progress_reporter(ctx, job, preview, _clip_frames(model, start))
     from workers.parallel.worker import denoiser
 
     group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
@@ -515,8 +515,19 @@ def denoise_job(
         raise NodeFailed(f"{model.name}: {exc}") from exc
 
 
-def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[[int, int], None]:
-    """`on_progress` for a job: reports every step, with a preview when one is due."""
+def _clip_frames(model: DiffusionModel, start: Any) -> int | None:
+    """The frames of the clip video latents [1, C, F', h, w] decode to (the family's
+    `video_frames`), None for an image's [1, C, h, w]."""
+    frames = getattr(plugin(model.family), "video_frames", None)
+    if start.ndim != 5 or frames is None:
+        return None
+    return int(frames(int(start.shape[2])))
+
+
+def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None,
+                       frames: int | None = None) -> Callable[[int, int], None]:
+    """`on_progress` for a job: reports every step (with the clip's `frames` for a video), with
+    a preview when one is due."""
     import time
 
     interval = _preview_seconds()
@@ -533,7 +544,7 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None) -> Callable[
             png = preview_png(on_device_thread(preview_pixels, vae, job.latents,
                                                job.sigmas[job.step], job.velocity))
             last[0] = now
-        ctx.progress(done, total, png, batch=job.batch)
+        ctx.progress(done, total, png, batch=job.batch, frames=frames)
 
     return report
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.models.wan import tiny
+from workers.models.wan import TEMPORAL, tiny
 from workers.models.wan.engine import (
     SHIFT,
     decode_latents_batch,
@@ -19,7 +19,7 @@ from workers.models.wan.loading import load_diffusion_model, load_text_encoder, 
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "renoise", "schedule", "to_denoised", "video_frames", "write_tiny_stack"]
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
@@ -51,3 +51,8 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
     from workers.sampling.schedulers import FlowSampling
 
     return FlowSampling(SHIFT if shift is None else float(shift))
+
+
+def video_frames(latent_frames: int) -> int:
+    """The frames a clip of `latent_frames` latent frames decodes to (F = 4(F' − 1) + 1)."""
+    return (latent_frames - 1) * TEMPORAL + 1
