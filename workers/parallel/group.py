@@ -119,7 +119,7 @@ class WorkerGroup:
         items = [StepItem(latents=job.latents.cpu(), timestep=job.timesteps[job.step].cpu(),
                           positive=job.positive.cpu(),
                           negative=None if job.negative is None else job.negative.cpu(),
-                          guidance=job.guidance) for job in jobs]
+                          guidance=job.guidance, condition=_condition(job)) for job in jobs]
         with self._lock:
             self._ensure(degrees)
             assert self._conn is not None
@@ -212,6 +212,12 @@ class WorkerGroup:
         if conn is not None:
             conn.close()
         self._store = None
+
+
+def _condition(job: Any) -> Any:
+    """A Wan I2V job's condition video latents on CPU (None for every other job)."""
+    condition = job.extra.get("condition")
+    return None if condition is None else condition.cpu()
 
 
 def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:

@@ -39,14 +39,16 @@ class ModelRef:
 
 @dataclass
 class StepItem:
-    """One job's share of a forward: latents [1, C, h, w] float32 at its current step, that
-    step's timestep (0-d), caption embeds [L, D] (negative when guidance > 0), all on CPU."""
+    """One job's share of a forward: latents [1, C, h, w] (a video's [1, C, F', h, w]) float32
+    at its current step, that step's timestep (0-d), caption embeds [L, D] (negative when
+    guidance > 0), a Wan I2V job's condition [1, 20, F', h, w], all on CPU."""
 
     latents: Tensor
     timestep: Tensor
     positive: Tensor
     negative: Tensor | None
     guidance: float
+    condition: Tensor | None = None
 
 
 @dataclass

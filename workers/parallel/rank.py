@@ -121,7 +121,8 @@ def _on(items: list[Any], device: str) -> list[Any]:
 
     return [replace(item, latents=item.latents.to(device), timestep=item.timestep.to(device),
                     positive=item.positive.to(device),
-                    negative=None if item.negative is None else item.negative.to(device))
+                    negative=None if item.negative is None else item.negative.to(device),
+                    condition=None if item.condition is None else item.condition.to(device))
             for item in items]
 
 

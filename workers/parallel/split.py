@@ -61,10 +61,14 @@ class CpuSplit:
                 self.cfg_group = group
 
     def prepare(self, transformer: Any) -> Any:
-        """Install the sequence split on `transformer`'s main layers (once per loaded model)."""
+        """Install the sequence split on `transformer`'s main layers (once per loaded model):
+        Z-Image's here, Wan's in split_wan.py."""
+        from workers.parallel import split_wan
+
         if self.degrees.sp > 1:
-            _install_sequence_split(transformer, self.sp_group, self.sp_rank, self.degrees.sp,
-                                    self.shards)
+            install = (split_wan.install_sequence_split if split_wan.is_wan(transformer)
+                       else _install_sequence_split)
+            install(transformer, self.sp_group, self.sp_rank, self.degrees.sp, self.shards)
         return transformer
 
     def report(self) -> dict[str, int]:
@@ -74,7 +78,11 @@ class CpuSplit:
     @torch.no_grad()
     def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
         """The guided velocity [1, C, H, W] float32 of every StepItem of one forward (every
-        rank calls it with the same items)."""
+        rank calls it with the same items); a Wan model's, shaped as its video latents."""
+        from workers.parallel import split_wan
+
+        if split_wan.is_wan(transformer):
+            return split_wan.velocities(self, transformer, items)
         dtype = transformer.dtype
         if self.degrees.cfg == 1:  # one forward over every item, both halves of a guided one
             xs, ts, caps = [], [], []
