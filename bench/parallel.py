@@ -13,7 +13,12 @@ figure is the best of 3 jobs. The process runs torch with its default threads, e
 cores / 2. Last, `BATCH` jobs at once on each (the group is a step batcher's forward, as in a
 group worker with slots): seconds per step of the whole batch, and how many forwards it took.
 
-    .venv/bin/python bench/parallel.py [--steps 8]
+Video row: the tiny random Wan transformer (workers/models/wan/tiny.py) on a 33-frame clip at
+256² (9 latent frames, 2304 tokens), guidance 5: its token sequence F'·H'·W' split over 2 ranks
+(ulysses=2, both CFG halves in one forward on each) and CFG-parallel (cfg=2), against one
+process; `--video` runs only these rows.
+
+    .venv/bin/python bench/parallel.py [--steps 8] [--video]
 """
 
 from __future__ import annotations
@@ -81,7 +86,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--video", action="store_true", help="only the Wan video rows")
     args = parser.parse_args()
+    if args.video:
+        video_rows(args.steps)
+        return
     models_dir = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
     models = {"tiny": write_smoke_stack(models_dir)["model"], "mid": write_mid(models_dir, MID_NAME)}
     policy = DevicePolicy(profile="cpu")
@@ -113,6 +122,64 @@ def main() -> None:
                       f"{BATCH * args.steps} job-steps")
         finally:
             group.close()
+    video_rows(args.steps)
+
+
+VIDEO_SIDE, VIDEO_LATENT_FRAMES, VIDEO_GUIDANCE = 256, 9, 5.0
+
+
+def make_video_job(steps: int) -> Any:
+    from workers.models.wan import engine
+    from workers.models.wan.tiny import TEXT_WIDTH
+    from workers.sampling import SampleJob
+
+    sigmas, timesteps = engine.schedule(steps, VIDEO_SIDE, VIDEO_SIDE)
+    generator = torch.Generator("cpu").manual_seed(3)
+    latent = VIDEO_SIDE // 8
+    return SampleJob(
+        latents=torch.randn(1, 16, VIDEO_LATENT_FRAMES, latent, latent, generator=generator),
+        sigmas=sigmas, timesteps=timesteps,
+        positive=torch.randn(512, TEXT_WIDTH, generator=generator),
+        negative=torch.randn(512, TEXT_WIDTH, generator=generator), guidance=VIDEO_GUIDANCE)
+
+
+def video_per_step(run: Any, steps: int) -> tuple[float, Any]:
+    run(make_video_job(1))
+    best, out = float("inf"), None
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        out = run(make_video_job(steps))
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best, out
+
+
+def video_rows(steps: int) -> None:
+    """The tiny Wan transformer on one clip: one process vs a group of 2, per split."""
+    from workers.device.policy import DevicePolicy
+    from workers.models.wan.loading import load_diffusion_model
+    from workers.models.wan.tiny import write_smoke_stack
+    from workers.parallel.config import Degrees
+    from workers.parallel.group import WorkerGroup
+    from workers.parallel.protocol import ModelRef
+
+    models_dir = Path(tempfile.mkdtemp(prefix="bench-parallel-wan-"))
+    name = write_smoke_stack(models_dir)["model"]
+    single = load_diffusion_model(models_dir, name, DevicePolicy(profile="cpu"))
+    ref = ModelRef(str(models_dir), name, "float32")
+    frames = (VIDEO_LATENT_FRAMES - 1) * 4 + 1
+    print(f"{'video':6} {'clip':>13} {'method':10} {'1 process':>11} {'group of 2':>11} "
+          f"{'overhead':>10} {'max |Δ|':>9}")
+    alone, expected = video_per_step(single.batcher.run, steps)
+    for degrees in (Degrees(ulysses=2), Degrees(cfg=2)):
+        group = WorkerGroup(2)
+        try:
+            group.run(make_video_job(1), ref, degrees)  # start + load: not timed
+            split, got = video_per_step(lambda job, g=group, d=degrees: g.run(job, ref, d), steps)
+        finally:
+            group.close()
+        print(f"{'wan':6} {frames:>3}×{VIDEO_SIDE}×{VIDEO_SIDE} {degrees!s:10} "
+              f"{alone * 1e3:>8.1f} ms {split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms "
+              f"{float((got - expected).abs().max()):>9.1e}")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,17 @@ class XfuserSplit:
             ring_degree=degrees.ring,
         )
         self.degrees = degrees
+        # Wan: xfuser 0.7's wrappers are not used; the torch.distributed split that the CPU
+        # tests prove (split_wan.py, its process groups built here on NCCL) runs it on the GPUs.
+        from workers.parallel.split import CpuSplit
+
+        self.torch_split = CpuSplit(degrees, rank)
 
     def prepare(self, transformer: Any) -> Any:
+        from workers.parallel.split_wan import is_wan
+
+        if is_wan(transformer):
+            return self.torch_split.prepare(transformer)
         from xfuser.model_executor.models.transformers.transformer_z_image import (
             xFuserZImageTransformer2DWrapper,
         )
@@ -53,13 +62,18 @@ class XfuserSplit:
         return wrapper
 
     def report(self) -> dict[str, int]:
-        return {}
+        return self.torch_split.report() if self.torch_split.shards.length else {}
 
     def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
         """As CpuSplit.velocities, but one wrapper forward per item: xfuser 0.7's wrapper splits
         a forward's item list over the cfg group itself, and whether it does so for several
         jobs' items at once has not been checked on GPUs. Jobs still join, leave, report and
-        cancel per step through the step batcher; only the forward is not shared."""
+        cancel per step through the step batcher; only the forward is not shared. Wan: the
+        torch split's shared forward."""
+        from workers.parallel.split_wan import is_wan
+
+        if is_wan(transformer):
+            return self.torch_split.velocities(transformer, items)
         return [self._velocity(transformer, item) for item in items]
 
     @torch.no_grad()
