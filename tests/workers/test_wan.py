@@ -217,3 +217,22 @@ def test_the_transformer_s_original_layout_is_what_diffusers_own_converter_reads
     assert {"model.diffusion_model.blocks.0.self_attn.q.weight",
             "model.diffusion_model.text_embedding.0.weight",
             "model.diffusion_model.head.head.weight"} <= stored
+
+
+def test_a_clip_previews_as_one_small_frame_its_middle_one(wan_stack):
+    """A video run's live preview: the middle latent frame's x0 estimate through the colour map
+    fitted on the Wan VAE (one-frame clips), at latent resolution."""
+    from workers.device.policy import DevicePolicy
+    from workers.models.preview import preview_pixels
+    from workers.models.wan.plugin import load_vae
+
+    models_dir, names = wan_stack
+    vae = load_vae(models_dir, names["vae"], DevicePolicy(profile="cpu"))
+    generator = torch.Generator("cpu").manual_seed(4)
+    latents = torch.randn(1, 16, 3, 4, 6, generator=generator)  # a 9-frame 48×32 clip
+    velocity = torch.randn(1, 16, 3, 4, 6, generator=generator)
+    frame = preview_pixels(vae, latents, 0.5, velocity)
+    assert frame.shape == (4, 6, 3) and frame.dtype == np.uint8
+    assert np.array_equal(frame, preview_pixels(vae, latents[:, :, 1], 0.5, velocity[:, :, 1]))
+    assert not np.array_equal(frame, preview_pixels(vae, latents[:, :, 0], 0.5,
+                                                    velocity[:, :, 0]))

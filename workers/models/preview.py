@@ -28,10 +28,8 @@ def latent_rgb_fit(vae: Vae) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator("cpu").manual_seed(0)
     blocks = torch.rand(FIT_IMAGES, 3, FIT_BLOCKS, FIT_BLOCKS, generator=generator) * 2 - 1
     images = torch.nn.functional.interpolate(blocks, size=(FIT_SIDE, FIT_SIDE), mode="bilinear")
-    module, cfg = vae.module, vae.module.config
-    pixels = images.to(device=vae.placement.device, dtype=module.dtype)
-    shift = cfg.get("shift_factor") or 0.0  # Flux-geometry VAEs shift; SDXL's does not
-    latents = (module.encode(pixels).latent_dist.mode() - shift) * cfg.scaling_factor
+    pixels = images.to(device=vae.placement.device, dtype=vae.module.dtype)
+    latents = _scaled_latents(vae.module, pixels)
     target = torch.nn.functional.avg_pool2d(images, 8)  # [N, 3, 8, 8], the latent grid
     x = latents.float().cpu().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])  # [N·64, 16]
     x = torch.cat([x, torch.ones(len(x), 1)], dim=1)  # bias column
@@ -41,11 +39,28 @@ def latent_rgb_fit(vae: Vae) -> tuple[torch.Tensor, torch.Tensor]:
     return _FITS[vae]
 
 
+def _scaled_latents(module: Any, pixels: torch.Tensor) -> torch.Tensor:
+    """The sampler's latents [N, C, h, w] of images [N, 3, H, W]: a 3-D video VAE (Wan's,
+    with per-channel `latents_mean` / `latents_std`) encodes them as one-frame clips."""
+    cfg = module.config
+    if cfg.get("latents_mean") is not None:
+        latents = module.encode(pixels.unsqueeze(2)).latent_dist.mode()[:, :, 0]  # [N, C, h, w]
+        mean = torch.tensor(cfg.latents_mean).view(1, -1, 1, 1).to(latents)
+        std = torch.tensor(cfg.latents_std).view(1, -1, 1, 1).to(latents)
+        return (latents - mean) / std
+    shift = cfg.get("shift_factor") or 0.0  # Flux-geometry VAEs shift; SDXL's does not
+    return (module.encode(pixels).latent_dist.mode() - shift) * cfg.scaling_factor
+
+
 @torch.no_grad()
 def preview_pixels(vae: Vae, latents: torch.Tensor, sigma: Any, velocity: torch.Tensor) -> Any:
     """The x0 estimate of `latents` [1, 16, h, w] at `sigma` with `velocity`, as RGB pixels
     (uint8 numpy [h, w, 3]): the device's part of a preview (workers/runners/diffusion.py
-    encodes it off the device thread, `preview_png`)."""
+    encodes it off the device thread, `preview_png`). A clip's latents [1, 16, F', h, w]
+    preview as one small frame: the middle one."""
+    if latents.ndim == 5:
+        middle = latents.shape[2] // 2
+        latents, velocity = latents[:, :, middle], velocity[:, :, middle]
     weights, bias = latent_rgb_fit(vae)
     x0 = (latents.float() - float(sigma) * velocity.float())[0].cpu()  # [16, h, w]
     rgb = torch.einsum("chw,ck->hwk", x0, weights) + bias  # [h, w, 3] in ~[-1, 1]
