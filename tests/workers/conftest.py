@@ -28,9 +28,12 @@ class Recorder:
 
     progress: list[tuple[int, int]] = field(default_factory=list)
     cancel_after_step: int | None = None
+    frames: list[int | None] = field(default_factory=list)  # a video sampler's, per report
 
-    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
+    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None,
+               frames: int | None = None) -> None:
         self.progress.append((step, total))
+        self.frames.append(frames)
 
     def check_cancelled(self) -> None:
         if (

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.workers.conftest import Recorder
 from tests.workers.helpers import noise_image
 from workers.models.catalog import scan
 from workers.runners import RUNNERS
@@ -236,3 +237,20 @@ def test_a_clip_previews_as_one_small_frame_its_middle_one(wan_stack):
     assert np.array_equal(frame, preview_pixels(vae, latents[:, :, 1], 0.5, velocity[:, :, 1]))
     assert not np.array_equal(frame, preview_pixels(vae, latents[:, :, 0], 0.5,
                                                     velocity[:, :, 0]))
+
+
+def test_a_wan_run_reports_its_frames_each_step_and_a_cancel_stops_it_within_one(wan_stack,
+                                                                                make_ctx):
+    from workers.runners.base import RunCancelled
+
+    models_dir, names = wan_stack
+    recorder = Recorder(cancel_after_step=2)
+    ctx = make_ctx(recorder, models_dir=models_dir)
+    parts = loaded(ctx, names)
+    pos = conditioning(ctx, parts["encoder"], PROMPT)
+    latent = run(ctx, "latent/empty-video", {"width": W, "height": H, "length": FRAMES,
+                                             "batch": 1})["latent"]
+    with pytest.raises(RunCancelled):
+        sample(ctx, names["model"], pos, None, latent)
+    assert recorder.progress[-1] == (2, STEPS)
+    assert set(recorder.frames) == {FRAMES}
