@@ -55,7 +55,8 @@ def build(tiny: bool, device: str, dtype: torch.dtype) -> tuple[Any, dict[str, A
     else:
         config = dict(TI2V_5B)
     with torch.device(device):
-        model = WanTransformer3DModel(**config).to(dtype).eval()
+        model: Any = WanTransformer3DModel(**config)
+    model = model.to(dtype).eval()
     return model, config
 
 

@@ -30,10 +30,14 @@ class Recorder:
     cancel_after_step: int | None = None
     frames: list[int | None] = field(default_factory=list)  # a video sampler's, per report
 
-    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None,
+    def record(self, step: int, total: int, preview: bytes | None, batch: int | None = None,
                frames: int | None = None) -> None:
-        self.progress.append((step, total))
+        """The context's report_progress: notes a video sampler's `frames`, then `report`."""
         self.frames.append(frames)
+        self.report(step, total, preview, batch)
+
+    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
+        self.progress.append((step, total))
 
     def check_cancelled(self) -> None:
         if (
@@ -72,7 +76,7 @@ def make_ctx(smoke_stack: SmokeStack, cpu_policy: DevicePolicy) -> Callable[...,
             owner_id=1,
             policy=cpu_policy,
             check_cancelled=recorder.check_cancelled,
-            report_progress=recorder.report,
+            report_progress=recorder.record,
         )
 
     return make

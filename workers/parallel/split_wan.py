@@ -82,7 +82,7 @@ class SplitSelfAttnProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-        query, key, value = _get_qkv_projections(attn, hidden_states, None)
+        query, key, value = _get_qkv_projections(attn, hidden_states, None)  # type: ignore[arg-type]  # self-attention: diffusers passes None too
         query = attn.norm_q(query).unflatten(2, (attn.heads, -1))  # [B, s, H, d]
         key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
@@ -146,11 +146,10 @@ def _shape_group(split: Any, transformer: Any, items: list[Any]) -> list[torch.T
         cond, uncond = _all_gather_items(list(pred), split.cfg_group, 2)
         pairs = [(c, u if len(_halves(item)) == 2 else None)
                  for item, c, u in zip(items, cond, uncond, strict=True)]
-    velocities = []
-    for item, (cond, uncond) in zip(items, pairs, strict=True):
-        if uncond is not None:
-            cond = uncond + item.guidance * (cond - uncond)
-        velocities.append(cond.reshape(item.latents.shape).float())
+    velocities: list[torch.Tensor] = []
+    for item, (positive, negative) in zip(items, pairs, strict=True):
+        pred = positive if negative is None else negative + item.guidance * (positive - negative)
+        velocities.append(pred.reshape(item.latents.shape).float())
     return velocities
 
 
