@@ -4,12 +4,15 @@ clip is, and the still picture that stands for a take in lists (a clip's first f
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
 VIDEO_UPLOADS = {"mp4": "video/mp4", "webm": "video/webm"}  # muxer name → media type
+log = logging.getLogger(__name__)
+
 POSTER_SIDE = 512  # an image take's poster: scaled to fit this square
 
 
@@ -48,17 +51,38 @@ def clip_inspect(data: bytes) -> ClipInfo | None:
 
 def poster_png(path: Path, media_type: str) -> bytes:
     """A PNG that stands for the take stored at `path`: a clip's first frame, or an image scaled
-    to fit POSTER_SIDE (the first frame of an animated WebP)."""
+    to fit POSTER_SIDE (the first frame of an animated WebP). Bytes that do not decode (a damaged
+    blob, a clip without a picture) get a grey "no preview" card rather than an error, so one bad
+    take never breaks a list of thumbnails."""
+    import av
+
+    try:
+        image = _first_picture(path, media_type)
+    except (av.FFmpegError, StopIteration, ValueError, OSError):  # PIL's errors are OSErrors
+        log.warning("take at %s (%s) has no decodable picture; its poster is a card",
+                    path.name, media_type)
+        image = _no_preview_card()
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _first_picture(path: Path, media_type: str) -> Image.Image:
     if media_type.startswith("video/"):
         import av
 
         with av.open(str(path), "r") as clip:
-            image = next(clip.decode(video=0)).to_image()
-    else:
-        with Image.open(path) as source:
-            source.seek(0)
-            image = source.convert("RGBA" if "A" in source.getbands() else "RGB")
-        image.thumbnail((POSTER_SIDE, POSTER_SIDE))
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
+            return next(clip.decode(video=0)).to_image()
+    with Image.open(path) as source:
+        source.seek(0)
+        image = source.convert("RGBA" if "A" in source.getbands() else "RGB")
+    image.thumbnail((POSTER_SIDE, POSTER_SIDE))
+    return image
+
+
+def _no_preview_card() -> Image.Image:
+    from PIL import ImageDraw
+
+    card = Image.new("RGB", (POSTER_SIDE // 2, POSTER_SIDE // 4), (58, 58, 64))
+    ImageDraw.Draw(card).text((12, POSTER_SIDE // 8 - 6), "no preview", fill=(200, 200, 205))
+    return card

@@ -67,3 +67,18 @@ def test_a_clips_page_plays_it_and_the_list_shows_posters_for_clips_only(client,
     assert Image.open(io.BytesIO(poster.content)).size == (clip.width, clip.height)
     image_page = client.get(reverse("admin:takes_take_change", args=[image.pk])).content.decode()
     assert "<video" not in image_page
+
+
+def test_a_take_whose_bytes_do_not_decode_gets_a_no_preview_card(client, lead):
+    """A damaged clip (here: random bytes stored as video/mp4) must not break the takes list:
+    its poster is a small grey card, 200, an image that loads."""
+    graph = Graph.objects.create(sha256="e" * 64, document={"nodes": {}})
+    run = Run.objects.create(owner=lead, graph=graph, target="out")
+    junk = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8
+    take = Take.objects.create(run=run, owner=lead, node_id="clip", sha256=blob_put(junk),
+                               media_type="video/mp4", size=len(junk))
+    poster = client.get(reverse("admin:takes_take_poster", args=[take.pk]))
+    assert poster.status_code == 200 and poster["Content-Type"] == "image/png"
+    card = Image.open(io.BytesIO(poster.content))
+    assert card.size == (256, 128)
+    assert card.getpixel((1, 1)) == (58, 58, 64)

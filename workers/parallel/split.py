@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers.parallel.collectives import all_gather, all_gather_items
 from workers.parallel.config import Degrees
 
 
@@ -104,7 +105,7 @@ class CpuSplit:
             outs = transformer([_x(item, dtype) for item in items],
                                torch.cat([_t(item) for item in items]), mine,
                                return_dict=False)[0]
-            positive, negative = _all_gather_items(list(outs), self.cfg_group, 2)  # cfg is 2
+            positive, negative = all_gather_items(list(outs), self.cfg_group, 2)  # cfg is 2
             pairs = [(p, n if item.guidance > 0 else None)
                      for item, p, n in zip(items, positive, negative, strict=True)]
         velocities = []
@@ -131,32 +132,10 @@ def _halves(item: Any, dtype: torch.dtype) -> list[torch.Tensor]:
     return [item.positive.to(dtype)]
 
 
-def _all_gather_items(outs: list[torch.Tensor], group: Any, size: int) -> list[list[torch.Tensor]]:
-    """Every cfg rank's per-item outputs, in one all-gather: item i has the same shape on every
-    rank (it is the same job's latents), so the flattened lists line up."""
-    flat = torch.cat([o.reshape(-1) for o in outs])
-    parts = [torch.empty_like(flat) for _ in range(size)]
-    dist.all_gather(parts, flat.contiguous(), group=group)
-    result = []
-    for part in parts:
-        pieces, offset = [], 0
-        for o in outs:
-            pieces.append(part[offset: offset + o.numel()].view_as(o))
-            offset += o.numel()
-        result.append(pieces)
-    return result
-
-
 def _new_group(ranks: list[int], world: int) -> Any:
     if len(ranks) == world:
         return None  # the default (world) group
     return dist.new_group(ranks)
-
-
-def _all_gather(tensor: torch.Tensor, group: Any, size: int, *, dim: int) -> torch.Tensor:
-    parts = [torch.empty_like(tensor) for _ in range(size)]
-    dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.cat(parts, dim=dim)
 
 
 def _install_sequence_split(transformer: Any, group: Any, rank: int, size: int,
@@ -185,7 +164,7 @@ def _install_sequence_split(transformer: Any, group: Any, rank: int, size: int,
         return (x, local_mask, shard(freqs, shards.pad), *rest)
 
     def after(layer: Any, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
-        return _all_gather(out, group, size, dim=1)[:, : shards.length]
+        return all_gather(out, group, size, dim=1)[:, : shards.length]
 
     for layer in layers:
         layer.register_forward_pre_hook(before)
@@ -217,8 +196,8 @@ class SplitAttnProcessor:
         if freqs_cis is not None:
             query, key = _rope(query, freqs_cis), _rope(key, freqs_cis)
         dtype = query.dtype
-        key = _all_gather(key.to(dtype), self.group, self.size, dim=1)  # [B, S + pad, H, d]
-        value = _all_gather(value, self.group, self.size, dim=1)
+        key = all_gather(key.to(dtype), self.group, self.size, dim=1)  # [B, S + pad, H, d]
+        value = all_gather(value, self.group, self.size, dim=1)
         mask = self.shards.key_mask
         out = dispatch_attention_fn(query.to(dtype), key, value,
                                     attn_mask=None if mask is None else mask[:, None, None, :],

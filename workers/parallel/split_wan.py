@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers.parallel.collectives import all_gather_items
+
 
 def is_wan(transformer: Any) -> bool:
     from diffusers import WanTransformer3DModel
@@ -141,9 +143,8 @@ def _shape_group(split: Any, transformer: Any, items: list[Any]) -> list[torch.T
         mine = [(item, _halves(item)[min(split.cfg_rank, len(_halves(item)) - 1)])
                 for item in items]
         pred = _forward(transformer, mine)
-        from workers.parallel.split import _all_gather_items
 
-        cond, uncond = _all_gather_items(list(pred), split.cfg_group, 2)
+        cond, uncond = all_gather_items(list(pred), split.cfg_group, 2)
         pairs = [(c, u if len(_halves(item)) == 2 else None)
                  for item, c, u in zip(items, cond, uncond, strict=True)]
     velocities: list[torch.Tensor] = []
