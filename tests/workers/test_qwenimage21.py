@@ -124,15 +124,15 @@ def test_condition_images_reproduce_the_pipeline_s_image_mode(q21_stack, cpu_pol
     vae = q21.load_vae(models_dir, names["vae"], cpu_policy)
     encoder = q21.load_text_encoder(models_dir, [names["text_encoder"]], cpu_policy)
     images = [noise_image(64, 96), noise_image(96, 64)]
-    prompt = engine.encode_with_images(encoder, vae, "make it blue", images, resolution=64)
-    assert [tuple(r.shape) for r in prompt.references] == [(1, 64, 6, 4), (1, 64, 4, 6)]
-    w, h = engine.dimensions(64 * 64, 96, 64)  # the last image's aspect ratio
+    prompt = engine.encode_with_images(encoder, vae, "make it blue", images, resolution=96)
+    assert [tuple(r.shape) for r in prompt.references] == [(1, 64, 8, 4), (1, 64, 4, 8)]
+    w, h = engine.dimensions(96 * 96, 96, 64)  # the last image's aspect ratio
     sigmas, timesteps = q21.schedule(STEPS, w, h)
     start = noise((1, 64, h // 16, w // 16), torch.Generator("cpu").manual_seed(3), "cpu")
     job = SampleJob(latents=start, sigmas=sigmas, timesteps=timesteps, positive=prompt,
                     negative=None, guidance=0.0)
     ours = q21.decode_latents_batch(vae, [model.batcher.run(job)])[0]
-    theirs = q21_pipeline("make it blue", image=images, output_resolution=64,
+    theirs = q21_pipeline("make it blue", image=images, output_resolution=96,
                           num_inference_steps=STEPS, use_kv_cache=False,
                           generator=torch.Generator("cpu").manual_seed(3)).images[0]
     assert ours.size == theirs.size == (w, h)
