@@ -55,6 +55,7 @@ FAMILY_NODES: dict[str, str] = {
     "EmptyFlux2LatentImage": "flux2", "Flux2Scheduler": "flux2",
     "EmptyChromaRadianceLatentImage": "chroma-radiance",
     "EmptyQwenImageLayeredLatentImage": "qwenimage",
+    "TextEncodeQwenImage21": "qwenimage21", "QwenImage21Cache": "qwenimage21",
 }
 FAMILY_NODE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Wan", "wan"), ("TextEncodeQwenImage", "qwenimage"), ("QwenImage", "qwenimage"),

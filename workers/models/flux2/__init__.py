@@ -55,10 +55,12 @@ def text_encoder_kind(header: ModelHeader) -> str | None:
     name, model_type = header.class_name, header.config.get("model_type")
     if name in QWEN3 or model_type == "qwen3" or (
         header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
+        and not header.has("visual.")  # a Qwen3-VL (Qwen-Image 2.1's) has a vision tower
     ):
         return "qwen3"
-    if name in MISTRAL or model_type in ("mistral", "mistral3") or header.has(
-        "language_model.", "embed_tokens.weight"
+    if name in MISTRAL or model_type in ("mistral", "mistral3") or (
+        header.has("language_model.", "embed_tokens.weight")
+        and not header.has("self_attn.q_norm.")  # Mistral has none; a Qwen3-VL has them
     ):
         return "mistral"
     return None

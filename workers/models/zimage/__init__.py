@@ -31,6 +31,7 @@ def recognise(header: ModelHeader) -> str | None:
         return "transformer"
     if name in QWEN3 or header.config.get("model_type") == "qwen3" or (
         header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
+        and not header.has("visual.")  # a Qwen3-VL (Qwen-Image 2.1's) has a vision tower
     ):
         return "text_encoder"
     if is_flux_vae(header):

@@ -1,0 +1,39 @@
+"""Qwen-Image 2.1's side of the family contract (workers/models/family.py `FamilyPlugin`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.models.flow import to_denoised
+from workers.models.qwenimage21 import tiny
+from workers.models.qwenimage21.engine import (
+    decode_latents_batch,
+    encode_image,
+    encode_prompts,
+    predict,
+    renoise,
+    schedule,
+)
+from workers.models.qwenimage21.loading import load_diffusion_model, load_text_encoder, load_vae
+
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
+           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
+           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+
+SHIFT = 1.15  # ComfyUI's discrete flow shift for Qwen-Image models
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    return tiny.write_smoke_stack(models_dir)
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    raise ValueError("Qwen-Image 2.1 LoRAs are not supported yet")
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    """ComfyUI's model sampling for Qwen-Image: discrete flow, shift 1.15 unless given."""
+    from workers.sampling.schedulers import FlowSampling
+
+    return FlowSampling(SHIFT if shift is None else float(shift))
