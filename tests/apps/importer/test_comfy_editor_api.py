@@ -188,3 +188,19 @@ def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Clie
     listed = artist.get("/comfy/api/userdata?dir=workflows&full_info=true").json()
     assert sorted((f["path"], f["size"]) for f in listed) == [
         ("a.json", 10), ("b.json", 40), ("d.json", 1)]
+
+
+def test_a_deactivated_or_logged_out_artist_is_refused(client: Client) -> None:
+    user = get_user_model().objects.create_user("leaving")
+    client.force_login(user)
+    assert client.get("/comfy/api/settings").status_code == 200
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    refused = client.get("/comfy/api/settings")
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "unauthorized"
+    assert client.get("/comfy/")["Location"] == "/login/?next=/comfy/"
+    user.is_active = True
+    user.save(update_fields=["is_active"])
+    client.force_login(user)
+    client.logout()
+    assert client.get("/comfy/api/jobs").status_code == 401
