@@ -31,7 +31,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_GET
 
 from apps.fleet.selectors import model_catalog
-from apps.importer.comfy_api import BadInput, comfy_user, door
+from apps.importer.comfy_api import BadInput, comfy_user, door, door_base
 from apps.importer.comfy_door import comfy_prompt_get_for_user
 from apps.importer.comfy_jobs import (
     MAX_LIMIT,
@@ -232,9 +232,11 @@ def jobs(request: HttpRequest, user: User) -> HttpResponse:
     limit = _int(request, "limit", 100, MAX_LIMIT)
     offset = _int(request, "offset", 0, 2**31)
     page, total = comfy_jobs_for_user(user=user, statuses=statuses, limit=limit, offset=offset)
-    return JsonResponse({"jobs": [job_item(p) for p in page], "pagination": {
-        "offset": offset, "limit": limit, "total": total,
-        "has_more": offset + len(page) < total}})
+    base = door_base(request)
+    return JsonResponse({
+        "jobs": [job_item(p, base=base, staff=user.is_staff) for p in page],
+        "pagination": {"offset": offset, "limit": limit, "total": total,
+                       "has_more": offset + len(page) < total}})
 
 
 @door("GET")
@@ -242,7 +244,7 @@ def job(request: HttpRequest, user: User, job_id: str) -> HttpResponse:
     found = comfy_job_get_for_user(user=user, job_id=job_id)
     if found is None:
         return JsonResponse({"error": "job not found"}, status=404)
-    return JsonResponse(job_detail(found))
+    return JsonResponse(job_detail(found, base=door_base(request), staff=user.is_staff))
 
 
 @door("POST")

@@ -204,3 +204,60 @@ def test_a_deactivated_or_logged_out_artist_is_refused(client: Client) -> None:
     client.force_login(user)
     client.logout()
     assert client.get("/comfy/api/jobs").status_code == 401
+
+
+def test_the_editors_history_links_each_job_to_its_run_and_takes(
+    artist: Client, stranger: Client, data_dirs: Any
+) -> None:
+    """A finished job's preview and outputs carry the URL of the take's bytes at the door the
+    artist came by (the editor opens `url` when an output is clicked), and `farm` names the run
+    and every take; the key URL gets links with its key; staff also get the admin's run page."""
+    from django.utils import timezone
+
+    from apps.graphs.models import Graph
+    from apps.importer.comfy_door import comfy_key_create
+    from apps.importer.models import ComfyPrompt
+    from apps.runs.models import Run
+    from apps.takes.models import Take
+    from apps.takes.storage import blob_put
+    from tests.conftest import png
+
+    owner = get_user_model().objects.get(username="artist")
+    graph = Graph.objects.create(sha256="e" * 64, document={"nodes": {
+        "9": {"type": "image/save", "params": {}, "inputs": {}}}})
+    run = Run.objects.create(owner=owner, graph=graph, target="9", status="succeeded",
+                             started_at=timezone.now(), finished_at=timezone.now())
+    data = png(8, 6)
+    takes = [Take.objects.create(run=run, owner=owner, node_id="9", index=i, sha256=blob_put(data),
+                                 media_type="image/png", size=len(data), width=8, height=6)
+             for i in range(2)]
+    prompt = ComfyPrompt.objects.create(number=1, owner=owner, run=run, outputs=["9"],
+                                        prompt={"9": {"class_type": "SaveImage", "inputs": {}}})
+
+    job = artist.get("/comfy/api/jobs?status=completed").json()["jobs"][0]
+    first = f"{takes[0].id}.png"
+    assert job["preview_output"]["url"] == (
+        f"/comfy/api/view?filename={first}&subfolder=&type=output")
+    opened = artist.get(job["preview_output"]["url"])
+    assert opened.status_code == 200 and opened["Content-Type"] == "image/png"
+    assert b"".join(opened.streaming_content) == data
+    farm = job["farm"]
+    assert farm["run_id"] == str(run.pk) and farm["run_url"] is None
+    assert [t["id"] for t in farm["takes"]] == [str(t.id) for t in takes]
+    assert all(artist.get(t["url"]).status_code == 200 for t in farm["takes"])
+    assert stranger.get(farm["takes"][1]["url"]).status_code == 404
+
+    detail = artist.get(f"/comfy/api/jobs/{prompt.pk}").json()
+    assert [i["url"] for i in detail["outputs"]["9"]["images"]] == [t["url"] for t in farm["takes"]]
+    entry = artist.get(f"/comfy/history/{prompt.pk}").json()[str(prompt.pk)]
+    assert entry["outputs"]["9"]["images"][0]["url"] == f"/comfy/view?filename={first}&subfolder=&type=output"
+    assert entry["farm"]["run_id"] == str(run.pk) and len(entry["farm"]["takes"]) == 2
+
+    _, secret = comfy_key_create(user=owner)
+    keyed = Client().get(f"/comfy/k/{secret}/api/jobs").json()["jobs"][0]["preview_output"]["url"]
+    assert keyed.startswith(f"/comfy/k/{secret}/api/view?") and Client().get(keyed).status_code == 200
+
+    owner.is_staff = True
+    owner.save(update_fields=["is_staff"])
+    run_url = artist.get("/comfy/api/jobs").json()["jobs"][0]["farm"]["run_url"]
+    assert run_url == f"/admin/runs/run/{run.pk}/change/"
