@@ -240,7 +240,7 @@ def test_the_editors_history_links_each_job_to_its_run_and_takes(
         f"/comfy/api/view?filename={first}&subfolder=&type=output")
     opened = artist.get(job["preview_output"]["url"])
     assert opened.status_code == 200 and opened["Content-Type"] == "image/png"
-    assert b"".join(opened.streaming_content) == data
+    assert opened.getvalue() == data
     farm = job["farm"]
     assert farm["run_id"] == str(run.pk) and farm["run_url"] is None
     assert [t["id"] for t in farm["takes"]] == [str(t.id) for t in takes]
