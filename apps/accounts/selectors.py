@@ -5,11 +5,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
+from django.contrib.sessions.models import Session
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from apps.accounts.models import ApiToken, UserLimits
 from apps.accounts.services import token_hash
@@ -34,6 +38,38 @@ def token_digests_valid(digests: set[str]) -> set[str]:
     return set(ApiToken.objects.filter(key_sha256__in=digests, revoked_at__isnull=True,
                                        user__is_active=True)
                .values_list("key_sha256", flat=True))
+
+
+def session_digest(user_id: int, session_key: str) -> str:
+    """What a socket opened with a logged-in browser session is watched by (watch.py)."""
+    return f"{user_id}:{session_key}"
+
+
+def session_digests_valid(digests: set[str]) -> set[str]:
+    """Which of the session digests (`session_digest`) still log their user in, as Django's
+    `get_user` would judge the cookie: the session exists and has not expired (no logout), it
+    names that user, the user is active, and its auth hash still verifies (no password change
+    since). Two queries, for the sockets that hold them (apps/accounts/watch.py)."""
+    wanted = {d: d.partition(":")[::2] for d in digests}
+    rows = dict(Session.objects.filter(session_key__in={key for _, key in wanted.values()},
+                                       expire_date__gt=timezone.now())
+                .values_list("session_key", "session_data"))
+    users = {str(u.pk): u for u in User.objects.filter(
+        pk__in=[int(uid) for uid, key in wanted.values() if key in rows and uid.isdigit()],
+        is_active=True)}
+    store = SessionStore()
+    valid = set()
+    for digest, (uid, key) in wanted.items():
+        user = users.get(uid)
+        if key not in rows or user is None:
+            continue
+        data = store.decode(rows[key])
+        known = data.get(HASH_SESSION_KEY) or ""
+        if str(data.get(SESSION_KEY)) == uid and known and any(
+                constant_time_compare(known, h) for h in
+                [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]):
+            valid.add(digest)
+    return valid
 
 
 # Every request runs this lookup (nothing is cached: see `user_for_token`), so it is written

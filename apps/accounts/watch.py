@@ -9,7 +9,8 @@ revocation is a committed row, so this sees every revocation from any process (t
 management command, another web) with no message to lose; a database that cannot be read keeps
 the sockets open (their credential is not known to be revoked) and is asked again next time.
 
-A kind of credential (API tokens here, ComfyUI client keys in apps/importer) registers a
+A kind of credential (API tokens and browser sessions here — a logout, a deactivation or a
+password change ends a session — ComfyUI client keys in apps/importer) registers a
 checker: sync, given the digests open sockets hold, it answers those still valid.
 """
 
@@ -24,7 +25,7 @@ from functools import partial
 
 from channels.db import database_sync_to_async
 
-from apps.accounts.selectors import token_digests_valid
+from apps.accounts.selectors import session_digests_valid, token_digests_valid
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class CredentialWatch:
 
 
 credential_kind_register("token", token_digests_valid)
+credential_kind_register("session", session_digests_valid)  # a browser's login (the editor)
 
 _watch: dict[int, CredentialWatch] = {}  # one per event loop (a process runs one)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -118,6 +119,17 @@ def comfy_user(request: HttpRequest, key: str | None) -> User | None:
     if scheme.lower() == "bearer" and secret.strip():
         return user_for_token(secret.strip())
     return session_user(request)
+
+
+_BASE = re.compile(r"^(.*?/comfy/(?:k/[^/]+/)?(?:api/)?)")
+
+
+def door_base(request: HttpRequest) -> str:
+    """The door's base as this caller reached it (`/comfy/`, `/comfy/api/`, `/comfy/k/<key>/`,
+    …, behind any script prefix): links the farm hands back work with the caller's own
+    credential (the session, or the key in the URL)."""
+    found = _BASE.match(request.path)
+    return found.group(1) if found else "/comfy/api/"
 
 
 def session_user(request: HttpRequest) -> User | None:
@@ -256,7 +268,8 @@ def history(request: HttpRequest, user: User) -> HttpResponse:
     if offset > MAX_OFFSET:  # no history is that long; PostgreSQL's OFFSET takes a bigint
         return JsonResponse({})
     prompts = comfy_history_for_user(user=user, max_items=max(limit, 0), offset=offset)
-    return JsonResponse({str(p.id): history_entry(p) for p in prompts})
+    base = door_base(request)
+    return JsonResponse({str(p.id): history_entry(p, base) for p in prompts})
 
 
 @door("GET")
@@ -265,7 +278,7 @@ def history_one(request: HttpRequest, user: User, prompt_id: str) -> HttpRespons
     found = comfy_prompt_get_for_user(user=user, prompt_id=prompt_id)
     if found is None or found.run.status in ("queued", "running"):
         return JsonResponse({})
-    return JsonResponse({str(found.id): history_entry(found)})
+    return JsonResponse({str(found.id): history_entry(found, door_base(request))})
 
 
 @door("GET")

@@ -31,7 +31,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_GET
 
 from apps.fleet.selectors import model_catalog
-from apps.importer.comfy_api import BadInput, comfy_user, door
+from apps.importer.comfy_api import BadInput, comfy_user, door, door_base
 from apps.importer.comfy_door import comfy_prompt_get_for_user
 from apps.importer.comfy_jobs import (
     MAX_LIMIT,
@@ -41,10 +41,12 @@ from apps.importer.comfy_jobs import (
     job_detail,
     job_item,
 )
+from apps.importer.comfy_shapes import error
 from apps.importer.comfy_templates import template_file, template_index
 from apps.importer.comfy_userdata import (
     UserFileExists,
     UserPathInvalid,
+    UserQuotaExceeded,
     comfy_settings_get,
     comfy_settings_update,
     comfy_userfile_delete,
@@ -113,6 +115,12 @@ def users(request: HttpRequest, user: User) -> HttpResponse:
     return JsonResponse({"storage": "server", "migrated": True})
 
 
+def _over_quota(exc: UserQuotaExceeded) -> JsonResponse:
+    """ComfyUI's error shape, 413: the editor's save fails and nothing was written."""
+    return JsonResponse({"error": error("quota_exceeded", str(exc), str(exc)), "node_errors": {}},
+                        status=413)
+
+
 def _body_json(request: HttpRequest) -> Any:
     try:
         return json_parse(request.body or b"null")
@@ -126,7 +134,10 @@ def settings_all(request: HttpRequest, user: User) -> HttpResponse:
         values = _body_json(request)
         if not isinstance(values, dict):
             raise BadInput("settings must be a JSON object")
-        comfy_settings_update(user=user, values=values)
+        try:
+            comfy_settings_update(user=user, values=values)
+        except UserQuotaExceeded as exc:
+            return _over_quota(exc)
         return HttpResponse(status=200)
     return JsonResponse(comfy_settings_get(user=user))
 
@@ -134,7 +145,10 @@ def settings_all(request: HttpRequest, user: User) -> HttpResponse:
 @door("GET", "POST")
 def settings_one(request: HttpRequest, user: User, setting: str) -> HttpResponse:
     if request.method == "POST":
-        comfy_settings_update(user=user, values={setting: _body_json(request)})
+        try:
+            comfy_settings_update(user=user, values={setting: _body_json(request)})
+        except UserQuotaExceeded as exc:
+            return _over_quota(exc)
         return HttpResponse(status=200)
     return JsonResponse(comfy_settings_get(user=user).get(setting), safe=False)
 
@@ -179,6 +193,8 @@ def userdata_file(request: HttpRequest, user: User, file: str) -> HttpResponse:
         return JsonResponse({"error": str(exc)}, status=400)
     except UserFileExists:
         return JsonResponse({"error": "file exists"}, status=409)
+    except UserQuotaExceeded as exc:
+        return _over_quota(exc)
     if _flag(request, "full_info", False):
         return JsonResponse(info.as_json())
     return JsonResponse(info.path, safe=False)
@@ -216,9 +232,11 @@ def jobs(request: HttpRequest, user: User) -> HttpResponse:
     limit = _int(request, "limit", 100, MAX_LIMIT)
     offset = _int(request, "offset", 0, 2**31)
     page, total = comfy_jobs_for_user(user=user, statuses=statuses, limit=limit, offset=offset)
-    return JsonResponse({"jobs": [job_item(p) for p in page], "pagination": {
-        "offset": offset, "limit": limit, "total": total,
-        "has_more": offset + len(page) < total}})
+    base = door_base(request)
+    return JsonResponse({
+        "jobs": [job_item(p, base=base, staff=user.is_staff) for p in page],
+        "pagination": {"offset": offset, "limit": limit, "total": total,
+                       "has_more": offset + len(page) < total}})
 
 
 @door("GET")
@@ -226,7 +244,7 @@ def job(request: HttpRequest, user: User, job_id: str) -> HttpResponse:
     found = comfy_job_get_for_user(user=user, job_id=job_id)
     if found is None:
         return JsonResponse({"error": "job not found"}, status=404)
-    return JsonResponse(job_detail(found))
+    return JsonResponse(job_detail(found, base=door_base(request), staff=user.is_staff))
 
 
 @door("POST")

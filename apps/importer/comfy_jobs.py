@@ -11,9 +11,10 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
+from django.urls import reverse
 
 from apps.importer.comfy_door import comfy_interrupt
-from apps.importer.comfy_shapes import class_of, error_body, history_entry, image_ref
+from apps.importer.comfy_shapes import class_of, error_body, history_entry, image_ref, take_url
 from apps.importer.models import ComfyPrompt
 from apps.runs.models import RunStatus
 from inline_farm.ids import is_uuid
@@ -58,15 +59,18 @@ def _ms(value: Any) -> int | None:
     return int(value.timestamp() * 1000) if value is not None else None
 
 
-def job_item(prompt: ComfyPrompt) -> dict[str, Any]:
-    """One prompt as the jobs list shows it."""
+def job_item(prompt: ComfyPrompt, *, base: str, staff: bool = False) -> dict[str, Any]:
+    """One prompt as the jobs list shows it. Links go through the door `base` the caller came
+    by: `preview_output.url` is the take's bytes (the editor's history opens it when an output
+    is clicked), and `farm` names the run and all its takes (id, url); staff also get the
+    admin's run page."""
     run = prompt.run
     takes = list(run.takes.all())
+    refs = [image_ref(take, class_of(prompt.prompt, take.node_id)) for take in takes]
     preview = None
     if takes:
-        first = takes[0]
-        preview = {**image_ref(first, class_of(prompt.prompt, first.node_id)),
-                   "nodeId": first.node_id, "mediaType": "images"}
+        preview = {**refs[0], "url": take_url(base, refs[0]), "nodeId": takes[0].node_id,
+                   "mediaType": "images"}
     workflow = ((prompt.extra_data or {}).get("extra_pnginfo") or {}).get("workflow")
     item: dict[str, Any] = {
         "id": str(prompt.pk), "status": JOB_STATUS[RunStatus(run.status)],
@@ -77,6 +81,12 @@ def job_item(prompt: ComfyPrompt) -> dict[str, Any]:
         "workflow_id": workflow.get("id") if isinstance(workflow, dict) else None,
         "execution_error": None,
         "run_id": str(run.pk),  # the farm's run: /v1/runs/{id}, the admin's run page
+        "farm": {
+            "run_id": str(run.pk),
+            "run_url": reverse("admin:runs_run_change", args=[run.pk]) if staff else None,
+            "takes": [{"id": str(take.id), "node_id": take.node_id, "media_type": take.media_type,
+                       "url": take_url(base, ref)} for take, ref in zip(takes, refs, strict=True)],
+        },
     }
     if run.status == RunStatus.FAILED:
         item["execution_error"] = error_body(
@@ -85,10 +95,11 @@ def job_item(prompt: ComfyPrompt) -> dict[str, Any]:
     return item
 
 
-def job_detail(prompt: ComfyPrompt) -> dict[str, Any]:
-    """One job with its workflow (what the editor re-opens) and its outputs."""
-    return {**job_item(prompt),
+def job_detail(prompt: ComfyPrompt, *, base: str, staff: bool = False) -> dict[str, Any]:
+    """One job with its workflow (what the editor re-opens) and its outputs (each with its
+    `url`, as in /history)."""
+    return {**job_item(prompt, base=base, staff=staff),
             "workflow": {"prompt": prompt.prompt, "extra_data": prompt.extra_data},
-            "outputs": history_entry(prompt)["outputs"],
+            "outputs": history_entry(prompt, base)["outputs"],
             "update_time": _ms(prompt.run.finished_at or prompt.run.started_at
                                or prompt.created_at)}

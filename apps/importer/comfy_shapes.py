@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from apps.importer.comfy_families import known_family_node
 from apps.importer.comfy_nodes import CUT, FOLDED, NOTE_TYPES, RULES, UNSUPPORTED
@@ -201,6 +202,13 @@ def image_ref(take: Any, class_type: str) -> dict[str, str]:
     return {"filename": f"{take.id}{suffix}", "subfolder": "", "type": kind}
 
 
+def take_url(base: str, ref: dict[str, str]) -> str:
+    """The bytes of an output (`image_ref`) at the door `base` the caller reached the farm by
+    (`/comfy/api/`, `/comfy/k/<key>/`, …): a link that works with the caller's own credential.
+    The editor opens a result item's `url` when it has one (resultItemUrl in the frontend)."""
+    return f"{base}view?{urlencode(ref)}"
+
+
 def image_ref_of_wire(take: dict[str, Any], class_type: str) -> dict[str, str]:
     kind = "temp" if class_type == "PreviewImage" else "output"
     suffix = _SUFFIXES.get(take.get("mediaType", ""), ".png")
@@ -212,13 +220,21 @@ def queue_item(prompt: Any) -> list[Any]:
     return [prompt.number, str(prompt.id), prompt.prompt, prompt.extra_data, prompt.outputs]
 
 
-def history_entry(prompt: Any) -> dict[str, Any]:
-    """One finished prompt as `/history` lists it (its run's takes are prefetched)."""
+def history_entry(prompt: Any, base: str | None = None) -> dict[str, Any]:
+    """One finished prompt as `/history` lists it (its run's takes are prefetched); with the
+    door's `base`, each output also carries its `url` (`take_url`) and the entry its run
+    (`farm`: the run's id and its takes, each with its id and url)."""
     run = prompt.run
     outputs: dict[str, dict[str, list[Any]]] = {}
+    takes = []
     for take in run.takes.all():
         output = outputs.setdefault(take.node_id, {"images": []})
-        output["images"].append(image_ref(take, class_of(prompt.prompt, take.node_id)))
+        ref: dict[str, Any] = image_ref(take, class_of(prompt.prompt, take.node_id))
+        if base is not None:
+            ref = {**ref, "url": take_url(base, ref)}
+            takes.append({"id": str(take.id), "node_id": take.node_id,
+                          "media_type": take.media_type, "url": ref["url"]})
+        output["images"].append(ref)
         if take.frame_count is not None:  # ComfyUI's SaveVideo / SaveAnimatedWEBP ui output
             output["animated"] = [True]
     for shown in run.shown_values or []:  # PreviewAny: its text, as ComfyUI's ui output
@@ -238,7 +254,7 @@ def history_entry(prompt: Any) -> dict[str, Any]:
         messages.append(["execution_error", error_body(
             pid, run.error_node or None, class_of(prompt.prompt, run.error_node),
             run.error_code, run.error_message, [], end)])
-    return {
+    entry = {
         "prompt": queue_item(prompt),
         "outputs": outputs,
         "status": {"status_str": "success" if run.status == "succeeded" else "error",
@@ -246,6 +262,9 @@ def history_entry(prompt: Any) -> dict[str, Any]:
         "meta": {node: {"node_id": node, "display_node": node, "parent_node": None,
                         "real_node_id": node} for node in outputs},
     }
+    if base is not None:
+        entry["farm"] = {"run_id": str(run.pk), "takes": takes}
+    return entry
 
 
 def error_body(prompt_id: str, node_id: str | None, class_type: str, code: str, message: str,

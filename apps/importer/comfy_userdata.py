@@ -11,15 +11,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as farm_settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from apps.graphs.schema import text_problem
 from apps.importer.models import ComfyUserFile
+from apps.runs.services.submit import advisory_lock
 
 SETTINGS_FILE = "comfy.settings.json"
 MAX_PATH = 500
+LOCK_COMFY_USERDATA = 5  # advisory-lock namespace (comfy_door.py holds 4): per owner
 
 
 class UserPathInvalid(ValueError):
@@ -28,6 +32,37 @@ class UserPathInvalid(ValueError):
 
 class UserFileExists(Exception):
     """The destination holds a file and the caller did not ask to overwrite it."""
+
+
+class UserQuotaExceeded(Exception):
+    """The write would take the user's directory past its quota (INLINE_COMFY_USERDATA_MAX_BYTES
+    / _MAX_FILES); nothing was written."""
+
+
+def _quota_check(*, user: User, path: str, size: int, replaces: int | None) -> None:
+    """Refuse a write of `size` bytes at `path` (replacing a file of `replaces` bytes, or a new
+    file when None) that would take the user past a limit. A write that grows nothing (a file
+    rewritten no larger) always passes, so a user over a lowered limit can still shrink.
+    Call holding the user's lock (`_lock`)."""
+    held = ComfyUserFile.objects.filter(owner=user).aggregate(n=Count("id"), b=Sum("size"))
+    files, used = held["n"] or 0, held["b"] or 0
+    max_bytes = farm_settings.INLINE_COMFY_USERDATA_MAX_BYTES
+    max_files = farm_settings.INLINE_COMFY_USERDATA_MAX_FILES
+    after = used - (replaces or 0) + size
+    if after > max_bytes and size > (replaces or 0):
+        raise UserQuotaExceeded(
+            f"saving {path!r} ({size} bytes) would take your ComfyUI files to {after} bytes; "
+            f"the limit is {max_bytes} bytes (you use {used}): delete some workflows first")
+    if replaces is None and files + 1 > max_files:
+        raise UserQuotaExceeded(
+            f"saving {path!r} would make {files + 1} ComfyUI files; the limit is {max_files} "
+            "files: delete some workflows first")
+
+
+def _lock(user: User) -> None:
+    """The user's directory, one writer at a time (inside `transaction.atomic()`): a quota
+    checked is a quota kept."""
+    advisory_lock(LOCK_COMFY_USERDATA, user.pk)
 
 
 @dataclass(frozen=True)
@@ -82,9 +117,12 @@ def comfy_userfile_put(*, user: User, path: str, content: bytes, overwrite: bool
     """Write a file; UserFileExists when it exists and `overwrite` is off."""
     path = user_path(path)
     now = timezone.now()
+    _lock(user)
     row = ComfyUserFile.objects.select_for_update().filter(owner=user, path=path).first()
     if row is not None and not overwrite:
         raise UserFileExists(path)
+    _quota_check(user=user, path=path, size=len(content),
+                 replaces=row.size if row is not None else None)
     if row is None:
         try:
             with transaction.atomic():
@@ -102,6 +140,7 @@ def comfy_userfile_put(*, user: User, path: str, content: bytes, overwrite: bool
 def comfy_userfile_move(*, user: User, source: str, dest: str, overwrite: bool) -> UserFileInfo | None:
     """Rename a file (None when `source` does not exist); UserFileExists as for a write."""
     source, dest = user_path(source), user_path(dest)
+    _lock(user)
     row = ComfyUserFile.objects.select_for_update().filter(owner=user, path=source).first()
     if row is None:
         return None
@@ -135,7 +174,7 @@ def comfy_settings_get(*, user: User) -> dict[str, Any]:
 @transaction.atomic
 def comfy_settings_update(*, user: User, values: dict[str, Any]) -> None:
     """Merge `values` into the user's settings (one writer at a time per user)."""
-    ComfyUserFile.objects.select_for_update().filter(owner=user, path=SETTINGS_FILE).first()
+    _lock(user)
     settings = {**comfy_settings_get(user=user), **values}
     comfy_userfile_put(user=user, path=SETTINGS_FILE, overwrite=True,
                        content=json.dumps(settings, indent=4).encode())

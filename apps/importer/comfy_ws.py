@@ -11,9 +11,9 @@ delays them.
 
 Auth: `Authorization: Bearer <token>`, a client key in the URL (`/comfy/k/<key>/ws`), the
 /v1 websocket fallbacks (subprotocol `bearer.<token>`, `?token=`), or the editor's Django
-session (same origin only). Refused: close 4401; an open
-socket closes 4401 within about a second of its token or key being revoked, or its user
-deactivated (apps/accounts/watch.py). A `clientId` PostgreSQL cannot store: close 4400.
+session (same origin only). Refused: close 4401; an open socket closes 4401 within about a
+second of its token or key being revoked, its session ending (logout, password change), or its
+user deactivated (apps/accounts/watch.py). A `clientId` PostgreSQL cannot store: close 4400.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 
-from apps.accounts.selectors import user_for_token
+from apps.accounts.selectors import session_digest, user_for_token
 from apps.accounts.services import token_hash
 from apps.accounts.watch import credential_watch
 from apps.graphs.schema import text_problem
@@ -80,12 +80,14 @@ async def _session_user(scope: dict[str, Any]) -> User | None:
     return user if isinstance(user, User) else None
 
 
-def _credential(key: str | None, token: str | None) -> tuple[str, str]:
+def _credential(key: str | None, token: str | None, user: User,
+                session_key: str | None) -> tuple[str, str]:
     """(kind, digest) of the credential a socket was admitted with, for the watch."""
     if key is not None:
         return "comfy_key", comfy_key_digest(key)
-    assert token is not None
-    return "token", token_hash(token)
+    if token is not None:
+        return "token", token_hash(token)
+    return "session", session_digest(user.pk, session_key or "")  # none: never valid
 
 
 class ComfyWsConsumer(AsyncWebsocketConsumer):
@@ -125,9 +127,9 @@ class ComfyWsConsumer(AsyncWebsocketConsumer):
         self.followers: dict[Any, asyncio.Task[None]] = {}
         self.send_lock = asyncio.Lock()
         self.main = asyncio.create_task(self._serve())
-        if key is not None or token is not None:  # a session socket ends with its page
-            kind, digest = _credential(key, token)
-            self.watching = credential_watch().watch(kind, digest, self._revoked)
+        session = self.scope.get("session")
+        kind, digest = _credential(key, token, user, getattr(session, "session_key", None))
+        self.watching = credential_watch().watch(kind, digest, self._revoked)
 
     async def _revoked(self) -> None:
         """The credential stopped authenticating: stop following and say so."""

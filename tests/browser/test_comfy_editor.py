@@ -204,6 +204,14 @@ def test_an_artist_renders_zimage_in_the_editor_and_another_sees_none_of_it(
     page.click("[data-testid=queue-overlay-toggle]")
     page.wait_for_timeout(500)
     a.shot("queue-panel")
+    # The history links to the run's takes: the output's url opens the take in this session.
+    link = jobs[0]["preview_output"]["url"]
+    assert link == jobs[0]["farm"]["takes"][0]["url"] and link.startswith("/comfy/api/view?")
+    opened = page.evaluate("async (u) => { const r = await fetch(u);"
+                           " return [r.status, r.headers.get('content-type')] }", link)
+    assert opened == [200, "image/png"], opened
+    # The queue panel's entry for the job shows the take through that link (resultItemUrl).
+    page.locator(f"img[src^='{link}']").first.wait_for(timeout=10_000)
 
     # The other artist: no jobs, no workflows, and A's run is a stranger's to B.
     b_jobs = b.api("/jobs?status=completed,failed,cancelled,pending,in_progress&limit=50&offset=0")

@@ -144,3 +144,35 @@ def test_an_open_door_socket_of_a_revoked_key_closes_4401_within_two_seconds(som
         if what == "key":  # the user's token still stands: its socket stays open
             with pytest.raises(TimeoutError):
                 by_token.recv(timeout=CLOSE_WITHIN + 0.5)
+
+
+@pytest.mark.parametrize("what", ["logout", "user", "password"])
+def test_an_editor_session_ended_is_refused_and_its_socket_closes_4401(someone, what):
+    """The editor's browser session (the cookie of /login/): a logout, a deactivation or a
+    password change refuses its next request and closes its open /comfy/ws within two
+    seconds."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(someone.user)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}"
+    farm = someone.farm
+    with httpx.Client(base_url=farm.url, timeout=30, headers={"Cookie": cookie}) as page:
+        assert page.get("/comfy/api/settings").status_code == 200
+        with connect(farm.url.replace("http", "ws", 1) + "/comfy/ws?clientId=editor",
+                     open_timeout=10,
+                     additional_headers={"Cookie": cookie, "Origin": farm.url}) as door:
+            assert json.loads(door.recv(timeout=10))["type"] == "status"
+            if what == "logout":
+                browser.logout()
+            elif what == "password":
+                user = User.objects.get(pk=someone.user.pk)
+                user.set_password("a-new-long-password")
+                user.save(update_fields=["password"])
+            else:
+                someone.revoke("user")
+            assert closed_within(door, CLOSE_WITHIN) < CLOSE_WITHIN
+        assert door.close_code == 4401
+        refused = page.get("/comfy/api/settings")
+        assert refused.status_code == 401 and "log in" in refused.json()["error"]["message"]

@@ -8,6 +8,7 @@ import io
 import json
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -133,7 +134,9 @@ def test_a_comfyui_client_renders_img2img_and_reads_its_image_back(comfy, strang
     entry = comfy.history(body["prompt_id"])[body["prompt_id"]]
     assert entry["status"]["status_str"] == "success" and entry["status"]["completed"]
     image = entry["outputs"]["9"]["images"][0]
+    url = image.pop("url")  # the take's bytes at this door, for clients that open links
     assert image == executed["data"]["output"]["images"][0] and image["type"] == "output"
+    assert url == "/comfy/view?" + urlencode(image)
     assert body["prompt_id"] in comfy.history()
     viewed = comfy.view(image)
     assert viewed.status_code == 200 and viewed.headers["content-type"] == "image/png"

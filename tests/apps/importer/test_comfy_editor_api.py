@@ -5,6 +5,7 @@ another site's page cannot write with an artist's cookie."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -146,3 +147,117 @@ def test_a_client_keys_url_opens_the_editor_without_a_login(client: Client) -> N
     assert client.get(f"/comfy/k/{secret}/api/users").status_code == 200
     comfy_key_revoke(key_id=key.pk)
     assert client.get(f"/comfy/k/{secret}/").status_code == 401
+
+
+def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Client, settings) -> None:
+    """Bytes and files per user (INLINE_COMFY_USERDATA_MAX_*): a write past either is ComfyUI's
+    error shape, 413, naming the file and the limit, and leaves the directory as it was."""
+    settings.INLINE_COMFY_USERDATA_MAX_BYTES = 100
+    settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
+
+    def save(name: str, size: int, overwrite: bool = True) -> Any:
+        return artist.post(f"/comfy/api/userdata/workflows%2F{name}?overwrite={overwrite}",
+                           b"x" * size, content_type="application/json", headers=SAME)
+
+    assert save("a.json", 60).status_code == 200
+    over = save("b.json", 41)
+    assert over.status_code == 413
+    assert over.json()["error"]["type"] == "quota_exceeded"
+    assert "'workflows/b.json'" in over.json()["error"]["message"]
+    assert "100 bytes" in over.json()["error"]["message"]
+    assert artist.get("/comfy/api/userdata/workflows/b.json").status_code == 404
+    assert save("a.json", 101).status_code == 413  # a rewrite that grows past the limit
+    assert artist.get("/comfy/api/userdata/workflows/a.json").content == b"x" * 60
+    assert save("b.json", 40).status_code == 200  # exactly at the limit
+    assert stranger.post("/comfy/api/userdata/workflows%2Fb.json", b"x" * 100,
+                         content_type="application/json", headers=SAME).status_code == 200
+
+    settings.INLINE_COMFY_USERDATA_MAX_BYTES = 50  # lowered: shrinking still works
+    assert save("a.json", 10).status_code == 200
+    settings.INLINE_COMFY_USERDATA_MAX_BYTES = 10_000
+    assert save("c.json", 1).status_code == 200
+    too_many = save("d.json", 1)
+    assert too_many.status_code == 413 and "3 files" in too_many.json()["error"]["message"]
+    moved = artist.post("/comfy/api/userdata/workflows/c.json/move/workflows/d.json", headers=SAME)
+    assert moved.status_code == 200  # a move adds no file
+    settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
+    refused = artist.post("/comfy/api/settings/Comfy.Locale", '"fr"', content_type="text/plain",
+                          headers=SAME)  # settings are a file of the directory too
+    assert refused.status_code == 413 and refused.json()["error"]["type"] == "quota_exceeded"
+    assert artist.get("/comfy/api/settings").json() == {}
+    listed = artist.get("/comfy/api/userdata?dir=workflows&full_info=true").json()
+    assert sorted((f["path"], f["size"]) for f in listed) == [
+        ("a.json", 10), ("b.json", 40), ("d.json", 1)]
+
+
+def test_a_deactivated_or_logged_out_artist_is_refused(client: Client) -> None:
+    user = get_user_model().objects.create_user("leaving")
+    client.force_login(user)
+    assert client.get("/comfy/api/settings").status_code == 200
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    refused = client.get("/comfy/api/settings")
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "unauthorized"
+    assert client.get("/comfy/")["Location"] == "/login/?next=/comfy/"
+    user.is_active = True
+    user.save(update_fields=["is_active"])
+    client.force_login(user)
+    client.logout()
+    assert client.get("/comfy/api/jobs").status_code == 401
+
+
+def test_the_editors_history_links_each_job_to_its_run_and_takes(
+    artist: Client, stranger: Client, data_dirs: Any
+) -> None:
+    """A finished job's preview and outputs carry the URL of the take's bytes at the door the
+    artist came by (the editor opens `url` when an output is clicked), and `farm` names the run
+    and every take; the key URL gets links with its key; staff also get the admin's run page."""
+    from django.utils import timezone
+
+    from apps.graphs.models import Graph
+    from apps.importer.comfy_door import comfy_key_create
+    from apps.importer.models import ComfyPrompt
+    from apps.runs.models import Run
+    from apps.takes.models import Take
+    from apps.takes.storage import blob_put
+    from tests.conftest import png
+
+    owner = get_user_model().objects.get(username="artist")
+    graph = Graph.objects.create(sha256="e" * 64, document={"nodes": {
+        "9": {"type": "image/save", "params": {}, "inputs": {}}}})
+    run = Run.objects.create(owner=owner, graph=graph, target="9", status="succeeded",
+                             started_at=timezone.now(), finished_at=timezone.now())
+    data = png(8, 6)
+    takes = [Take.objects.create(run=run, owner=owner, node_id="9", index=i, sha256=blob_put(data),
+                                 media_type="image/png", size=len(data), width=8, height=6)
+             for i in range(2)]
+    prompt = ComfyPrompt.objects.create(number=1, owner=owner, run=run, outputs=["9"],
+                                        prompt={"9": {"class_type": "SaveImage", "inputs": {}}})
+
+    job = artist.get("/comfy/api/jobs?status=completed").json()["jobs"][0]
+    first = f"{takes[0].id}.png"
+    assert job["preview_output"]["url"] == (
+        f"/comfy/api/view?filename={first}&subfolder=&type=output")
+    opened = artist.get(job["preview_output"]["url"])
+    assert opened.status_code == 200 and opened["Content-Type"] == "image/png"
+    assert opened.getvalue() == data
+    farm = job["farm"]
+    assert farm["run_id"] == str(run.pk) and farm["run_url"] is None
+    assert [t["id"] for t in farm["takes"]] == [str(t.id) for t in takes]
+    assert all(artist.get(t["url"]).status_code == 200 for t in farm["takes"])
+    assert stranger.get(farm["takes"][1]["url"]).status_code == 404
+
+    detail = artist.get(f"/comfy/api/jobs/{prompt.pk}").json()
+    assert [i["url"] for i in detail["outputs"]["9"]["images"]] == [t["url"] for t in farm["takes"]]
+    entry = artist.get(f"/comfy/history/{prompt.pk}").json()[str(prompt.pk)]
+    assert entry["outputs"]["9"]["images"][0]["url"] == f"/comfy/view?filename={first}&subfolder=&type=output"
+    assert entry["farm"]["run_id"] == str(run.pk) and len(entry["farm"]["takes"]) == 2
+
+    _, secret = comfy_key_create(user=owner)
+    keyed = Client().get(f"/comfy/k/{secret}/api/jobs").json()["jobs"][0]["preview_output"]["url"]
+    assert keyed.startswith(f"/comfy/k/{secret}/api/view?") and Client().get(keyed).status_code == 200
+
+    owner.is_staff = True
+    owner.save(update_fields=["is_staff"])
+    run_url = artist.get("/comfy/api/jobs").json()["jobs"][0]["farm"]["run_url"]
+    assert run_url == f"/admin/runs/run/{run.pk}/change/"
