@@ -127,7 +127,7 @@ def position_ids(text_tokens: int, h: int, w: int, device: Any) -> torch.Tensor:
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     h, w = jobs[0].latents.shape[-2:]
     dtype = transformer.dtype
-    rows: list[tuple[SampleJob, Krea2Prompt]] = []
+    rows: list[tuple[SampleJob, Any]] = []  # (job, its Krea2Prompt) per batch row
     for job in jobs:
         rows += [(job, job.positive), (job, job.negative)] if job.cfg else [(job, job.positive)]
     embeds = torch.stack([p.embeds for _, p in rows]).to(dtype)  # [R, L, n, D]

@@ -47,9 +47,9 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
     (turbo's fixed mu 1.15 is shift ≈ 3.158)."""
     import math
 
+    from workers.models.flow import resolution_mu
     from workers.models.krea2 import LATENT
     from workers.models.krea2.engine import scheduler_config
-    from workers.models.flow import resolution_mu
     from workers.sampling.schedulers import FlowSampling
 
     if shift is not None:
