@@ -34,12 +34,15 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
            left out; the pipeline's 1 MP reference area patched to 128²), no CFG.
   - wan: WanPipeline, a ~10 M-parameter WanTransformer3DModel (4 blocks, width 384) with the
            tiny UMT5 / VAE, 9 frames of 96², CFG 5 with the empty negative (rates in clips/s).
+  - krea2: Krea2Pipeline, a ~15 M-parameter Krea2Transformer2DModel (4 blocks, width 384, GQA)
+           with the tiny Qwen3-VL, 128² (64 image tokens beside the fixed 512 text tokens), CFG
+           3.5 with the empty negative.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|sdxl|lora
+    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|krea2|sdxl|lora
 """
 
 from __future__ import annotations
@@ -634,8 +637,67 @@ def wan_row(steps: int) -> dict[int, tuple[float, float]]:
         return row
 
 
+KREA2_MID: dict[str, Any] = {  # ~15 M parameters: 4 blocks of width 384 (GQA 6/2 heads)
+    "in_channels": 64, "num_layers": 4, "attention_head_dim": 64, "num_attention_heads": 6,
+    "num_key_value_heads": 2, "intermediate_size": 1024, "timestep_embed_dim": 256,
+    "text_hidden_dim": 16, "num_text_layers": 2, "text_num_attention_heads": 2,
+    "text_num_key_value_heads": 2, "text_intermediate_size": 32, "num_layerwise_text_blocks": 2,
+    "num_refiner_text_blocks": 2, "axes_dims_rope": [16, 24, 24],
+}
+KREA2_SIDE, KREA2_GUIDANCE = 128, 3.5  # the pipeline's guidance_scale is the farm's g
+
+
+def krea2_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (Krea2Pipeline with the n prompts' tapped states and masks and the empty
+    negative's, CFG on; the farm's step batcher: each job's two rows in the shared forward)
+    images/s, the best of REPEAT alternating runs each; denoise only (512 text tokens a row)."""
+    from diffusers import Krea2Pipeline
+    from diffusers.models import Krea2Transformer2DModel
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.krea2 import LATENT, engine
+    from workers.models.krea2.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.runners.diffusion import noise
+    from workers.sampling import SampleJob, StepBatcher
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    parts["transformer"] = Krea2Transformer2DModel.from_config(KREA2_MID).eval()
+    pipe: Any = Krea2Pipeline(**parts, text_encoder_select_layers=engine.taps(parts["text_encoder"]))
+    pipe.set_progress_bar_config(disable=True)
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
+                          policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(pipe.transformer, jobs), bounds.items,
+                          bounds.tokens)
+    sigmas, timesteps = engine.schedule(steps, KREA2_SIDE, KREA2_SIDE)
+
+    def pipeline(n: int) -> float:
+        embeds, mask = pipe.encode_prompt(prompts(n))
+        negative, negative_mask = pipe.encode_prompt([""] * n)
+        start = time.perf_counter()
+        pipe(prompt_embeds=embeds, prompt_embeds_mask=mask, negative_prompt_embeds=negative,
+             negative_prompt_embeds_mask=negative_mask, guidance_scale=KREA2_GUIDANCE,
+             width=KREA2_SIDE, height=KREA2_SIDE, num_inference_steps=steps, output_type="latent",
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, prompts(n))
+        [empty] = engine.encode_prompts(encoder, [""])
+        jobs = [SampleJob(noise(LATENT.shape(KREA2_SIDE, KREA2_SIDE),
+                                torch.Generator("cpu").manual_seed(i), "cpu"),
+                          sigmas, timesteps, conds[i], negative=empty, guidance=KREA2_GUIDANCE)
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    return _alternating(pipeline, sampler)
+
+
 FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row, "flux2": flux2_row,
-               "qwen-edit": qwen_edit_row, "wan": wan_row}
+               "qwen-edit": qwen_edit_row, "wan": wan_row, "krea2": krea2_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

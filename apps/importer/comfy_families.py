@@ -37,6 +37,7 @@ CLIP_TYPES: dict[str, str] = {
     "stable_audio": "stable-audio", "mochi": "mochi", "pixart": "pixart", "cosmos": "cosmos",
     "ace": "ace-step", "omnigen2": "omnigen2", "flux2": "flux2", "ovis": "ovis",
     "kandinsky5": "kandinsky5", "kandinsky5_image": "kandinsky5", "hunyuan_dit": "hunyuan-dit",
+    "krea2": "krea2",  # Qwen3-VL-4B, Krea 2's encoder (ComfyUI's CLIPType.KREA2)
 }
 CLIP_TYPE_LOADERS = frozenset({"CLIPLoader", "DualCLIPLoader"})
 

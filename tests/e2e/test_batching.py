@@ -5,7 +5,8 @@ they share transformer forwards (and text encodes / VAE decodes), yet each take 
 render; cancelling one leaves the others untouched. Then 2 workers × 4 slots take 20 queued
 runs: never more than 8 at once, and no run waits while a slot is free. And 8 runs with 8
 different LoRA sets (none, one file at two strengths, a stack of two) share forwards over one
-base model (issue 35).
+base model (issue 35). And 8 Krea 2 runs of mixed prompts, sizes and guidance through the
+generic nodes batch on the same worker, each take its Krea2Pipeline render (issue 36).
 
 Private farm (its own database and Redis, tests/e2e/recovery_helpers.py) so that worker layouts
 can change; events are written as they happen (INLINE_EVENT_FLUSH_SECONDS=0) so the test sees
@@ -48,6 +49,7 @@ class BatchFarm(RecoveryFarm):
     """The private farm and the smoke stack's file names in its models dir."""
 
     stack: dict[str, str] = field(default_factory=dict)
+    krea2: dict[str, str] = field(default_factory=dict)  # the Krea 2 smoke stack beside it
 
 
 BATCH_ENV = {**RECOVERY_ENV, "INLINE_EVENT_FLUSH_SECONDS": "0", "INLINE_WORKER_HEARTBEAT": "0.5",
@@ -75,6 +77,7 @@ _unique = itertools.count(1)
 @pytest.fixture(scope="module")
 def batch_farm(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[BatchFarm]:
+    from workers.models.krea2.tiny import write_smoke_stack as write_krea2_stack
     from workers.models.zimage.tiny import write_smoke_stack
 
     db = dict(settings.DATABASES["default"])
@@ -92,7 +95,8 @@ def batch_farm(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
            "BROKER_URL": f"{redis.url}/0", "CHANNEL_REDIS_URL": f"{redis.url}/1",
            "INLINE_DATA_DIR": str(root / "data"), "INLINE_MODELS_DIR": str(root / "models")}
     farm = BatchFarm(env=env, logs=root / "logs", dsn=dsn, redis=redis,
-                     stack=write_smoke_stack(root / "models"))
+                     stack=write_smoke_stack(root / "models"),
+                     krea2=write_krea2_stack(root / "models"))
     try:
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -205,6 +209,60 @@ def test_eight_mixed_runs_share_forwards_and_each_take_equals_its_solo_render(
     assert forwards < steps
     assert any(int(size) > 1 for size in after["batchSizes"])
     assert after.get("text_encodes_batched", 0) + after.get("vae_decodes_batched", 0) >= 1
+
+
+KREA2_MIXED: list[dict[str, Any]] = [
+    {"width": 64, "height": 48, "seed": 1}, {"width": 64, "height": 48, "seed": 2, "guidance": 2.0},
+    {"width": 48, "height": 64, "seed": 3}, {"width": 64, "height": 48, "seed": 4, "prompt": "a fox"},
+    {"width": 48, "height": 64, "seed": 5, "guidance": 1.5}, {"width": 64, "height": 48, "seed": 6},
+    {"width": 32, "height": 32, "seed": 7}, {"width": 64, "height": 48, "seed": 8, "guidance": 3.0},
+]
+KREA2_STEPS = 3
+
+
+def krea2_graph(names: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    """The generic nodes over the Krea 2 stack: load ×3 → encode → empty → sample → decode."""
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    return {"graph": {"nodes": {
+        "unet": {"type": "load/diffusion-model", "params": {"file": names["model"]}},
+        "vae": {"type": "load/vae", "params": {"file": names["vae"]}},
+        "te": {"type": "load/text-encoder", "params": {"file": names["text_encoder"]}},
+        "pos": {"type": "encode/text", "params": {"text": spec.get("prompt", PROMPT)},
+                "inputs": {"encoder": wire("te", "encoder")}},
+        "empty": {"type": "latent/empty", "params": {"width": spec["width"], "height": spec["height"]}},
+        "sample": {"type": "sample", "params": {"steps": KREA2_STEPS, "seed": spec["seed"],
+                                                "guidance": spec.get("guidance", 0.0)},
+                   "inputs": {"model": wire("unet", "model"), "positive": wire("pos", "conditioning"),
+                              "latent": wire("empty", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": wire("vae", "vae"),
+                                                    "latent": wire("sample", "latent")}},
+        "out": {"type": "image/save", "inputs": {"image": wire("decode", "image")}},
+    }}, "target": "out"}
+
+
+def test_eight_mixed_krea2_runs_batch_on_one_worker_and_each_take_is_the_pipeline_s(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    from workers.models.krea2.tiny import smoke_pipeline
+
+    names = batch_farm.krea2
+    wait_until("the worker reporting the Krea 2 stack", lambda: set(names.values()) <= {
+        f["name"] for f in alice.get("/v1/models/files?family=krea2").json()["files"]}, 60,
+        every=0.2)
+    ids = submit_all(alice, [krea2_graph(names, spec) for spec in KREA2_MIXED])
+    runs = wait_all(alice, ids)
+    pipe = smoke_pipeline()
+    for spec, run in zip(KREA2_MIXED, runs, strict=True):
+        image = pipe(spec.get("prompt", PROMPT), width=spec["width"], height=spec["height"],
+                     num_inference_steps=KREA2_STEPS, guidance_scale=spec.get("guidance", 0.0),
+                     generator=torch.Generator("cpu").manual_seed(spec["seed"])).images[0]
+        solo = np.asarray(image.convert("RGB")).astype(np.int16)
+        diff = int(np.abs(take_pixels(alice, run) - solo).max())
+        assert diff <= PIXEL_TOLERANCE, (spec, diff)
+    batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
+    assert len(batches) == KREA2_STEPS * len(KREA2_MIXED) and max(batches) > 1
 
 
 def test_cancelling_one_run_mid_batch_leaves_the_others_unchanged(

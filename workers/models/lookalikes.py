@@ -19,3 +19,18 @@ def is_flux2_lora(header: ModelHeader) -> bool:
 def is_flux2_transformer(header: ModelHeader) -> bool:
     """A FLUX.2 transformer, in any layout (its shared `*_stream_modulation` layers)."""
     return header.class_name == "Flux2Transformer2DModel" or header.has("single_stream_modulation.")
+
+
+QWEN3_VL = ("Qwen3VLModel", "Qwen3VLForConditionalGeneration")
+
+
+def is_qwen3_vl(header: ModelHeader) -> bool:
+    """A Qwen3-VL (Krea 2's text encoder): per-head q_norm like Qwen3 (Z-Image's, FLUX.2
+    Klein's), with its `visual.` tower or under `language_model.` (Gemma 3's `vision_tower` and
+    `pre_feedforward_layernorm` excluded); Qwen2.5-VL has no q_norm."""
+    if header.class_name in QWEN3_VL or header.config.get("model_type") == "qwen3_vl":
+        return True
+    if not header.has("self_attn.q_norm.") or header.has("pre_feedforward_layernorm"):
+        return False
+    return header.has("visual.") or (header.has("language_model.")
+                                     and not header.has("vision_tower."))

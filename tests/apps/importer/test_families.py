@@ -346,3 +346,26 @@ def test_a_qwen_image_workflow_s_held_files_name_the_family_over_the_loader_type
     assert any("type 'sd3' is overruled: the weights of text_encoders/"
                "qwen_2.5_vl_7b_fp8_scaled.safetensors are qwenimage's" in m
                for m in warnings_of(result, "38"))
+
+
+# --- Krea 2: its CLIPLoader type `krea2` (Qwen3-VL-4B), the Qwen-Image VAE, cfg ---------------
+
+def test_a_krea2_workflow_maps_to_the_generic_nodes_with_its_cfg():
+    """Krea 2 as ComfyUI ships it: UNETLoader, CLIPLoader type `krea2`, the Qwen-Image VAE,
+    KSampler cfg 4.5 → the family's guidance 3.5 (its pipeline mixes cond + g·(cond − uncond));
+    no Krea-2-only node is needed."""
+    catalog = {"diffusion_models": ["krea2_raw_bf16.safetensors"],
+               "vae": ["qwen_image_vae.safetensors"],
+               "text_encoders": ["qwen3vl_4b_fp8_scaled.safetensors"]}
+    doc = qwen_workflow()
+    doc["37"]["inputs"]["unet_name"] = "krea2_raw_bf16.safetensors"
+    doc["38"]["inputs"].update(clip_name="qwen3vl_4b_fp8_scaled.safetensors", type="krea2")
+    doc["3"]["inputs"].update(model=["37", 0], cfg=4.5)
+    del doc["66"]
+    result = comfy_import(workflow=doc, catalog=catalog)
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["38"]["type"] == "load/text-encoder"
+    assert nodes["38"]["params"]["family"] == "krea2"  # the Qwen3-VL loads as Krea 2's encoder
+    assert nodes["3"]["params"]["guidance"] == 3.5
+    assert not result.report.to_wire()["unmapped"]
+    assert not warnings_of(result, "38")

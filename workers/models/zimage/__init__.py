@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_qwen3_vl
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # the Flux VAE, 2×2 patches
 QWEN3 = ("Qwen3Model", "Qwen3ForCausalLM")
@@ -29,10 +30,9 @@ def recognise(header: ModelHeader) -> str | None:
         header.has("cap_embedder.") and header.has("noise_refiner.")
     ):
         return "transformer"
-    if name in QWEN3 or header.config.get("model_type") == "qwen3" or (
+    if not is_qwen3_vl(header) and (name in QWEN3 or header.config.get("model_type") == "qwen3" or (
         header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
-        and not header.has("visual.")  # a Qwen3-VL (Qwen-Image 2.1's) has a vision tower
-    ):
+    )):  # Krea 2's Qwen3-VL has the same q_norm (workers/models/lookalikes.py)
         return "text_encoder"
     if is_flux_vae(header):
         return "vae"

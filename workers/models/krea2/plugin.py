@@ -1,0 +1,58 @@
+"""Krea 2's side of the family contract (workers/models/family.py `FamilyPlugin`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.models.flow import to_denoised
+from workers.models.krea2 import tiny
+from workers.models.krea2.engine import (
+    decode_latents_batch,
+    encode_image,
+    encode_prompts,
+    predict,
+    renoise,
+    schedule,
+)
+from workers.models.krea2.loading import load_diffusion_model, load_text_encoder, load_vae
+
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
+           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
+           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+
+
+def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    """{transformer module: (A, B, scale)} of a Krea 2 LoRA file in any format
+    Krea2Pipeline.lora_state_dict reads (the reference trainer's / ComfyUI `diffusion_model.`,
+    AI-Toolkit `base_model.model.`, diffusers / PEFT): its converter. Text-encoder weights are
+    left out."""
+    from diffusers import Krea2Pipeline
+
+    from workers.models.lora import peft_modules
+
+    state = Krea2Pipeline.lora_state_dict(str(path), local_files_only=True)
+    if not any(k.startswith("transformer.") for k in state):
+        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
+    return peft_modules(state, None, "transformer.")
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    """ComfyUI's ModelSamplingFlux curve with the pipeline's shift mu from the image's tokens
+    (256 → 6400 tokens: 0.5 → 1.15); a given `shift` is the time shift α = e^mu, so mu = ln α
+    (turbo's fixed mu 1.15 is shift ≈ 3.158)."""
+    import math
+
+    from workers.models.flow import resolution_mu
+    from workers.models.krea2 import LATENT
+    from workers.models.krea2.engine import scheduler_config
+    from workers.sampling.schedulers import FlowSampling
+
+    if shift is not None:
+        return FlowSampling(math.log(float(shift)), flux=True)
+    tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
+    return FlowSampling(resolution_mu(scheduler_config(), tokens), flux=True)
