@@ -81,7 +81,9 @@ def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_cont
     entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
     assert entries[("diffusion_models", names["model"])]["families"] == ["krea2"]
     assert entries[("diffusion_models", names["model"])]["role"] == "transformer"
-    assert entries[("text_encoders", names["text_encoder"])]["families"] == ["krea2"]
+    # A Qwen3-VL with its vision tower: Qwen-Image 2.1 reads one too (load/text-encoder's
+    # `family` picks; "auto" is krea2, registered first).
+    assert entries[("text_encoders", names["text_encoder"])]["families"] == ["krea2", "qwenimage21"]
     vae = entries[("vae", names["vae"])]  # Qwen-Image's VAE: read by qwenimage first
     assert vae["role"] == "vae" and "krea2" in vae["families"]  # type: ignore[operator]
     assert entries[("loras", names["lora"])]["families"] == ["krea2"]
