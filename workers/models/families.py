@@ -16,7 +16,7 @@ from typing import cast
 from workers.models.family import FOLDER_ROLES, FamilyInfo, FamilyPlugin, ModelLoadError
 from workers.models.header import HeaderUnreadable, ModelHeader, read_header
 
-REGISTERED: tuple[str, ...] = ("flux1", "zimage", "sdxl", "qwenimage", "flux2", "wan")
+REGISTERED: tuple[str, ...] = ("flux1", "zimage", "sdxl", "qwenimage", "flux2", "wan", "ltx2")
 
 
 def info(family_id: str) -> FamilyInfo:

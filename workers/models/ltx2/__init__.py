@@ -32,6 +32,8 @@ def recognise(header: ModelHeader) -> str | None:
         return None
     name = header.class_name
     original = header.has("audio_patchify_proj.") or header.has("av_ca_a2v_gate_adaln_single.")
+    if name == "LTX2Pipeline":
+        return "checkpoint"  # a diffusers LTX2Pipeline folder (model_index.json)
     if original and header.has("vae.per_channel_statistics.") and header.has("audio_vae."):
         return "checkpoint"  # Lightricks' / ComfyUI's all-in-one file
     if original:
@@ -81,6 +83,7 @@ FAMILY = FamilyInfo(
     activation_gb=2.0,
     activation_gb_per_mpx=30.0,  # a 121-frame clip; activation_gb(w, h, frames) counts frames
     guidance="cfg",
+    nodes=("nodes",),
     text_encoders=("Gemma3",),
     cfg_offset=0.0,  # the pipeline's guidance_scale g mixes uncond + g·(cond − uncond)
 )

@@ -334,21 +334,31 @@ def denoise(transformer: Any, runs: list[Ltx2Run]) -> None:
 def decode(components: dict[str, Any], run: Ltx2Run) -> tuple[np.ndarray, np.ndarray, int]:
     """(frames [F, H, W, 3] uint8, audio [channels, n] float32, sample rate) of a finished run."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
-    from diffusers.video_processor import VideoProcessor
 
-    vae, audio_vae, vocoder = components["vae"], components["audio_vae"], components["vocoder"]
     tcfg = components["transformer"].config
     latents = LTX2Pipeline._unpack_latents(
         run.latents, run.frames, run.height, run.width, tcfg.patch_size, tcfg.patch_size_t
     )
+    return decode_av(components, latents.to(run.video_embeds.dtype), run.audio, run.audio_frames)
+
+
+def decode_av(
+    components: dict[str, Any], latents: torch.Tensor, audio: torch.Tensor, audio_frames: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(frames [F, H, W, 3] uint8, audio [channels, n] float32, sample rate) of normalised video
+    latents [1, C, F', h, w] and packed audio latents [1, L, C·M] of `audio_frames` frames."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+    from diffusers.video_processor import VideoProcessor
+
+    vae, audio_vae, vocoder = components["vae"], components["audio_vae"], components["vocoder"]
     if vae.config.timestep_conditioning:
         raise NotImplementedError("LTX-2 VAEs with timestep conditioning are not supported yet")
     latents = LTX2Pipeline._denormalize_latents(
-        latents.to(run.video_embeds.dtype), vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+        latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
     )
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-    audio = LTX2Pipeline._denormalize_audio_latents(run.audio, audio_vae.latents_mean, audio_vae.latents_std)
-    audio = LTX2Pipeline._unpack_audio_latents(audio, run.audio_frames, num_mel_bins=mel)
+    audio = LTX2Pipeline._denormalize_audio_latents(audio, audio_vae.latents_mean, audio_vae.latents_std)
+    audio = LTX2Pipeline._unpack_audio_latents(audio, audio_frames, num_mel_bins=mel)
     with torch.no_grad():
         video = vae.decode(latents.to(vae.dtype), None, return_dict=False)[0]
         spectrogram = audio_vae.decode(audio.to(audio_vae.dtype), return_dict=False)[0]
