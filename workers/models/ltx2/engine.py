@@ -281,7 +281,9 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
     return list(zip(video_out.split(rows), audio_out.split(rows), strict=True))
 
 
-def guided_step(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+def guided_step(
+    run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's next (video latents, audio latents) from its passes' predictions, mixed as
     LTX2Pipeline mixes them (x0 space), then its scheduler's Euler step (x + (σ' − σ)·v in
     float32, as FlowMatchEulerDiscreteScheduler.step). Changes nothing: the step batcher may
