@@ -25,8 +25,8 @@ RUN, AUDIO, PATCH = "ltx2_run", "ltx2_audio", "ltx2_patch"  # a SampleJob's `ext
 _components: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_checkpoint",
-           "load_diffusion_model", "load_text_encoder", "load_vae", "predict", "renoise",
-           "schedule", "write_tiny_stack"]
+           "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
+           "model_sampling", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +186,18 @@ def encode_image(vae: Any, image: Any, generator: Any = None) -> Any:
 
 def decode_latents_batch(vae: Any, latents: list[Any]) -> list[Any]:
     raise _generic("clips decode with ltx2/decode, not vae/decode")
+
+
+def to_denoised(job: Any, output: Any) -> Any:
+    raise _generic("has no generic samplers (its guidance mixes several passes)")
+
+
+def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
+    raise _generic("has no generic samplers or schedulers yet")
+
+
+def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
+    raise ValueError(f"{path.name}: LTX-2 LoRAs are not supported yet")
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
