@@ -10,7 +10,7 @@ from apps.graphs.nodes_video import MAX_FPS
 
 MAX_FRAMES = 1025  # frames of one clip (8k + 1; LTX-2 renders 121 at 25 fps)
 MAX_STEPS = 100
-_sizes = tuple(Port(name, "int", required=False) for name in ("width", "height", "frames"))
+_sizes = tuple(Port(name, "int", required=False) for name in ("width", "height", "length"))
 
 
 def _g(name: str, default: float, text: str) -> Param:
@@ -27,7 +27,7 @@ LTX2 = (
                   description="Frame width in pixels (a multiple of 32)."),
             Param("height", "int", 512, min=32, max=MAX_SIDE, multiple_of=32, input="height",
                   description="Frame height in pixels (a multiple of 32)."),
-            Param("frames", "int", 121, min=1, max=MAX_FRAMES, input="frames",
+            Param("length", "int", 121, min=1, max=MAX_FRAMES, input="length",
                   description="Frames of the clip: 8k + 1 (the VAE packs 8 frames per latent "
                   "frame after the first)."),
             Param("fps", "float", 24.0, min=1.0, max=MAX_FPS,

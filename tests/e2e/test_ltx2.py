@@ -1,6 +1,6 @@
 """LTX-2 through /v1 on a real worker (issue 37): text-to-video graphs on the tiny stack
 (checkpoints/smoke-ltx2, an LTX2Pipeline folder) give an MP4 take (H.264 + AAC) whose frames,
-fps and sound length are the clip's; three runs queued at once share forwards (`batch` > 1 in
+fps and sound length are the clip's; two runs queued at once share forwards (`batch` > 1 in
 their progress) and each equals its solo render within rounding."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def graph(name: str, *, seed: int, prompt: str, label: str = "") -> dict[str, An
         "pos": {"type": "encode/text", "params": {"text": prompt},
                 "inputs": {"encoder": wire("ckpt", "encoder")}},
         "empty": {"type": "ltx2/empty-latent",
-                  "params": {"width": W, "height": H, "frames": FRAMES, "fps": FPS}},
+                  "params": {"width": W, "height": H, "length": FRAMES, "fps": FPS}},
         "sample": {"type": "ltx2/sample", "params": {"steps": STEPS, "seed": seed,
                                                      "stg_blocks": "1"},
                    "inputs": {"model": wire("ckpt", "model"), "positive": wire("pos", "conditioning"),
@@ -72,18 +72,18 @@ def decoded(owner: Any, take: dict[str, Any]) -> tuple[np.ndarray, float, float]
     return frames, fps, sound
 
 
-def test_ltx2_runs_make_mp4_takes_share_forwards_and_equal_their_solo_renders(owner, ltx2,
+def test_two_ltx2_runs_make_mp4_takes_share_forwards_and_equal_their_solo_renders(owner, ltx2,
                                                                               db_access):
     from apps.runs.models import RunEvent
 
-    runs = [(3, PROMPT), (4, "a kite over dunes"), (5, "fog over a pier")]
+    runs = [(3, PROMPT), (4, "a kite over dunes")]
     posted = [owner.post("/v1/runs", json=graph(ltx2, seed=s, prompt=p)) for s, p in runs]
     assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
     done = [owner.wait_run(r.json()["runId"], timeout=120) for r in posted]
     assert all(run["status"] == "succeeded" for run in done), done
     batches = [int(e.payload.get("batch") or 1) for run in done
                for e in RunEvent.objects.filter(run_id=run["id"], type="progress")]
-    assert len(batches) == 3 * STEPS and max(batches) > 1, batches
+    assert len(batches) == 2 * STEPS and max(batches) > 1, batches
 
     # the same prompt (stripped) and seed, alone; its new text leaves no node of it cached
     solo_post = owner.post("/v1/runs", json=graph(ltx2, seed=3, prompt=PROMPT + " ", label="solo"))

@@ -49,7 +49,7 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
     positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": parts["encoder"]})
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "frames": FRAMES,
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
                                             "fps": FPS})["latent"]
     if image is not None:
         latent = run(ctx, "ltx2/image-to-video", {"crf": -1},
@@ -148,10 +148,10 @@ def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
     with pytest.raises(NodeFailed, match="8k \\+ 1 frames"):
-        run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "frames": 10, "fps": FPS})
+        run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": 10, "fps": FPS})
     parts = run(ctx, "load/checkpoint", {"file": name})
     positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "frames": FRAMES,
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
                                             "fps": FPS})["latent"]
     with pytest.raises(NodeFailed, match="blocks 0–1"):
         run(ctx, "ltx2/sample", {"seed": 1, "steps": 1, **GUIDANCE, "stg_blocks": "28"},

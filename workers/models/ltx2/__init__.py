@@ -81,7 +81,9 @@ FAMILY = FamilyInfo(
     recognise=recognise,
     splits=False,
     activation_gb=2.0,
-    activation_gb_per_mpx=30.0,  # a 121-frame clip; activation_gb(w, h, frames) counts frames
+    # per megapixel of every frame (routing multiplies by the clip's `length`): activation_gb's
+    # slope, 0.9 GB per 1000 tokens at 1/(32·32·8) tokens per pixel-frame + 0.25 for the decode
+    activation_gb_per_mpx=0.9 * 1e6 / (LATENT.downscale**2 * TEMPORAL) / 1000 + 0.25,
     guidance="cfg",
     nodes=("nodes",),
     text_encoders=("Gemma3",),

@@ -54,7 +54,7 @@ def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
 
 @runner("ltx2/empty-latent")
 def empty_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
-    width, height, frames = (int(inputs.get(k, params[k])) for k in ("width", "height", "frames"))
+    width, height, frames = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
     return {"latent": _empty(width, height, frames, float(params["fps"]))}
 
 

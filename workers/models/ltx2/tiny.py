@@ -44,7 +44,7 @@ def text_encoder_config(tokenizer: Any) -> Any:
             "num_key_value_heads": 1,
             "head_dim": 8,
             "vocab_size": len(tokenizer),
-            "max_position_embeddings": 512,
+            "max_position_embeddings": 64,  # the farm encodes prompts to 64 tokens (its max)
             "sliding_window": 64,
             "pad_token_id": tokenizer.pad_token_id,
         },
