@@ -1,13 +1,14 @@
 """LTX-2 (video with an audio track) through diffusers: the `ltx2` model family. TORCH-FREE.
 
-Not yet in `families.REGISTERED` (see the README's LTX-2 section): this package has the family's
-facts, file recognition and VRAM estimate here, `engine` (reproduces `LTX2Pipeline` text-to-video
-+ audio bit for bit on CPU, with its default CFG + STG + modality guidance) and `tiny` (a random
-stack as diffusers' own LTX-2 tests size it). The plug-in half (plugin.py, nodes, graphs) is to
-come.
+Registered in `families.REGISTERED` (last: its recognition never takes another family's files).
+This package has the family's facts, file recognition and VRAM estimate here, `engine`
+(reproduces `LTX2Pipeline` text-to-video + audio bit for bit on CPU, with its default CFG + STG +
+modality guidance), `plugin` (an LTX2Pipeline folder in checkpoints/ through `load/checkpoint`;
+the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/sample,
+ltx2/decode) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 
-Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix):
-the audio-video transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
+Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): a whole
+LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
 `decoder.conv_in.conv` + `latents_mean`), the audio VAE (a 4-D one), the Gemma3 text encoder
 (`language_model` layers with `q_norm`, a `vision_tower`).
 """
