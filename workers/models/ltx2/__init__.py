@@ -8,7 +8,8 @@ the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, lt
 ltx2/decode) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 
 Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): a whole
-LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
+LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video
+transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
 `decoder.conv_in.conv` + `latents_mean`), the audio VAE (a 4-D one), the Gemma3 text encoder
 (`language_model` layers with `q_norm`, a `vision_tower`).
 """
