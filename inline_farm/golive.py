@@ -165,24 +165,32 @@ def memory(setup: Setup) -> Check:
     files_held = setup.farm.call("GET", "/v1/models/files")["files"]
     models: dict[str, str] = {}
     others: dict[str, str] = {}  # families held only in kinds a prompt graph cannot drive
+    clips: dict[str, str] = {}  # families whose checkpoints render clips of their own nodes
     for entry in files_held:
+        if entry["folder"] == "checkpoints" and entry.get("family") in CLIP_GRAPHS:
+            clips.setdefault(entry["family"], entry["name"])
         if entry["folder"] == "diffusion_models" and entry.get("family"):
             if entry.get("variant") in (None, "t2v"):  # Wan's I2V takes a start image
                 models.setdefault(entry["family"], entry["name"])
             else:
                 others.setdefault(entry["family"], str(entry["variant"]))
-    if not models and not others:
+    if not models and not others and not clips:
         return Check("memory", None, "n/a: no live worker holds a diffusion model")
     figures, ok = [], True
     for family, variant in sorted(others.items()):
         if family not in models:
             figures.append(f"{family}: skipped (only {variant} models: the check renders from "
                            "a prompt)")
+    bodies = {}
     for family, name in sorted(models.items()):
         files = model_files(setup.farm, name)
         graph = _graph(setup, seed=setup.seed + 300, files=files)
         if _video_family(family):
             graph = _as_video(graph)
+        bodies[family] = graph
+    for family, name in sorted(clips.items()):
+        bodies.setdefault(family, CLIP_GRAPHS[family](setup, name))
+    for family, graph in bodies.items():
         body = _labelled(graph, f"check memory {family}")
         run = _render_all(setup.farm, [body])[0]
         if run["status"] != "succeeded":
@@ -409,6 +417,37 @@ def _as_video(body: dict[str, Any]) -> dict[str, Any]:
                       "inputs": {"frames": {"node": "decode", "port": "frames"}}}
     nodes["save"]["inputs"]["image"] = {"node": "still", "port": "image"}
     return out
+
+
+def _ltx2_clip(setup: Setup, checkpoint: str) -> dict[str, Any]:
+    """An LTX-2 checkpoint's clip at the check's size (sides rounded to its 32-pixel grid),
+    VIDEO_LTX2_FRAMES frames with sound, saved as an MP4 (STG off: its block differs per model
+    size)."""
+    width, height = (max(32, round(side / 32) * 32) for side in setup.size)
+
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    return {"graph": {"nodes": {
+        "ckpt": {"type": "load/checkpoint", "params": {"file": checkpoint}},
+        "pos": {"type": "encode/text", "params": {"text": "a lighthouse at dusk, go-live check"},
+                "inputs": {"encoder": wire("ckpt", "encoder")}},
+        "latent": {"type": "ltx2/empty-latent", "params": {
+            "width": width, "height": height, "length": VIDEO_LTX2_FRAMES, "fps": 24.0}},
+        "sample": {"type": "ltx2/sample", "params": {
+            "seed": setup.seed + 300, "steps": setup.steps, "stg": 0.0, "audio_stg": 0.0},
+            "inputs": {"model": wire("ckpt", "model"), "positive": wire("pos", "conditioning"),
+                       "latent": wire("latent", "latent")}},
+        "decode": {"type": "ltx2/decode", "inputs": {"vae": wire("ckpt", "vae"),
+                                                     "latent": wire("sample", "latent")}},
+        "save": {"type": "video/save", "params": {},
+                 "inputs": {"video": wire("decode", "video")}},
+    }}, "target": "save"}
+
+
+VIDEO_LTX2_FRAMES = 9  # LTX-2's shortest clip with motion (8k + 1 frames)
+# families held as checkpoints whose clip graphs are their own nodes: the memory check's graph
+CLIP_GRAPHS: dict[str, Callable[[Setup, str], dict[str, Any]]] = {"ltx2": _ltx2_clip}
 
 
 def _labelled(body: dict[str, Any], label: str) -> dict[str, Any]:

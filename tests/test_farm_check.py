@@ -49,13 +49,29 @@ def wan_stack(farm, owner, data_dirs) -> dict[str, str]:
     return names
 
 
-def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack):
+@pytest.fixture
+def ltx2_stack(farm, owner, data_dirs) -> str:
+    """LTX-2's smoke checkpoint (an LTX2Pipeline folder): the memory check renders it a clip."""
+    import time
+
+    from workers.models.ltx2.tiny import write_tiny_stack
+
+    name = write_tiny_stack(data_dirs["models"])["checkpoint"]
+    deadline = time.monotonic() + 30
+    while name not in {f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the LTX-2 smoke stack"
+        time.sleep(0.2)
+    return name
+
+
+def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack, ltx2_stack):
     code, results = check(farm, personas["owner"], "--model", stack["model"])
     assert code == 0, [r for r in results.values() if r["ok"] is not True]
     for name in ("reproducible", "isolated", "memory", "cancel", "overload"):
         assert results[name]["ok"] is True, results[name]
     assert "zimage: " in results["memory"]["figures"]
     assert "wan: " in results["memory"]["figures"]  # a clip of its T2V model, not the I2V one
+    assert "ltx2: " in results["memory"]["figures"]  # a clip with sound from its checkpoint
     assert "(rss above start) ≤ estimate" in results["memory"]["figures"]
     assert "memory" in results["cancel"]["figures"] and "before" in results["cancel"]["figures"]
     assert "429 after 100 runs in flight" in results["overload"]["figures"]

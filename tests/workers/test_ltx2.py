@@ -177,6 +177,14 @@ def test_vram_counts_frames() -> None:
     short, long = activation_gb(768, 512, 9), activation_gb(768, 512, 121)
     assert 2.0 < short < long
     assert activation_gb(1536, 1024, 121) > 3 * (long - 2.0)
+    # routing's estimate (apps/fleet/routing.py): the family's base + per megapixel of every
+    # frame (ltx2/empty-latent's width × height × length), the same figure
+    from apps.fleet.routing import need_estimate
+
+    for w, h, frames in ((768, 512, 121), (1280, 704, 97), (512, 512, 49)):
+        need = need_estimate(model_sizes=[1], pixels=w * h * frames,
+                             activation=(FAMILY.activation_gb, FAMILY.activation_gb_per_mpx))
+        assert need.activations_gb == pytest.approx(activation_gb(w, h, frames), rel=0.05)
 
 
 def test_tiny_stack_loads_locally_and_renders_the_same(components: dict[str, Any], tmp_path: Path) -> None:

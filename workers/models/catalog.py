@@ -7,7 +7,8 @@ Layout (`<models_dir>/<folder>/<name>`):
     loras/, checkpoints/
     upscale_models/     ESRGAN-family upscalers (workers/models/upscale: role `upscaler`)
 A model is either a single weight file (.safetensors/.sft/.ckpt/.pt/.pth/.bin) or a folder that holds
-a `config.json` (a diffusers/transformers folder). Names are paths relative to the folder with
+a `config.json` (a diffusers/transformers folder) or a `model_index.json` (a whole diffusers
+pipeline: LTX-2's). Names are paths relative to the folder with
 `/` separators, so `flux/ae.safetensors` is a valid name. Sidecars that are not weight files
 (`<stem>.config.json`, `<stem>.tokenizer/`, `<stem>.diffusers/`) are never listed.
 """
@@ -22,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from workers.models import upscale
 from workers.models.families import identify, info
 from workers.models.family import ModelLoadError
-from workers.models.header import HeaderUnreadable, read_header
+from workers.models.header import HeaderUnreadable, is_model_folder, read_header
 
 FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints",
                             "upscale_models")
@@ -67,7 +68,7 @@ def resolve(models_dir: Path, folder: str, name: str) -> Path:
         raise ModelFileMissing(f"{name!r} is not a model name: use a path inside {folder}/")
     for root in _roots(Path(models_dir), folder):
         path = root.joinpath(*rel.parts)
-        if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
+        if path.is_file() or (path.is_dir() and is_model_folder(path)):
             return path
     where = Path(models_dir) / folder
     raise ModelFileMissing(
@@ -121,7 +122,8 @@ def _roots(models_dir: Path, folder: str) -> list[Path]:
 
 
 def _models_under(root: Path) -> list[tuple[str, Path]]:
-    """(name, path) of every model below `root`; a folder with config.json is one model."""
+    """(name, path) of every model below `root`; a folder with config.json (or a
+    pipeline's model_index.json) is one model."""
     found: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -129,7 +131,7 @@ def _models_under(root: Path) -> list[tuple[str, Path]]:
         for d in sorted(dirnames):
             if d.startswith(".") or d.endswith(SIDECAR_DIR_SUFFIXES):
                 continue
-            if (here / d / "config.json").is_file():
+            if is_model_folder(here / d):
                 found.append(((here / d).relative_to(root).as_posix(), here / d))
             else:
                 keep.append(d)

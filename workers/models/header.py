@@ -4,7 +4,8 @@ runs in every heartbeat; the web side may import this module).
 A `.safetensors` / `.sft` file starts with an 8-byte little-endian length and a JSON header that
 names every tensor with its shape: that is all a family needs to recognise the file (the way
 ComfyUI's comfy/model_detection.py reads a state dict's keys). A diffusers / transformers folder
-has a `config.json` instead (`_class_name`, `architectures`). Pickled weights (`.ckpt`, `.pt`,
+has a `config.json` instead (`_class_name`, `architectures`; a whole pipeline folder its
+`model_index.json`). Pickled weights (`.ckpt`, `.pt`,
 `.bin`) cannot be read without unpickling them: they are reported as unknown here.
 """
 
@@ -73,7 +74,7 @@ def read_header(path: Path) -> ModelHeader | None:
     pickled weights. Raises HeaderUnreadable for a file that claims to be safetensors and is
     not. Cached by path, size and mtime (the scan reads every file each heartbeat)."""
     path = Path(path)
-    target = path / "config.json" if path.is_dir() else path
+    target = folder_config(path) if path.is_dir() else path
     st = target.stat()
     key = (str(target.resolve()), st.st_size, st.st_mtime_ns)
     with _lock:
@@ -85,9 +86,21 @@ def read_header(path: Path) -> ModelHeader | None:
     return header
 
 
+def folder_config(path: Path) -> Path:
+    """A model folder's config: its config.json (a component), else the model_index.json of a
+    whole diffusers pipeline (LTX-2's folder: `_class_name` LTX2Pipeline)."""
+    own = path / "config.json"
+    return own if own.is_file() or not (path / "model_index.json").is_file() else path / "model_index.json"
+
+
+def is_model_folder(path: Path) -> bool:
+    """A folder that is one model: a config.json or a pipeline's model_index.json."""
+    return (path / "config.json").is_file() or (path / "model_index.json").is_file()
+
+
 def _read(path: Path) -> ModelHeader | None:
     if path.is_dir():
-        config = _json_file(path / "config.json")
+        config = _json_file(folder_config(path))
         shapes: dict[str, tuple[int, ...]] = {}
         for weights in sorted(path.glob("*.safetensors")):
             shapes.update(_safetensors_shapes(weights))

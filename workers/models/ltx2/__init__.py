@@ -1,13 +1,15 @@
 """LTX-2 (video with an audio track) through diffusers: the `ltx2` model family. TORCH-FREE.
 
-Not yet in `families.REGISTERED` (see the README's LTX-2 section): this package has the family's
-facts, file recognition and VRAM estimate here, `engine` (reproduces `LTX2Pipeline` text-to-video
-+ audio bit for bit on CPU, with its default CFG + STG + modality guidance) and `tiny` (a random
-stack as diffusers' own LTX-2 tests size it). The plug-in half (plugin.py, nodes, graphs) is to
-come.
+Registered in `families.REGISTERED` (last: its recognition never takes another family's files).
+This package has the family's facts, file recognition and VRAM estimate here, `engine`
+(reproduces `LTX2Pipeline` text-to-video + audio bit for bit on CPU, with its default CFG + STG +
+modality guidance), `plugin` (an LTX2Pipeline folder in checkpoints/ through `load/checkpoint`;
+the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/sample,
+ltx2/decode) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 
-Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix):
-the audio-video transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
+Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): a whole
+LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video
+transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
 `decoder.conv_in.conv` + `latents_mean`), the audio VAE (a 4-D one), the Gemma3 text encoder
 (`language_model` layers with `q_norm`, a `vision_tower`).
 """
@@ -32,6 +34,8 @@ def recognise(header: ModelHeader) -> str | None:
         return None
     name = header.class_name
     original = header.has("audio_patchify_proj.") or header.has("av_ca_a2v_gate_adaln_single.")
+    if name == "LTX2Pipeline":
+        return "checkpoint"  # a diffusers LTX2Pipeline folder (model_index.json)
     if original and header.has("vae.per_channel_statistics.") and header.has("audio_vae."):
         return "checkpoint"  # Lightricks' / ComfyUI's all-in-one file
     if original:
@@ -79,8 +83,11 @@ FAMILY = FamilyInfo(
     recognise=recognise,
     splits=False,
     activation_gb=2.0,
-    activation_gb_per_mpx=30.0,  # a 121-frame clip; activation_gb(w, h, frames) counts frames
+    # per megapixel of every frame (routing multiplies by the clip's `length`): activation_gb's
+    # slope, 0.9 GB per 1000 tokens at 1/(32·32·8) tokens per pixel-frame + 0.25 for the decode
+    activation_gb_per_mpx=0.9 * 1e6 / (LATENT.downscale**2 * TEMPORAL) / 1000 + 0.25,
     guidance="cfg",
+    nodes=("nodes",),
     text_encoders=("Gemma3",),
     cfg_offset=0.0,  # the pipeline's guidance_scale g mixes uncond + g·(cond − uncond)
 )

@@ -281,38 +281,47 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
     return list(zip(video_out.split(rows), audio_out.split(rows), strict=True))
 
 
-def advance(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Mix the passes' predictions as LTX2Pipeline does (x0 space) and take the Euler step."""
+def guided_step(
+    run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's next (video latents, audio latents) from its passes' predictions, mixed as
+    LTX2Pipeline mixes them (x0 space), then its scheduler's Euler step (x + (σ' − σ)·v in
+    float32, as FlowMatchEulerDiscreteScheduler.step). Changes nothing: the step batcher may
+    retry a step."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
 
     g, i = run.guidance, run.step
-    sigma, audio_sigma = run.scheduler.sigmas[i], run.audio_scheduler.sigmas[i]
+    sigma, sigma_next = run.sigmas[i], run.sigmas[i + 1]
     new = []
-    for m, (x, s) in enumerate(((run.latents, sigma), (run.audio, audio_sigma))):
+    for m, x in enumerate((run.latents, run.audio)):
         scales = (
             (g.cfg, g.stg, g.modality, g.rescale)
             if m == 0
             else (g.audio_cfg, g.audio_stg, g.audio_modality, g.audio_rescale)
         )
-        cond = x - outs["cond"][m] * s
+        cond = x - outs["cond"][m] * sigma
         if g.do_cfg:
             uncond, cond = cond.chunk(2)
             guided = cond + (scales[0] - 1) * (cond - uncond)
         else:
             guided = cond
         if g.do_stg:
-            guided = guided + scales[1] * (cond - (x - outs["stg"][m] * s))
+            guided = guided + scales[1] * (cond - (x - outs["stg"][m] * sigma))
         if g.do_modality:
-            guided = guided + (scales[2] - 1) * (cond - (x - outs["modality"][m] * s))
+            guided = guided + (scales[2] - 1) * (cond - (x - outs["modality"][m] * sigma))
         if scales[3] > 0:
             guided = rescale_noise_cfg(guided, cond, guidance_rescale=scales[3])
-        new.append((x - guided) / s)
-    t = run.timesteps[i]
-    stepped = run.scheduler.step(new[0], t, run.latents, return_dict=False)[0]
+        velocity = (x - guided) / sigma
+        new.append((x.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype))
+    latents, audio = new
     if run.frame0 is not None:  # image-to-video: frame 0 stays the image's latents
-        stepped = torch.where(run.frame0.unsqueeze(-1) > 0, run.latents, stepped)
-    run.latents = stepped
-    run.audio = run.audio_scheduler.step(new[1], t, run.audio, return_dict=False)[0]
+        latents = torch.where(run.frame0.unsqueeze(-1) > 0, run.latents, latents)
+    return latents, audio
+
+
+def advance(run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Mix the passes' predictions and take the Euler step (`guided_step`), in place."""
+    run.latents, run.audio = guided_step(run, outs)
     run.step += 1
 
 
@@ -327,21 +336,31 @@ def denoise(transformer: Any, runs: list[Ltx2Run]) -> None:
 def decode(components: dict[str, Any], run: Ltx2Run) -> tuple[np.ndarray, np.ndarray, int]:
     """(frames [F, H, W, 3] uint8, audio [channels, n] float32, sample rate) of a finished run."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
-    from diffusers.video_processor import VideoProcessor
 
-    vae, audio_vae, vocoder = components["vae"], components["audio_vae"], components["vocoder"]
     tcfg = components["transformer"].config
     latents = LTX2Pipeline._unpack_latents(
         run.latents, run.frames, run.height, run.width, tcfg.patch_size, tcfg.patch_size_t
     )
+    return decode_av(components, latents.to(run.video_embeds.dtype), run.audio, run.audio_frames)
+
+
+def decode_av(
+    components: dict[str, Any], latents: torch.Tensor, audio: torch.Tensor, audio_frames: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(frames [F, H, W, 3] uint8, audio [channels, n] float32, sample rate) of normalised video
+    latents [1, C, F', h, w] and packed audio latents [1, L, C·M] of `audio_frames` frames."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+    from diffusers.video_processor import VideoProcessor
+
+    vae, audio_vae, vocoder = components["vae"], components["audio_vae"], components["vocoder"]
     if vae.config.timestep_conditioning:
         raise NotImplementedError("LTX-2 VAEs with timestep conditioning are not supported yet")
     latents = LTX2Pipeline._denormalize_latents(
-        latents.to(run.video_embeds.dtype), vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+        latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
     )
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-    audio = LTX2Pipeline._denormalize_audio_latents(run.audio, audio_vae.latents_mean, audio_vae.latents_std)
-    audio = LTX2Pipeline._unpack_audio_latents(audio, run.audio_frames, num_mel_bins=mel)
+    audio = LTX2Pipeline._denormalize_audio_latents(audio, audio_vae.latents_mean, audio_vae.latents_std)
+    audio = LTX2Pipeline._unpack_audio_latents(audio, audio_frames, num_mel_bins=mel)
     with torch.no_grad():
         video = vae.decode(latents.to(vae.dtype), None, return_dict=False)[0]
         spectrogram = audio_vae.decode(audio.to(audio_vae.dtype), return_dict=False)[0]

@@ -1,12 +1,12 @@
-"""A tiny random-weight LTX-2 stack (tests; `./farm models smoke` once the family is registered).
+"""A tiny random-weight LTX-2 stack (tests and `./farm models smoke`).
 The same seed always builds the same weights.
 
 Sizes follow diffusers' own LTX-2 tests (tests/pipelines/ltx2/test_ltx2.py): a 2-layer audio+video
 transformer (video 2 heads of 8, audio 2 heads of 4, 4 latent channels each), 1-layer connectors,
 a one-stage video VAE (÷2 in space, ÷2 in time: 5 frames → 3 latent frames), a 2-channel audio VAE
-over 8 mel bins at 16 kHz and a 2-upsample vocoder. Diffusers' tests download
-`hf-internal-testing/tiny-gemma3`; here the Gemma3 (2 layers of width 32, a 1-layer vision tower)
-is built from a config and the tokenizer is byte-level (no download).
+over 8 mel bins at 16 kHz and a vocoder upsampling 160× (the hop: the sound lasts the clip).
+Diffusers' tests download `hf-internal-testing/tiny-gemma3`; here the Gemma3 (2 layers of width
+32, a 1-layer vision tower) is built from a config and the tokenizer is byte-level (no download).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def text_encoder_config(tokenizer: Any) -> Any:
             "num_key_value_heads": 1,
             "head_dim": 8,
             "vocab_size": len(tokenizer),
-            "max_position_embeddings": 512,
+            "max_position_embeddings": 64,  # the farm encodes prompts to 64 tokens (its max)
             "sliding_window": 64,
             "pad_token_id": tokenizer.pad_token_id,
         },
@@ -161,8 +161,8 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         in_channels=2 * 8,
         hidden_channels=32,
         out_channels=2,
-        upsample_kernel_sizes=[4, 4],
-        upsample_factors=[2, 2],
+        upsample_kernel_sizes=[16, 10, 8],
+        upsample_factors=[8, 5, 4],  # 160×: the audio VAE's hop, so the sound lasts the clip
         resnet_kernel_sizes=[3],
         resnet_dilations=[[1, 3, 5]],
         leaky_relu_negative_slope=0.1,

@@ -1,0 +1,84 @@
+"""The nodes of the LTX-2 family (workers/models/ltx2/nodes.py runs them): a clip's audio + video
+latent, first-frame conditioning, LTX2Pipeline's sampler and the decode into a `Video` (frames,
+fps and the vocoder's sound; `video/save` keeps it as MP4 H.264 + AAC)."""
+
+from __future__ import annotations
+
+from apps.graphs.descriptors import NodeDescriptor, Param, Port
+from apps.graphs.nodes_image import MAX_SIDE
+from apps.graphs.nodes_video import MAX_FPS
+
+MAX_FRAMES = 1025  # frames of one clip (8k + 1; LTX-2 renders 121 at 25 fps)
+MAX_STEPS = 100
+_sizes = tuple(Port(name, "int", required=False) for name in ("width", "height", "length"))
+
+
+def _g(name: str, default: float, text: str) -> Param:
+    return Param(name, "float", default, min=0.0, max=30.0, description=text)
+
+
+LTX2 = (
+    NodeDescriptor(
+        "ltx2/empty-latent", "LTX-2 empty latent", "latent",
+        inputs=_sizes,
+        outputs=(Port("latent", "latent"),),
+        params=(
+            Param("width", "int", 768, min=32, max=MAX_SIDE, multiple_of=32, input="width",
+                  description="Frame width in pixels (a multiple of 32)."),
+            Param("height", "int", 512, min=32, max=MAX_SIDE, multiple_of=32, input="height",
+                  description="Frame height in pixels (a multiple of 32)."),
+            Param("length", "int", 121, min=1, max=MAX_FRAMES, input="length",
+                  description="Frames of the clip: 8k + 1 (the VAE packs 8 frames per latent "
+                  "frame after the first)."),
+            Param("fps", "float", 24.0, min=1.0, max=MAX_FPS,
+                  description="Frames per second: the clip's and its sound's length."),
+        ),
+        description="An empty LTX-2 clip, video and audio (ComfyUI's EmptyLTXVLatentVideo + "
+        "LTXVEmptyLatentAudio joined by LTXVConcatAVLatent): ltx2/sample draws its noise at "
+        "the model's latent sizes.",
+    ),
+    NodeDescriptor(
+        "ltx2/image-to-video", "LTX-2 image to video", "latent",
+        inputs=(Port("vae", "vae"), Port("image", "image"), Port("latent", "latent")),
+        outputs=(Port("latent", "latent"),),
+        params=(Param("crf", "int", -1, min=-1, max=51,
+                      description="H.264 CRF the image is re-compressed at before encoding, as "
+                      "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),),
+        description="The clip's first frame conditioned on an image (ComfyUI's "
+        "LTXVImgToVideoInplace, LTX2ImageToVideoPipeline's encode): the image is resized to "
+        "the clip's size and its latents stay fixed while the rest denoises.",
+    ),
+    NodeDescriptor(
+        "ltx2/sample", "LTX-2 sample", "sampling",
+        inputs=(Port("model", "model"), Port("positive", "conditioning"),
+                Port("negative", "conditioning", required=False), Port("latent", "latent"),
+                Port("seed", "int", required=False)),
+        outputs=(Port("latent", "latent"),),
+        params=(
+            Param("seed", "int", 0, min=0, max=2**53 - 1, input="seed",
+                  description="Noise seed (video then audio noise, as LTX2Pipeline draws it)."),
+            Param("steps", "int", 40, min=1, max=MAX_STEPS, description="Denoising steps."),
+            _g("cfg", 3.0, "Video classifier-free guidance (≤ 1 with audio_cfg ≤ 1: off)."),
+            _g("stg", 1.0, "Video spatio-temporal guidance (0: off)."),
+            _g("modality", 3.0, "Video modality-isolation guidance (≤ 1: off)."),
+            Param("rescale", "float", 0.7, min=0.0, max=1.0, description="Video guidance rescale."),
+            _g("audio_cfg", 7.0, "Audio classifier-free guidance."),
+            _g("audio_stg", 1.0, "Audio spatio-temporal guidance."),
+            _g("audio_modality", 3.0, "Audio modality-isolation guidance."),
+            Param("audio_rescale", "float", 0.7, min=0.0, max=1.0,
+                  description="Audio guidance rescale."),
+            Param("stg_blocks", "string", "28", max_length=200,
+                  description="Transformer blocks STG perturbs, comma-separated (LTX-2: 28)."),
+        ),
+        description="LTX2Pipeline's denoise of a clip's video and sound (flow Euler over its "
+        "resolution-shifted sigmas, CFG + STG + modality guidance); runs of one clip size "
+        "share every transformer call. The negative prompt defaults to the empty one.",
+    ),
+    NodeDescriptor(
+        "ltx2/decode", "LTX-2 decode", "latent",
+        inputs=(Port("vae", "vae"), Port("latent", "latent")),
+        outputs=(Port("video", "video"),),
+        description="A sampled LTX-2 latent as a clip: frames (video VAE) at its fps with the "
+        "sound of the audio VAE + vocoder (ComfyUI's VAEDecode + VAEDecodeAudio + CreateVideo).",
+    ),
+)

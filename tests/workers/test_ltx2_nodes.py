@@ -1,0 +1,163 @@
+"""LTX-2 registered (issue 37): its tiny stack in checkpoints/ recognised and loaded by
+load/checkpoint, a clip rendered through the generic encode node and the ltx2/* nodes equal to
+diffusers' LTX2Pipeline, concurrent runs of one size sharing the step batcher's forwards, and
+clear node errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.workers.conftest import Recorder
+from workers.models.catalog import scan
+from workers.runners import RUNNERS
+
+W, H, FRAMES, FPS, STEPS = 32, 32, 9, 25.0, 3
+PROMPT = "a robot dancing"
+GUIDANCE = {"cfg": 3.0, "stg": 1.0, "modality": 3.0, "rescale": 0.7, "audio_cfg": 7.0,
+            "audio_stg": 1.0, "audio_modality": 3.0, "audio_rescale": 0.7,
+            "stg_blocks": "1"}  # the pipeline's defaults; its block 28 → the tiny one's 1
+
+
+@pytest.fixture(scope="module")
+def ltx2_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    from workers.models.ltx2.plugin import write_tiny_stack
+
+    models_dir = tmp_path_factory.mktemp("ltx2-models")
+    return models_dir, write_tiny_stack(models_dir)["checkpoint"]
+
+
+class BatchRecorder(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int | None] = []
+
+    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
+        self.batches.append(batch)
+        super().report(step, total, preview, batch)
+
+
+def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Any:
+    return RUNNERS[node_type](ctx, params, inputs or {})
+
+
+def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None) -> Any:
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": parts["encoder"]})
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
+                                            "fps": FPS})["latent"]
+    if image is not None:
+        latent = run(ctx, "ltx2/image-to-video", {"crf": -1},
+                     {"vae": parts["vae"], "image": image, "latent": latent})["latent"]
+    sampled = run(ctx, "ltx2/sample", {"seed": seed, "steps": STEPS, **GUIDANCE},
+                  {"model": parts["model"], "positive": positive["conditioning"],
+                   "latent": latent})["latent"]
+    return run(ctx, "ltx2/decode", {}, {"vae": parts["vae"], "latent": sampled})["video"]
+
+
+def test_the_stack_is_one_checkpoint_folder_recognised_as_ltx2(ltx2_stack):
+    models_dir, name = ltx2_stack
+    entries = [e for e in scan(models_dir) if e["name"] == name]
+    assert [(e["folder"], e["family"], e["role"], e["kind"]) for e in entries] == [
+        ("checkpoints", "ltx2", "checkpoint", "dir")]
+
+
+def test_a_clip_through_the_nodes_is_ltx2_pipeline_s(ltx2_stack, make_ctx):
+    """Frames, fps and sound of the farm's nodes against LTX2Pipeline over the same loaded
+    components (its default CFG + STG + modality guidance; the prompts encoded in separate
+    calls: equal within float rounding)."""
+    from diffusers import LTX2Pipeline
+
+    from workers.models.ltx2.plugin import components_of, sequence_length
+
+    models_dir, name = ltx2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    video = render(ctx, name)
+    components = components_of(run(ctx, "load/checkpoint", {"file": name})["model"].transformer)
+    pipe: Any = LTX2Pipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt=PROMPT, negative_prompt="", generator=torch.Generator().manual_seed(5),
+               num_inference_steps=STEPS, height=H, width=W, num_frames=FRAMES, frame_rate=FPS,
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert video.frames.array.shape == frames.shape == (FRAMES, H, W, 3)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+    np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
+    assert video.fps == FPS
+    assert video.audio.sample_rate == 16000
+    # the clip's length in sound: the vocoder's mel frames (samples ÷ its upsampling) × the
+    # audio VAE's hop (the tiny vocoder upsamples 4×, a full one by the hop, 160×)
+    vocoder, audio_vae = components["vocoder"], components["audio_vae"]
+    mel_frames = video.audio.samples.shape[-1] / np.prod(vocoder.config.upsample_factors)
+    seconds = mel_frames * audio_vae.config.mel_hop_length / audio_vae.config.sample_rate
+    assert seconds == pytest.approx(FRAMES / FPS, abs=4 * 160 / 16000)
+
+
+def test_concurrent_runs_share_forwards_and_equal_their_solo_renders(ltx2_stack, make_ctx):
+    models_dir, name = ltx2_stack
+    prompts = [PROMPT, "a cat on a piano", "rain on a window"]
+    solo = [render(make_ctx(models_dir=models_dir), name, p, seed=i) for i, p in enumerate(prompts)]
+    recorders = [BatchRecorder() for _ in prompts]
+    videos: list[Any] = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        videos[i] = render(make_ctx(recorders[i], models_dir), name, prompts[i], seed=i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(b or 0 for r in recorders for b in r.batches) > 1
+    for alone, together in zip(solo, videos, strict=True):
+        assert np.abs(alone.frames.array.astype(int) - together.frames.array).max() <= 1
+        np.testing.assert_allclose(alone.audio.samples, together.audio.samples, atol=1e-4)
+
+
+def test_image_to_video_holds_the_first_frame(ltx2_stack, make_ctx):
+    from diffusers import LTX2ImageToVideoPipeline
+    from PIL import Image
+
+    from workers.models.ltx2.plugin import components_of, sequence_length
+
+    models_dir, name = ltx2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 40, 3), dtype=np.uint8))
+    video = render(ctx, name, image=image)
+    components = components_of(run(ctx, "load/checkpoint", {"file": name})["model"].transformer)
+    pipe: Any = LTX2ImageToVideoPipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(image=image, prompt=PROMPT, negative_prompt="",
+               generator=torch.Generator().manual_seed(5), num_inference_steps=STEPS, height=H,
+               width=W, num_frames=FRAMES, frame_rate=FPS,
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+
+
+def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):
+    from workers.runners.base import NodeFailed
+
+    models_dir, name = ltx2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    with pytest.raises(NodeFailed, match="8k \\+ 1 frames"):
+        run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": 10, "fps": FPS})
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
+                                            "fps": FPS})["latent"]
+    with pytest.raises(NodeFailed, match="blocks 0–1"):
+        run(ctx, "ltx2/sample", {"seed": 1, "steps": 1, **GUIDANCE, "stg_blocks": "28"},
+            {"model": parts["model"], "positive": positive["conditioning"], "latent": latent})
+    with pytest.raises(NodeFailed, match="ltx2/sample"):
+        run(ctx, "sample", {"seed": 1, "steps": 1, "guidance": 0.0, "denoise": 1.0},
+            {"model": parts["model"], "positive": positive["conditioning"], "latent": latent})
+    with pytest.raises(NodeFailed, match="sample it first"):
+        run(ctx, "ltx2/decode", {}, {"vae": parts["vae"], "latent": latent})

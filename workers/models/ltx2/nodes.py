@@ -1,0 +1,213 @@
+"""Runners of the LTX-2 family's nodes (descriptors: apps/graphs/nodes_ltx2.py).
+
+    ltx2/empty-latent    → an `AvLatent` of a clip's size: width × height, frames (8k + 1), fps
+                           (ComfyUI's EmptyLTXVLatentVideo + LTXVEmptyLatentAudio + concat)
+    ltx2/image-to-video  → the latent with its first frame conditioned on an image (encoded as
+                           LTX2ImageToVideoPipeline encodes it)
+    ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
+                           model's step batcher: runs of one clip size share every forward
+    ltx2/decode          → a `Video`: the frames at the clip's fps with the vocoder's sound
+The latent's sizes in latent space come from the loaded pipeline (its VAEs' ratios): a clip's
+latent is sized by the sampler, which knows the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from workers.device.thread import on_device_thread
+from workers.models.values import Conditioning, DiffusionModel, Latent, Vae
+from workers.runners.base import NodeContext, NodeFailed, runner
+from workers.runners.diffusion import checked, encode, expect, noise
+
+FAMILY = "ltx2"
+
+
+@dataclass(frozen=True, eq=False)
+class AvLatent(Latent):
+    """LTX-2's audio + video latent (ComfyUI's LTXVConcatAVLatent's AV latent). Empty: `samples`
+    is [1, 0, 1, H, W] (the pixel size, downscale 1) and `frames`, `fps` the clip's; sampled:
+    the video latents [1, C, F', h, w] and the packed audio latents `audio` [1, L, C·M] of
+    `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w]."""
+
+    frames: int = 0
+    fps: float = 25.0
+    audio: Any = None
+    audio_frames: int = 0
+    first: Any = None
+
+
+def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
+    import torch
+
+    if width <= 0 or height <= 0 or width % 32 or height % 32:
+        raise NodeFailed(f"LTX-2 frame sides must be positive multiples of 32, got "
+                         f"{width}×{height}")
+    if frames < 1 or (frames - 1) % 8:
+        raise NodeFailed(f"LTX-2 clips have 8k + 1 frames (9, 17, …, 121), got {frames}")
+    if fps <= 0:
+        raise NodeFailed(f"fps must be positive, got {fps}")
+    return AvLatent(torch.zeros((1, 0, 1, height, width)), empty=True, downscale=1,
+                    frames=frames, fps=fps)
+
+
+@runner("ltx2/empty-latent")
+def empty_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    width, height, frames = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
+    return {"latent": _empty(width, height, frames, float(params["fps"]))}
+
+
+def _av(inputs: dict[str, Any]) -> AvLatent:
+    latent = inputs.get("latent")
+    if not isinstance(latent, AvLatent):
+        got = "nothing" if latent is None else "another family's latent"
+        raise NodeFailed(f"input 'latent' must be an LTX-2 latent (ltx2/empty-latent), got {got}")
+    return latent
+
+
+def _components(value: Any, what: str) -> dict[str, Any]:
+    if value.family != FAMILY:
+        raise NodeFailed(f"{what} {value.name} is a {value.family} model, not LTX-2's")
+    return value.module if isinstance(value, Vae) else value.model
+
+
+@runner("ltx2/image-to-video")
+def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The first frame's latents of `image` (H.264 re-compressed at `crf`, −1: the model's
+    default, resized bilinearly, the VAE's mode), as LTX2ImageToVideoPipeline makes them."""
+    from PIL import Image
+
+    from workers.models.ltx2.engine import encode_first_frame
+
+    latent = _av(inputs)
+    if not latent.empty:
+        raise NodeFailed("ltx2/image-to-video conditions an empty clip latent (ltx2/empty-latent)")
+    vae = expect(inputs, "vae", Vae)
+    components = _components(vae, "vae")
+    image = expect(inputs, "image", Image.Image).convert("RGB")
+    crf = int(params["crf"])
+    width, height = latent.pixel_size
+    dtype = components["text_encoder"].dtype
+    first = checked(lambda: on_device_thread(encode_first_frame, components, image, width, height,
+                                             None if crf < 0 else crf, dtype))
+    return {"latent": replace(latent, first=first.float().cpu())}
+
+
+def _guidance(params: dict[str, Any], layers: int) -> Any:
+    from workers.models.ltx2.engine import Guidance
+
+    text = str(params.get("stg_blocks", "28")).replace(" ", "")
+    try:
+        blocks = tuple(int(b) for b in text.split(",") if b)
+    except ValueError:
+        raise NodeFailed(f"stg_blocks must be block numbers separated by commas, got {text!r}") from None
+    g = Guidance(cfg=float(params["cfg"]), stg=float(params["stg"]),
+                 modality=float(params["modality"]), rescale=float(params["rescale"]),
+                 audio_cfg=float(params["audio_cfg"]), audio_stg=float(params["audio_stg"]),
+                 audio_modality=float(params["audio_modality"]),
+                 audio_rescale=float(params["audio_rescale"]), stg_blocks=blocks)
+    if g.do_stg and (not blocks or any(not 0 <= b < layers for b in blocks)):
+        raise NodeFailed(f"stg_blocks {text!r}: the transformer has blocks 0–{layers - 1} "
+                         "(LTX-2's 48: the pipeline perturbs 28)")
+    return g
+
+
+@runner("ltx2/sample")
+def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
+    then audio, as the pipeline draws them), its resolution-shifted schedule and its guidance,
+    one job on the model's step batcher."""
+    import torch
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+
+    from workers.models.ltx2.engine import Ltx2Run, latent_sizes, schedule
+    from workers.models.ltx2.plugin import AUDIO, PATCH, RUN, Prompt, components_of
+    from workers.runners.diffusion import denoise_job
+
+    model = expect(inputs, "model", DiffusionModel)
+    if model.family != FAMILY:
+        raise NodeFailed(f"ltx2/sample samples LTX-2 models; {model.name} is {model.family}'s")
+    positive = expect(inputs, "positive", Conditioning)
+    if positive.encoder.family != FAMILY:
+        raise NodeFailed(f"input 'positive' was encoded by {positive.encoder.name} "
+                         f"({positive.encoder.family}): use the LTX-2 checkpoint's encoder")
+    latent = _av(inputs)
+    if not latent.empty:
+        raise NodeFailed("ltx2/sample starts from an empty clip latent (ltx2/empty-latent)")
+    components = components_of(model.transformer)
+    transformer, vae, audio_vae = (components[k] for k in ("transformer", "vae", "audio_vae"))
+    tcfg = transformer.config
+    g = _guidance(params, int(tcfg.num_layers))
+    seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
+    width, height = latent.pixel_size
+    ratio = vae.spatial_compression_ratio
+    if width % ratio or height % ratio:
+        raise NodeFailed(f"{model.name} makes frames of multiples of {ratio} pixels, got "
+                         f"{width}×{height}")
+    if (latent.frames - 1) % vae.temporal_compression_ratio:
+        raise NodeFailed(f"{model.name} makes clips of {vae.temporal_compression_ratio}k + 1 "
+                         f"frames, got {latent.frames}")
+    f, h, w, audio_len = latent_sizes(components, width, height, latent.frames, latent.fps)
+    pos: Prompt = positive.embeds
+    rows = [pos]
+    if g.do_cfg:
+        negative = inputs.get("negative")
+        if negative is not None and not isinstance(negative, Conditioning):
+            raise NodeFailed(f"input 'negative' must be conditioning, got {type(negative).__name__}")
+        rows = [negative.embeds if negative is not None else encode(positive.encoder, ""), pos]
+    device = model.placement.device
+    dtype = pos.video.dtype
+
+    def start() -> tuple[Any, Any, Any]:
+        generator = torch.Generator("cpu").manual_seed(seed)
+        video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
+        frame0 = None
+        if latent.first is not None:  # LTX2ImageToVideoPipeline: frame 0 is the image's
+            if tuple(latent.first.shape[-2:]) != (h, w):
+                raise NodeFailed("the image-to-video latent was encoded by another VAE")
+            mask = torch.zeros((1, 1, f, h, w))
+            mask[:, :, 0] = 1.0
+            first = latent.first.to(dtype).float()
+            video = first.repeat(1, 1, f, 1, 1) * mask + video * (1 - mask)
+            frame0 = LTX2Pipeline._pack_latents(mask, tcfg.patch_size, tcfg.patch_size_t)
+            frame0 = frame0.squeeze(-1).to(device)
+        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
+        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
+        return video.to(device), LTX2Pipeline._pack_audio_latents(audio).to(device), frame0
+
+    video, audio, frame0 = on_device_thread(start)
+    _, sigmas, timesteps = schedule(components["scheduler"], steps,
+                                  f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
+    sigmas, timesteps = sigmas.to(device), timesteps.to(device)
+    prompts = [p.to(device) for p in rows]
+    run = Ltx2Run(video, audio, torch.cat([p.video for p in prompts]),
+                  torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
+                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0)
+    extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
+                             PATCH: (tcfg.patch_size, tcfg.patch_size_t)}
+    ctx.note_lineage(seed=seed)
+    from workers.models.ltx2.plugin import advance
+
+    out = denoise_job(ctx, model, video, sigmas, timesteps, prompts[-1].video[0],
+                      prompts[0].video[0] if g.do_cfg else None,
+                      max(g.cfg, 1e-3) if g.do_cfg else 0.0, extra=extra, advance=advance)
+    return {"latent": AvLatent(out, downscale=ratio, frames=latent.frames, fps=latent.fps,
+                               audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
+
+
+@runner("ltx2/decode")
+def decode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The clip of a sampled LTX-2 latent: frames (video VAE) at its fps, sound (audio VAE +
+    vocoder)."""
+    from workers.models.ltx2.engine import decode_av
+    from workers.models.values import Audio, Frames, Video
+
+    latent = _av(inputs)
+    if latent.empty:
+        raise NodeFailed("an empty latent holds no clip: sample it first (ltx2/sample)")
+    components = _components(expect(inputs, "vae", Vae), "vae")
+    dtype = components["text_encoder"].dtype
+    frames, wave, rate = checked(lambda: on_device_thread(
+        decode_av, components, latent.samples.to(dtype), latent.audio, latent.audio_frames))
+    return {"video": Video(Frames(frames), latent.fps, Audio(wave, rate))}
