@@ -117,8 +117,10 @@ def test_a_scrape_during_a_load_run_shows_the_farm_moving(owner, staff, stack):
     assert after.value("inline_worker_busy_slots") == 0
     assert (after.value("inline_runs", status="succeeded", queue="cpu")
             >= before.value("inline_runs", status="succeeded", queue="cpu") + len(run_ids))
+    # Rolling windows (the last RECENT_SECONDS): earlier tests' runs may leave them meanwhile, so
+    # the count need not grow; this load's runs, claimed and finished within it, are all in.
     for name in ("inline_dispatch_latency_seconds_gcount", "inline_run_duration_seconds_gcount"):
-        assert after.value(name) > before.value(name), name
+        assert after.value(name) >= len(run_ids), name
     assert after.value("inline_run_duration_seconds_gsum", status="succeeded") > 0
     assert (after.value("inline_step_seconds_gcount", node_type="zimage/turbo")
             > before.value("inline_step_seconds_gcount", node_type="zimage/turbo"))
