@@ -130,7 +130,7 @@ def test_condition_images_reproduce_the_pipeline_s_image_mode(q21_stack, cpu_pol
     prompt = engine.encode_with_images(encoder, vae, "make it blue", images, resolution=96)
     assert [tuple(r.shape) for r in prompt.references] == [(1, 64, 8, 4), (1, 64, 4, 8)]
     w, h = engine.dimensions(96 * 96, 96, 64)  # the last image's aspect ratio
-    sigmas, timesteps = q21.schedule(STEPS, w, h)
+    sigmas, timesteps = q21.schedule(STEPS, w, h, 1.0)
     start = noise((1, 64, h // 16, w // 16), torch.Generator("cpu").manual_seed(3), "cpu")
     job = SampleJob(latents=start, sigmas=sigmas, timesteps=timesteps, positive=prompt,
                     negative=None, guidance=0.0)
