@@ -108,4 +108,6 @@ FAMILY = FamilyInfo(
     cfg_offset=0.0,  # the pipeline's guidance_scale is ComfyUI's cfg
     video=True,
     variant=variant,
+    # TI2V-5B: (H/32)·(W/32) tokens per latent frame where the A14B models have (H/16)·(W/16)
+    variant_activation=(("ti2v", 0.25),),
 )
