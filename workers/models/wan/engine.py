@@ -120,7 +120,8 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     x = torch.cat([inputs[jobs.index(job)] for job, _ in rows]).to(dtype)  # [R, C_in, F', h, w]
     embeds = torch.stack([prompt for _, prompt in rows]).to(dtype)  # [R, 512, D]
     if per_token(transformer):  # TI2V-5B: [R, tokens]
-        t = torch.stack([token_timesteps(job) for job, _ in rows]).to(dtype)
+        t = torch.stack([token_timesteps(job.timesteps[job.step], job.latents,
+                                         job.extra.get("keep")) for job, _ in rows]).to(dtype)
     else:
         t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
     with lora_rows([job.loras for job, _ in rows]):
@@ -143,27 +144,32 @@ def per_token(transformer: Any) -> bool:
     return int(transformer.config.in_channels) == TI2V_CHANNELS
 
 
-def token_timesteps(job: SampleJob) -> torch.Tensor:
-    """TI2V's timesteps [F'·h/2·w/2] for `job`'s step: t, 0 on the kept frame's tokens (the
-    pipelines' `(mask[0][0][:, ::2, ::2] * t).flatten()`)."""
-    t = job.timesteps[job.step]
-    keep = job.extra.get("keep")
+def token_timesteps(t: torch.Tensor, latents: torch.Tensor, keep: Any = None) -> torch.Tensor:
+    """TI2V's timesteps [F'·h/2·w/2] at step timestep `t` (0-d) for `latents`: t, 0 on the
+    tokens a masked latent keeps (`keep`: its samples and mask; the pipelines'
+    `(mask[0][0][:, ::2, ::2] * t).flatten()`)."""
     if keep is None:
-        mask = torch.ones(_video(job.latents).shape[2:], device=t.device)
+        mask = torch.ones(_video(latents).shape[2:], device=t.device)
     else:
         mask = _video(keep[1])[0, 0].to(t.device, torch.float32)
     return (mask[:, ::2, ::2] * t).flatten()
+
+
+def kept(latents: torch.Tensor, keep: Any) -> torch.Tensor:
+    """`latents` [1, C, F', h, w] with a masked latent's kept part put in (`keep`: its samples
+    and mask; the pipelines' `(1 − mask)·condition + mask·latents`); as they are without."""
+    x = _video(latents)
+    if keep is None:
+        return x
+    samples, mask = (_video(v).to(x.device, x.dtype) for v in keep)
+    return (1 - mask) * samples + mask * x
 
 
 def _model_input(job: SampleJob, wants: int) -> torch.Tensor:
     """The transformer's input for `job`: its latents (a masked latent's kept part put in: the
     TI2V start frame), then the I2V condition (mask + encoded condition video) when the
     transformer takes one; a ValueError when they do not fit."""
-    x = _video(job.latents)
-    keep = job.extra.get("keep")
-    if keep is not None:
-        kept, mask = (_video(v).to(x.device, x.dtype) for v in keep)
-        x = (1 - mask) * kept + mask * x
+    x = kept(job.latents, job.extra.get("keep"))
     condition = job.extra.get("condition")
     if condition is not None:
         x = torch.cat([x, condition.to(x.device, x.dtype)], dim=1)
