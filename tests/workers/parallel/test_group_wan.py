@@ -61,27 +61,11 @@ def wan_job() -> Callable[..., Any]:
     return make
 
 
-def test_a_wan_clip_split_over_two_ranks_by_tokens_then_by_cfg_is_the_single_process_clip(
-        wan_group: WorkerGroup, wan_models: tuple[Path, dict[str, str]], wan_single: Any,
-        wan_job: Callable[..., Any]) -> None:
-    models_dir, names = wan_models
-    ref = ModelRef(str(models_dir), names["model"], "float32")
-    expected = wan_single.batcher.run(wan_job())
-    split = wan_group.run(wan_job(), ref, ULYSSES)
-    assert split.shape == (1, 16, LATENT_FRAMES, H // 8, W // 8)
-    assert float((split - expected).abs().max()) <= TOLERANCE
-    assert wan_group.last_report == {"tokens": 27, "local_tokens": 14}  # 27 + 1 pad, halved
-    by_cfg = wan_group.run(wan_job(), ref, CFG)  # restarts the group with cfg=2
-    assert float((by_cfg - expected).abs().max()) <= TOLERANCE
-    unguided = wan_group.run(wan_job(guidance=0.0, seed=2), ref, CFG)
-    assert float((unguided - wan_single.batcher.run(wan_job(guidance=0.0, seed=2))).abs().max()
-                 ) <= TOLERANCE
-
-
 def test_a_ti2v_image_to_video_clip_split_by_tokens_keeps_its_start_frame_and_per_token_steps(
         wan_group: WorkerGroup, wan_models: tuple[Path, dict[str, str]]) -> None:
     """TI2V-5B: a timestep per token (0 on the kept start frame's) sharded with the tokens, and
-    the kept frame put in on every rank: the single-process latents within rounding."""
+    the kept frame put in on every rank: the single-process latents within rounding. (First in
+    the module: the next test starts with the same degrees, so the group is not restarted.)"""
     import torch
 
     from workers.device.policy import DevicePolicy
@@ -110,3 +94,21 @@ def test_a_ti2v_image_to_video_clip_split_by_tokens_keeps_its_start_frame_and_pe
                           ULYSSES)
     assert float((split - expected).abs().max()) <= TOLERANCE
     assert wan_group.last_report == {"tokens": 6, "local_tokens": 3}
+
+
+def test_a_wan_clip_split_over_two_ranks_by_tokens_then_by_cfg_is_the_single_process_clip(
+        wan_group: WorkerGroup, wan_models: tuple[Path, dict[str, str]], wan_single: Any,
+        wan_job: Callable[..., Any]) -> None:
+    models_dir, names = wan_models
+    ref = ModelRef(str(models_dir), names["model"], "float32")
+    expected = wan_single.batcher.run(wan_job())
+    split = wan_group.run(wan_job(), ref, ULYSSES)
+    assert split.shape == (1, 16, LATENT_FRAMES, H // 8, W // 8)
+    assert float((split - expected).abs().max()) <= TOLERANCE
+    assert wan_group.last_report == {"tokens": 27, "local_tokens": 14}  # 27 + 1 pad, halved
+    by_cfg = wan_group.run(wan_job(), ref, CFG)  # restarts the group with cfg=2
+    assert float((by_cfg - expected).abs().max()) <= TOLERANCE
+    unguided = wan_group.run(wan_job(guidance=0.0, seed=2), ref, CFG)
+    assert float((unguided - wan_single.batcher.run(wan_job(guidance=0.0, seed=2))).abs().max()
+                 ) <= TOLERANCE
+
