@@ -37,12 +37,15 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
   - krea2: Krea2Pipeline, a ~15 M-parameter Krea2Transformer2DModel (4 blocks, width 384, GQA)
            with the tiny Qwen3-VL, 128² (64 image tokens beside the fixed 512 text tokens), CFG
            3.5 with the empty negative.
+  - wan-ti2v: the same as Wan 2.2 TI2V-5B (48 channels in and out, the tiny Wan 2.2 VAE's ÷16,
+           9 frames of 192²: the wan row's tokens), WanPipeline with `expand_timesteps`: a
+           timestep per token, per row in the farm's shared forward.
 
     DATABASE_URL=… BROKER_URL=… .venv/bin/python bench/batching.py [--steps 8]
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|krea2|sdxl|lora
+    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|wan-ti2v|krea2|sdxl|lora
 """
 
 from __future__ import annotations
@@ -582,24 +585,29 @@ WAN_MID: dict[str, Any] = {"patch_size": [1, 2, 2], "num_attention_heads": 6,
 WAN_SIDE, WAN_FRAMES, WAN_GUIDANCE = 96, 9, 5.0
 
 
-def wan_row(steps: int) -> dict[int, tuple[float, float]]:
+def wan_row(steps: int, ti2v: bool = False) -> dict[int, tuple[float, float]]:
     """n → (WanPipeline with the n prompts' embeds and the empty negative's, CFG on; the
     farm's step batcher: each job's two rows in the shared forward) clips/s, the best of REPEAT
-    alternating runs each; denoise only (latents out)."""
+    alternating runs each; denoise only (latents out). `ti2v`: TI2V-5B's 48 channels at ÷16
+    (twice the side: the same tokens) with per-token timesteps on both sides."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
     from workers.device.policy import DevicePolicy
     from workers.models.values import TextEncoder
-    from workers.models.wan import LATENT, engine, latent_frames
+    from workers.models.wan import LATENT, LATENT_22, engine, latent_frames
     from workers.models.wan.tiny import build_tiny_components
     from workers.runners.diffusion import noise
     from workers.sampling import SampleJob, StepBatcher
 
     parts = build_tiny_components(0)
     torch.manual_seed(0)
-    transformer = WanTransformer3DModel.from_config(WAN_MID).eval()
-    pipe: Any = WanPipeline(transformer=transformer, **{k: parts[k] for k in (
-        "tokenizer", "text_encoder", "vae", "scheduler")})
+    fmt = LATENT_22 if ti2v else LATENT
+    config = {**WAN_MID, "in_channels": fmt.channels, "out_channels": fmt.channels}
+    transformer = WanTransformer3DModel.from_config(config).eval()
+    side_px = WAN_SIDE * fmt.downscale // LATENT.downscale
+    pipe: Any = WanPipeline(transformer=transformer, vae=parts["vae_22" if ti2v else "vae"],
+                            expand_timesteps=ti2v,
+                            **{k: parts[k] for k in ("tokenizer", "text_encoder", "scheduler")})
     pipe.set_progress_bar_config(disable=True)
     policy = DevicePolicy(profile="cpu")
     encoder = TextEncoder("te", "", pipe.text_encoder, pipe.tokenizer,
@@ -607,15 +615,15 @@ def wan_row(steps: int) -> dict[int, tuple[float, float]]:
     bounds = policy.batch_bounds()
     batcher = StepBatcher(lambda jobs: engine.predict(transformer, jobs), bounds.items,
                           bounds.tokens)
-    sigmas, timesteps = engine.schedule(steps, WAN_SIDE, WAN_SIDE)
-    side = WAN_SIDE // LATENT.downscale
-    shape = (1, LATENT.channels, latent_frames(WAN_FRAMES), side, side)
+    sigmas, timesteps = engine.schedule(steps, side_px, side_px)
+    side = side_px // fmt.downscale
+    shape = (1, fmt.channels, latent_frames(WAN_FRAMES), side, side)
 
     def pipeline(n: int) -> float:
         embeds, negative = pipe.encode_prompt(prompts(n), [""] * n, max_sequence_length=512)
         start = time.perf_counter()
         pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, guidance_scale=WAN_GUIDANCE,
-             width=WAN_SIDE, height=WAN_SIDE, num_frames=WAN_FRAMES, num_inference_steps=steps,
+             width=side_px, height=side_px, num_frames=WAN_FRAMES, num_inference_steps=steps,
              output_type="latent",
              generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
         return n / (time.perf_counter() - start)
@@ -697,7 +705,8 @@ def krea2_row(steps: int) -> dict[int, tuple[float, float]]:
 
 
 FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row, "flux2": flux2_row,
-               "qwen-edit": qwen_edit_row, "wan": wan_row, "krea2": krea2_row}
+               "qwen-edit": qwen_edit_row, "wan": wan_row,
+               "wan-ti2v": lambda steps: wan_row(steps, ti2v=True), "krea2": krea2_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

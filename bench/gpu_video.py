@@ -10,10 +10,10 @@ tokens; 512-token random prompt embeddings, CFG 5 (two rows per step). Timed, in
   - the farm's sampler: SampleJob + StepBatcher + the Wan engine's `predict`, one job, per step;
   - per xfuser degree the machine has (2, 4, 8 GPUs): the same job on a worker group
     (`workers/parallel/`, ulysses=n: one clip's tokens split across the GPUs), per step;
-and the peak GPU memory of each. The farm reproduces WanPipeline's per-clip timestep (not the
-5B's per-token `expand_timesteps`): both sides here compute the same thing.
-`--tiny` runs the same code on the CPU with the tiny test config (a 2-rank gloo group stands
-in for the degree rows) to check the script itself.
+and the peak GPU memory of each. Both sides run the 5B's per-token timesteps (the pipeline
+with `expand_timesteps=True`, the farm's engine for a 48-channel transformer): the same math.
+`--tiny` runs the same code on the CPU with the tiny TI2V test config (48 channels; a 2-rank
+gloo group stands in for the degree rows) to check the script itself.
 
     .venv/bin/python bench/gpu_video.py [--steps 4] [--frames 121] [--tiny]
 """
@@ -49,9 +49,10 @@ def build(tiny: bool, device: str, dtype: torch.dtype) -> tuple[Any, dict[str, A
     from diffusers import WanTransformer3DModel
 
     if tiny:
+        from workers.models.wan import TI2V_CHANNELS
         from workers.models.wan.tiny import transformer_config
 
-        config = transformer_config()
+        config = transformer_config(TI2V_CHANNELS)
     else:
         config = dict(TI2V_5B)
     with torch.device(device):
@@ -78,7 +79,7 @@ def time_pipeline(model: Any, embeds: Any, args: Any, spatial: int, device: str)
 
     scheduler = FlowMatchEulerDiscreteScheduler(shift=engine.SHIFT)
     pipe: Any = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=scheduler,
-                            transformer=model)
+                            transformer=model, expand_timesteps=engine.per_token(model))
     pipe.set_progress_bar_config(disable=True)
     scale = spatial // 8  # no VAE: the pipeline divides by 8; the model's VAE by `spatial`
 

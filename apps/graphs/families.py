@@ -16,7 +16,7 @@ from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid
 from workers.models.families import REGISTERED, info
-from workers.models.family import ROLES
+from workers.models.family import ROLES, FamilyInfo
 from workers.models.upscale import KNOWN as UPSCALE_KNOWN
 
 UPSCALE_FOLDER = "upscale_models"  # files of no family (workers/models/upscale)
@@ -64,13 +64,23 @@ def fleet_files(workers: Iterable[Any]) -> dict[tuple[str, str], ModelFile]:
     return dict(sorted(files.items()))
 
 
-def activation_for(families: Iterable[str]) -> tuple[float, float]:
+def activation_for(families: Iterable[str],
+                   variants: Iterable[tuple[str | None, str | None]] = ()) -> tuple[float, float]:
     """(base GB, GB per megapixel) a run of these families needs beyond its weights: the most
-    any of them needs (apps/fleet/routing.py's default when none is registered)."""
+    any of them needs (apps/fleet/routing.py's default when none is registered). `variants`:
+    (family, variant) of the run's model files; a family's per-megapixel figure is scaled by
+    the largest `variant_activation` share among its files' variants (Wan's TI2V-5B: 0.25)."""
     known = [info(f) for f in families if f in REGISTERED]
     if not known:
         return 1.0, 3.0
-    return (max(i.activation_gb for i in known), max(i.activation_gb_per_mpx for i in known))
+    kinds = list(variants)
+
+    def per_mpx(family: FamilyInfo) -> float:
+        shares = dict(family.variant_activation)
+        held = [shares.get(v or "", 1.0) for f, v in kinds if f == family.id and v]
+        return family.activation_gb_per_mpx * (max(held) if held else 1.0)
+
+    return max(i.activation_gb for i in known), max(per_mpx(i) for i in known)
 
 
 class _Carried:

@@ -25,7 +25,8 @@ WAN = (
         outputs=(Port("latent", "latent"),),
         params=(_width, _height, _length, _batch),
         description="Zeros of a clip's size, [1, 16, (length − 1)/4 + 1, H/8, W/8] (ComfyUI's "
-        "EmptyHunyuanLatentVideo); a video model's sampler starts from its noise.",
+        "EmptyHunyuanLatentVideo); a video model's sampler starts from its noise, in its own "
+        "latents (TI2V-5B: 48 channels at H/16, W/16; sides of 32).",
     ),
     NodeDescriptor(
         "vae/decode-video", "VAE decode (video)", "latent",
@@ -55,5 +56,21 @@ WAN = (
         "encoded as WanImageToVideoPipeline does (mask + encoded condition video: the 36-"
         "channel transformer's extra input), and the clip's empty latent. Images are resized "
         "to the clip's size.",
+    ),
+    NodeDescriptor(
+        "wan/ti2v-latent", "Wan 2.2 TI2V latent", "latent",
+        inputs=(Port("vae", "vae"), Port("start_image", "image", required=False), *_sizes),
+        outputs=(Port("latent", "latent"),),
+        params=(Param("width", "int", 1280, min=32, max=MAX_SIDE, multiple_of=32, input="width",
+                      description="Frame width in pixels (a multiple of 32)."),
+                Param("height", "int", 704, min=32, max=MAX_SIDE, multiple_of=32,
+                      input="height", description="Frame height in pixels (a multiple of 32)."),
+                Param("length", "int", 121, min=1, max=MAX_FRAMES, input="length",
+                      description=_length.description), _batch),
+        description="Wan 2.2 TI2V-5B's clip latent (ComfyUI's Wan22ImageToVideoLatent): "
+        "[1, 48, (length − 1)/4 + 1, H/16, W/16] for the Wan 2.2 VAE; empty for text to video, "
+        "or with a start image its encoded frame first, kept while the sampler denoises the "
+        "rest (that frame's tokens at timestep 0, as WanImageToVideoPipeline with "
+        "expand_timesteps). The image is resized to the clip's size.",
     ),
 )

@@ -59,6 +59,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "EmptyHunyuanLatentVideo": ("width", "height", "length", "batch_size"),
     "WanImageToVideo": ("width", "height", "length", "batch_size"),
     "WanFirstLastFrameToVideo": ("width", "height", "length", "batch_size"),
+    "Wan22ImageToVideoLatent": ("width", "height", "length", "batch_size"),
     "ImageFromBatch": ("batch_index", "length"),
     "ModelSamplingAuraFlow": ("shift",),
     "ModelSamplingSD3": ("shift",),
@@ -381,6 +382,12 @@ RULES: dict[str, Rule] = {
         params={"width": ParamMap("width"), "height": ParamMap("height"),
                 "length": ParamMap("length"), "batch_size": ParamMap("batch")},
     ),
+    "Wan22ImageToVideoLatent": Rule(  # TI2V-5B: text to video, or image to video with a start
+        "wan/ti2v-latent",
+        inputs={"vae": "vae", "start_image": "start_image"}, outputs=("latent",),
+        params={"width": ParamMap("width"), "height": ParamMap("height"),
+                "length": ParamMap("length"), "batch_size": ParamMap("batch")},
+    ),
     "ImageFromBatch": Rule("frames/image", pick=_image_from_batch_pick),
     "RandomNoise": Rule(
         "sampling/noise", outputs=("noise",), params={"noise_seed": ParamMap("noise_seed", _seed)},
@@ -487,15 +494,12 @@ CUT: dict[str, str] = {
     ),
 }
 
-UNSUPPORTED: dict[str, str] = {
-    "Wan22ImageToVideoLatent": "Wan 2.2 TI2V-5B (48-channel latents, per-token timesteps) is "
-    "not built on this farm yet: use the A14B models (WanImageToVideo)",
-}
+UNSUPPORTED: dict[str, str] = {}
 
 # VAEDecode of a video latent (from these nodes, through samplers): the clip's frames.
 VIDEO_DECODE = Rule("vae/decode-video", inputs={"samples": "latent", "vae": "vae"},
                     outputs=("frames",))
-VIDEO_LATENTS = frozenset({"latent/empty-video", "wan/image-to-video"})
+VIDEO_LATENTS = frozenset({"latent/empty-video", "wan/image-to-video", "wan/ti2v-latent"})
 
 # Passed through: output slot → the input it is, unchanged, on this farm (none today; LoraLoader's
 # CLIP output was one until load/lora applied the text encoder's half).

@@ -90,6 +90,9 @@ class FamilyInfo:
       vae/decode-video), and checks that render each family build such a graph.
     - `variant(header)`: what kind of the family's model a file is, where the kinds take other
       graphs (Wan's transformers: "t2v", "i2v", "ti2v"); the catalog reports it. None: one kind.
+    - `variant_activation`: (variant, share) pairs: a variant's share of the per-megapixel
+      activations (Wan's ti2v: its Wan 2.2 VAE's ÷16 latents hold a quarter of the tokens per
+      frame); the estimate takes the largest share among a run's files (none named: 1).
     - `text_encoders`: the encoders a text-encoder loader of this family names, one file each
       (FLUX.1: CLIP-L and T5); a loader naming another count is a 422 at submit. Empty: the
       family's encoders come some other way (a checkpoint).
@@ -108,6 +111,7 @@ class FamilyInfo:
     cfg_offset: float = 0.0
     video: bool = False
     variant: Callable[[ModelHeader], str | None] | None = None
+    variant_activation: tuple[tuple[str, float], ...] = ()
 
 
 Tensor = Any  # torch.Tensor: this module stays importable without torch

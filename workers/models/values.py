@@ -84,12 +84,16 @@ class Latent:
     d = `downscale` (the family's latent format: Z-Image 16 channels at ÷8).
 
     `empty` marks a latent from `latent/empty`: only its pixel size matters (a sampler makes its
-    own family's latents of that size).
+    own family's latents of that size). `mask` (ComfyUI's noise_mask), shaped as `samples` but
+    one channel: 1 where the sampler denoises, 0 where `samples` are kept as given (Wan 2.2
+    TI2V-5B's image-to-video: the start image's latent frame); only families that take one
+    (`keeps_masked` in their plug-in) sample it.
     """
 
     samples: Tensor
     empty: bool = False
     downscale: int = 8
+    mask: Tensor | None = None
 
     @property
     def pixel_size(self) -> tuple[int, int]:

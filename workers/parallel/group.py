@@ -119,7 +119,8 @@ class WorkerGroup:
         items = [StepItem(latents=job.latents.cpu(), timestep=job.timesteps[job.step].cpu(),
                           positive=job.positive.cpu(),
                           negative=None if job.negative is None else job.negative.cpu(),
-                          guidance=job.guidance, condition=_condition(job)) for job in jobs]
+                          guidance=job.guidance, condition=_condition(job), keep=_keep(job))
+                 for job in jobs]
         with self._lock:
             self._ensure(degrees)
             assert self._conn is not None
@@ -218,6 +219,12 @@ def _condition(job: Any) -> Any:
     """A Wan I2V job's condition video latents on CPU (None for every other job)."""
     condition = job.extra.get("condition")
     return None if condition is None else condition.cpu()
+
+
+def _keep(job: Any) -> Any:
+    """A TI2V image-to-video job's kept start frame (samples, mask) on CPU, else None."""
+    keep = job.extra.get("keep")
+    return None if keep is None else (keep[0].cpu(), keep[1].cpu())
 
 
 def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:

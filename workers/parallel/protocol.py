@@ -41,7 +41,9 @@ class ModelRef:
 class StepItem:
     """One job's share of a forward: latents [1, C, h, w] (a video's [1, C, F', h, w]) float32
     at its current step, that step's timestep (0-d), caption embeds [L, D] (negative when
-    guidance > 0), a Wan I2V job's condition [1, 20, F', h, w], all on CPU."""
+    guidance > 0), a Wan I2V job's condition [1, 20, F', h, w], a TI2V image-to-video job's
+    kept start frame (`keep`: samples [1, 48, F', h, w] and mask [1, 1, F', h, w]), all on
+    CPU."""
 
     latents: Tensor
     timestep: Tensor
@@ -49,6 +51,7 @@ class StepItem:
     negative: Tensor | None
     guidance: float
     condition: Tensor | None = None
+    keep: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass

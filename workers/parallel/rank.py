@@ -122,7 +122,9 @@ def _on(items: list[Any], device: str) -> list[Any]:
     return [replace(item, latents=item.latents.to(device), timestep=item.timestep.to(device),
                     positive=item.positive.to(device),
                     negative=None if item.negative is None else item.negative.to(device),
-                    condition=None if item.condition is None else item.condition.to(device))
+                    condition=None if item.condition is None else item.condition.to(device),
+                    keep=None if item.keep is None else (item.keep[0].to(device),
+                                                         item.keep[1].to(device)))
             for item in items]
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workers.models.wan.engine import kept, per_token, token_timesteps
 from workers.parallel.collectives import all_gather_items
 
 
@@ -166,14 +167,18 @@ def _forward(transformer: Any, rows: list[tuple[Any, torch.Tensor]]) -> torch.Te
     dtype = transformer.dtype
     x = torch.cat([_model_input(item) for item, _ in rows]).to(dtype)  # [R, C_in, F', h, w]
     embeds = torch.stack([prompt for _, prompt in rows]).to(dtype)  # [R, 512, D]
-    t = torch.stack([item.timestep for item, _ in rows]).to(dtype)  # [R]
+    if per_token(transformer):  # TI2V-5B: [R, tokens], the engine's
+        t = torch.stack([token_timesteps(item.timestep, item.latents, item.keep)
+                         for item, _ in rows]).to(dtype)
+    else:
+        t = torch.stack([item.timestep for item, _ in rows]).to(dtype)  # [R]
     return transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds,
                        return_dict=False)[0]
 
 
 def _model_input(item: Any) -> torch.Tensor:
-    """The latents [1, 16, F', h, w] (a still's [1, 16, h, w] as one frame), then the I2V
-    condition when the job carries one."""
-    x = item.latents.unsqueeze(2) if item.latents.ndim == 4 else item.latents
+    """The latents [1, 16, F', h, w] (a still's [1, 16, h, w] as one frame; TI2V's kept start
+    frame put in), then the I2V condition when the job carries one."""
+    x = kept(item.latents, getattr(item, "keep", None))
     condition = getattr(item, "condition", None)
     return x if condition is None else torch.cat([x, condition.to(x.device, x.dtype)], dim=1)

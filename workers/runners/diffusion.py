@@ -194,9 +194,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
     guidance, denoise = float(params["guidance"]), float(params["denoise"])
     window = _Window.of(params)
-    family, fmt = plugin(model.family), info(model.family).latent
+    family, fmt = plugin(model.family), latent_format(model)
     _same_family(model, positive.encoder, "positive")
-    extra: dict[str, Any] = dict(positive.extra)
+    extra: dict[str, Any] = {**positive.extra, **_masked(model, latent)}
     if distilled(model):  # an embedded scale: no CFG, one forward
         extra, guidance = {**extra, "guidance": guidance}, 0.0
     width, height = latent.pixel_size
@@ -237,7 +237,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                       extra=extra)
     if float(sigmas[-1]) > 0 and _const(family, width, height, shift):  # leftover noise
         out = out / (1.0 - sigmas[-1].to(out.device))
-    return {"latent": Latent(out, downscale=fmt.downscale)}
+    return {"latent": _kept(latent, out, fmt.downscale)}
 
 
 class _Window:
@@ -285,11 +285,39 @@ def _const(family: Any, width: int, height: int, shift: float | None) -> bool:
     return bool(sampling and sampling(width, height, shift=shift).const)
 
 
+def latent_format(model: DiffusionModel) -> Any:
+    """`model`'s latents (a LatentFormat): its family's, unless the family's plug-in tells per
+    model (`latent_format(model)`: Wan's TI2V-5B samples the Wan 2.2 VAE's 48 channels at ÷16)."""
+    own = getattr(plugin(model.family), "latent_format", None)
+    return info(model.family).latent if own is None else own(model)
+
+
+def _masked(model: DiffusionModel, latent: Latent) -> dict[str, Any]:
+    """The job's `extra` for a masked latent (`keep`: the given samples and the mask; the
+    family's predict holds the masked-out part at the samples); a NodeFailed when `model`'s
+    family does not sample one."""
+    if latent.mask is None:
+        return {}
+    if not getattr(plugin(model.family), "keeps_masked", False):
+        raise NodeFailed(f"the latent keeps part of itself (a noise mask); {model.name} "
+                         f"({model.family}) cannot sample such a latent")
+    return {"keep": (latent.samples, latent.mask)}
+
+
+def _kept(latent: Latent, out: Any, downscale: int) -> Latent:
+    """The sampler's result `out` as a Latent, with a masked latent's kept part put back (the
+    pipelines' last `(1 − mask)·condition + mask·latents`); the mask rides on."""
+    if latent.mask is None:
+        return Latent(out, downscale=downscale)
+    mask, kept = latent.mask.to(out.device), latent.samples.to(out.device, out.dtype)
+    return Latent((1 - mask) * kept + mask * out, downscale=downscale, mask=latent.mask)
+
+
 def latent_shape(model: DiffusionModel, latent: Latent) -> tuple[int, ...]:
     """The shape `model`'s family samples for `latent`: [1, C, h, w] for an image, [1, C, F',
     h, w] for a video latent (latent/empty-video, a decoded clip's); a NodeFailed when a given
     latent is not that shape."""
-    fmt = info(model.family).latent
+    fmt = latent_format(model)
     width, height = latent.pixel_size
     shape: tuple[int, ...] = checked(lambda: fmt.shape(width, height))
     if latent.samples.ndim == 5:
@@ -316,8 +344,9 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
 
     from workers.sampling.samplers import Stepper, eval_timesteps, plan
 
-    family, fmt = plugin(model.family), info(model.family).latent
+    family, fmt = plugin(model.family), latent_format(model)
     _same_family(model, positive.encoder, "positive")
+    extra = {**extra, **_masked(model, latent)}
     width, height = latent.pixel_size
     shape = latent_shape(model, latent)
     if not (hasattr(family, "to_denoised") and hasattr(family, "model_sampling")):
@@ -353,7 +382,7 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     if ms.const and values[-1] < 1:  # CONST.inverse_noise_scaling (σ 1 would divide by 0)
         x = x / (1.0 - values[-1].to(x.device))
     denoised = stepper.denoised if stepper.denoised is not None else x
-    return Latent(x, downscale=fmt.downscale), Latent(denoised, downscale=fmt.downscale)
+    return _kept(latent, x, fmt.downscale), _kept(latent, denoised, fmt.downscale)
 
 
 def _ksampler_sigmas(params: dict[str, Any], model: DiffusionModel, latent: Latent) -> Any:

@@ -261,9 +261,12 @@ def _requirement(graph: GraphDoc, order: list[str]) -> tuple[dict[str, Any], str
             )
         models.append({"folder": folder, "name": value})
     unique = {(m["folder"], m["name"]) for m in models}
-    families = graph_families_check(graph, order, fleet_files(fleet.workers))  # 422: mixed
+    files = fleet_files(fleet.workers)
+    families = graph_families_check(graph, order, files)  # 422: mixed
+    kinds = [(files[m].family, files[m].variant) for m in sorted(unique) if m in files]
     need = need_estimate(model_sizes=[sizes.get(m, 0) for m in sorted(unique)],
-                         pixels=image_pixels(graph, order), activation=activation_for(families))
+                         pixels=image_pixels(graph, order),
+                         activation=activation_for(families, kinds))
     requirement = {"nodeTypes": types, "models": models, "need": need.to_wire(),
                    "families": sorted(families),
                    "parallel": parallel_request(graph.nodes[n].params.get("parallel")

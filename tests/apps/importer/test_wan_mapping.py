@@ -1,15 +1,12 @@
 """Wan workflows written the ComfyUI way (API format): Wan 2.2's two experts as two
 KSamplerAdvanced, the `wan` CLIPLoader, EmptyHunyuanLatentVideo / WanImageToVideo /
-WanFirstLastFrameToVideo, and a VAEDecode of the video latent (its frames) map onto the farm's
-nodes; TI2V-5B's latent node is reported as not built."""
+WanFirstLastFrameToVideo, TI2V-5B's Wan22ImageToVideoLatent, and a VAEDecode of the video
+latent (its frames) map onto the farm's nodes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 
 HIGH, LOW, VAE, UMT5 = ("wan2.2_t2v_high_noise_14B.safetensors",
@@ -102,15 +99,17 @@ def test_first_last_frame_and_the_empty_video_latent_map_too():
     assert graph["40"]["type"] == "vae/decode-video"
 
 
-def test_wan22_ti2v_5b_latent_is_reported_as_not_built():
-    doc = wan22({"class_type": "Wan22ImageToVideoLatent", "inputs": {
-        "vae": ["6", 0], "width": 1280, "height": 704, "length": 121, "batch_size": 1}})
-    for sampler in ("30", "31"):
-        doc[sampler]["inputs"].update(positive=["7", 0], negative=["8", 0])
-    doc["30"]["inputs"]["latent_image"] = ["20", 0]
-    with pytest.raises(ImportInvalid) as err:
-        imported(doc)
-    report = err.value.report
-    assert report is not None
-    unmapped = {e["id"]: e["reason"] for e in report.to_wire()["unmapped"]}
-    assert "TI2V-5B" in unmapped["20"] and "not built" in unmapped["20"]
+def test_wan22_ti2v_5b_latent_maps_to_wan_ti2v_latent_with_or_without_a_start_image():
+    for start in (False, True):
+        inputs: dict[str, Any] = {"vae": ["6", 0], "width": 1280, "height": 704,
+                                  "length": 121, "batch_size": 1}
+        doc = wan22({"class_type": "Wan22ImageToVideoLatent", "inputs": {
+            **inputs, **({"start_image": ["21", 0]} if start else {})}})
+        for sampler in ("30", "31"):
+            doc[sampler]["inputs"].update(positive=["7", 0], negative=["8", 0])
+        doc["30"]["inputs"]["latent_image"] = ["20", 0]
+        graph = imported({**doc, "21": LOAD}).graph.model_dump()["nodes"]
+        assert graph["20"]["type"] == "wan/ti2v-latent"
+        assert graph["20"]["params"] == {"width": 1280, "height": 704, "length": 121, "batch": 1}
+        assert set(graph["20"]["inputs"]) == ({"vae", "start_image"} if start else {"vae"})
+        assert graph["40"]["type"] == "vae/decode-video"  # the 5B's clip decodes to frames

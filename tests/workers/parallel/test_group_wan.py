@@ -61,6 +61,41 @@ def wan_job() -> Callable[..., Any]:
     return make
 
 
+def test_a_ti2v_image_to_video_clip_split_by_tokens_keeps_its_start_frame_and_per_token_steps(
+        wan_group: WorkerGroup, wan_models: tuple[Path, dict[str, str]]) -> None:
+    """TI2V-5B: a timestep per token (0 on the kept start frame's) sharded with the tokens, and
+    the kept frame put in on every rank: the single-process latents within rounding. (First in
+    the module: the next test starts with the same degrees, so the group is not restarted.)"""
+    import torch
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.wan import engine
+    from workers.models.wan.loading import load_diffusion_model
+    from workers.models.wan.tiny import TEXT_WIDTH
+    from workers.sampling import SampleJob
+
+    models_dir, names = wan_models
+    single = load_diffusion_model(models_dir, names["model_ti2v"], DevicePolicy(profile="cpu"))
+    shape = (1, 48, LATENT_FRAMES, 2, 4)  # a 64×32 clip at ÷16: 3 × 1 × 2 = 6 tokens
+
+    def job() -> SampleJob:
+        generator = torch.Generator("cpu").manual_seed(3)
+        samples, mask = torch.zeros(shape), torch.ones(1, 1, *shape[2:])
+        samples[:, :, :1], mask[:, :, 0] = torch.randn(1, 48, 1, 2, 4, generator=generator), 0
+        sigmas, timesteps = engine.schedule(3, 64, 32)
+        return SampleJob(latents=torch.randn(shape, generator=generator), sigmas=sigmas,
+                         timesteps=timesteps, positive=torch.randn(512, TEXT_WIDTH,
+                                                                   generator=generator),
+                         negative=torch.randn(512, TEXT_WIDTH, generator=generator),
+                         guidance=5.0, extra={"keep": (samples, mask)})
+
+    expected = single.batcher.run(job())
+    split = wan_group.run(job(), ModelRef(str(models_dir), names["model_ti2v"], "float32"),
+                          ULYSSES)
+    assert float((split - expected).abs().max()) <= TOLERANCE
+    assert wan_group.last_report == {"tokens": 6, "local_tokens": 3}
+
+
 def test_a_wan_clip_split_over_two_ranks_by_tokens_then_by_cfg_is_the_single_process_clip(
         wan_group: WorkerGroup, wan_models: tuple[Path, dict[str, str]], wan_single: Any,
         wan_job: Callable[..., Any]) -> None:
@@ -76,3 +111,4 @@ def test_a_wan_clip_split_over_two_ranks_by_tokens_then_by_cfg_is_the_single_pro
     unguided = wan_group.run(wan_job(guidance=0.0, seed=2), ref, CFG)
     assert float((unguided - wan_single.batcher.run(wan_job(guidance=0.0, seed=2))).abs().max()
                  ) <= TOLERANCE
+

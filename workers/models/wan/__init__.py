@@ -12,7 +12,9 @@ I2V / first-last frame, 48 TI2V-5B), the UMT5 text encoder (a relative attention
 block, where T5 has one in block 0) and the 3-D causal VAE (AutoencoderKLWan: 16 latent channels
 for 2.1 and 2.2 A14B, 48 for 2.2 TI2V-5B). A 16-channel Wan VAE is also Qwen-Image's (the same
 architecture): the Wan nodes read it as a Wan VAE whichever family the catalog lists first.
-Video latents are [1, 16, F', H/8, W/8], F' = (F − 1)/4 + 1 frames.
+Video latents are [1, 16, F', H/8, W/8], F' = (F − 1)/4 + 1 frames; TI2V-5B's (the Wan 2.2 VAE,
+2×2 pixel patches before its ÷8) are [1, 48, F', H/16, W/16] (`LATENT_22`), its transformer's
+tokens 2×2 patches of those, so its sides are multiples of 32.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # per frame; 1×2×2 patches
+LATENT_22 = LatentFormat(channels=48, downscale=16, patch=2)  # TI2V-5B with the Wan 2.2 VAE
 TEMPORAL = 4  # the VAE's frame compression: F frames ↔ (F − 1)/4 + 1 latent frames
 DIFFUSION_PREFIX = "model.diffusion_model."  # ComfyUI's saved-model prefix
 T2V_CHANNELS, I2V_CHANNELS, TI2V_CHANNELS = 16, 36, 48
@@ -80,6 +83,12 @@ def variant(header: ModelHeader) -> str | None:
     return {T2V_CHANNELS: "t2v", I2V_CHANNELS: "i2v", TI2V_CHANNELS: "ti2v"}.get(channels or 0)
 
 
+def latent_format(channels: int) -> LatentFormat:
+    """The latents of a transformer (its input channels) or VAE (its latent channels): the Wan
+    2.2 VAE's for TI2V-5B's 48, else Wan 2.1's."""
+    return LATENT_22 if channels == TI2V_CHANNELS else LATENT
+
+
 def latent_frames(frames: int) -> int:
     """Latent frames of a clip of `frames` (1 + 4k) frames."""
     return (frames - 1) // TEMPORAL + 1
@@ -99,4 +108,6 @@ FAMILY = FamilyInfo(
     cfg_offset=0.0,  # the pipeline's guidance_scale is ComfyUI's cfg
     video=True,
     variant=variant,
+    # TI2V-5B: (H/32)·(W/32) tokens per latent frame where the A14B models have (H/16)·(W/16)
+    variant_activation=(("ti2v", 0.25),),
 )

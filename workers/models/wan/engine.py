@@ -11,9 +11,14 @@ without an image encoder, as Wan 2.2 A14B): the transformer's 36 input channels 
 latents, a 4-channel frame mask and the encoded condition video (start image, zeros, optional
 last image), `condition` [1, 20, F', h, w] carried by the conditioning (ComfyUI's
 concat_latent_image + concat_mask).
+TI2V-5B (48 channels in and out, the Wan 2.2 VAE's latents [1, 48, F', H/16, W/16]): the
+pipelines' `expand_timesteps`: the timestep is per token ([R, F'·h/2·w/2], each row its own
+job's), t everywhere for text to video; image to video keeps the start image's latent frame
+(a masked latent, `keep` in the job's extra: ComfyUI's Wan22ImageToVideoLatent noise_mask):
+its tokens see that frame at t = 0, the rest the noisy latents at t.
 On CPU in float32 these functions reproduce the pipelines' frames (tests prove it).
-Not reproduced: Wan 2.1 I2V's CLIP image embeddings (`image_dim`), TI2V-5B's per-token
-timesteps (`expand_timesteps`), the UniPC scheduler of the published diffusers configs.
+Not reproduced: Wan 2.1 I2V's CLIP image embeddings (`image_dim`), the UniPC scheduler of the
+published diffusers configs.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from PIL import Image
 
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
-from workers.models.wan import LATENT, TEMPORAL
+from workers.models.wan import LATENT, TEMPORAL, TI2V_CHANNELS
 from workers.sampling.batcher import FORWARD_JOBS
 from workers.sampling.job import SampleJob
 
@@ -114,7 +119,11 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     inputs = [_model_input(job, wants) for job in jobs]
     x = torch.cat([inputs[jobs.index(job)] for job, _ in rows]).to(dtype)  # [R, C_in, F', h, w]
     embeds = torch.stack([prompt for _, prompt in rows]).to(dtype)  # [R, 512, D]
-    t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
+    if per_token(transformer):  # TI2V-5B: [R, tokens]
+        t = torch.stack([token_timesteps(job.timesteps[job.step], job.latents,
+                                         job.extra.get("keep")) for job, _ in rows]).to(dtype)
+    else:
+        t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
     with lora_rows([job.loras for job, _ in rows]):
         pred = transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds,
                            return_dict=False)[0]  # [R, 16, F', h, w]
@@ -129,10 +138,38 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     return velocities
 
 
+def per_token(transformer: Any) -> bool:
+    """Whether `transformer` takes a timestep per token (TI2V-5B: the pipelines'
+    `expand_timesteps`)."""
+    return int(transformer.config.in_channels) == TI2V_CHANNELS
+
+
+def token_timesteps(t: torch.Tensor, latents: torch.Tensor, keep: Any = None) -> torch.Tensor:
+    """TI2V's timesteps [F'·h/2·w/2] at step timestep `t` (0-d) for `latents`: t, 0 on the
+    tokens a masked latent keeps (`keep`: its samples and mask; the pipelines'
+    `(mask[0][0][:, ::2, ::2] * t).flatten()`)."""
+    if keep is None:
+        mask = torch.ones(_video(latents).shape[2:], device=t.device)
+    else:
+        mask = _video(keep[1])[0, 0].to(t.device, torch.float32)
+    return (mask[:, ::2, ::2] * t).flatten()
+
+
+def kept(latents: torch.Tensor, keep: Any) -> torch.Tensor:
+    """`latents` [1, C, F', h, w] with a masked latent's kept part put in (`keep`: its samples
+    and mask; the pipelines' `(1 − mask)·condition + mask·latents`); as they are without."""
+    x = _video(latents)
+    if keep is None:
+        return x
+    samples, mask = (_video(v).to(x.device, x.dtype) for v in keep)
+    return (1 - mask) * samples + mask * x
+
+
 def _model_input(job: SampleJob, wants: int) -> torch.Tensor:
-    """The transformer's input for `job`: its latents, then the I2V condition (mask + encoded
-    condition video) when the transformer takes one; a ValueError when they do not fit."""
-    x = _video(job.latents)
+    """The transformer's input for `job`: its latents (a masked latent's kept part put in: the
+    TI2V start frame), then the I2V condition (mask + encoded condition video) when the
+    transformer takes one; a ValueError when they do not fit."""
+    x = kept(job.latents, job.extra.get("keep"))
     condition = job.extra.get("condition")
     if condition is not None:
         x = torch.cat([x, condition.to(x.device, x.dtype)], dim=1)
@@ -222,3 +259,12 @@ def i2v_condition(vae: Vae, start: Image.Image, end: Image.Image | None, width: 
     mask = torch.cat([first, mask[:, :, 1:]], dim=2)
     mask = mask.view(1, -1, TEMPORAL, h, w).transpose(1, 2)  # [1, 4, F', h, w]
     return torch.cat([mask, latents], dim=1)
+
+
+def ti2v_start(vae: Vae, start: Image.Image, width: int, height: int) -> torch.Tensor:
+    """TI2V-5B's start frame: the image resized to the clip's size, encoded alone as a one-frame
+    clip by the Wan 2.2 VAE, [1, 48, 1, h, w] float32 (WanImageToVideoPipeline.prepare_latents
+    with `expand_timesteps`)."""
+    image = _video_processor().preprocess(start, height=height, width=width).float()
+    return encode_video(vae, image.unsqueeze(2)).cpu()
+

@@ -6,7 +6,8 @@
   `<stem>.config.json`, else read from the weights' shapes (the published models differ only in
   width, depth and input channels; heads of 128).
 - VAE `vae/<name>`: AutoencoderKLWan in diffusers' or the original keys, or a folder; config as
-  above, else Wan 2.1's (16 channels).
+  above, else Wan 2.1's (16 channels), or for 48 latent channels the Wan 2.2 VAE's (`VAE22`,
+  diffusers' Wan2.2-TI2V-5B vae/config.json; that VAE in the original keys is not read yet).
 - text encoder `text_encoders/<name>`: UMT5EncoderModel, a transformers folder with its
   tokenizer, or a single file (`encoder.block.N`) with `<stem>.config.json` and
   `<stem>.tokenizer/` beside it.
@@ -39,6 +40,25 @@ from workers.models.weights import (
 
 FAMILY = "wan"
 HEAD_DIM = 128  # every published Wan transformer's attention head width
+# The Wan 2.2 VAE (TI2V-5B's), as Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json has it: the
+# defaults for a 48-channel Wan VAE file without a sidecar config.
+VAE22: dict[str, Any] = {
+    "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2, "temperal_downsample": [False, True, True], "is_residual": True,
+    "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4, "clip_output": False,
+    "latents_mean": [-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+                     -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+                     -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+                     -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+                     -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+                     0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667],
+    "latents_std": [0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158,
+                    1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523,
+                    0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889,
+                    0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+                    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444,
+                    0.4089, 0.7468, 0.7744]}
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
@@ -141,15 +161,31 @@ def _load_vae(path: Path, placement: Placement) -> Any:
                                                      torch_dtype=placement.torch_dtype)
         else:
             state = _state(path, "")
+            z_dim = _vae_z_dim(state)
             if any(k.startswith(("decoder.conv1.", "decoder.upsamples.")) for k in state):
+                if z_dim == VAE22["z_dim"]:
+                    raise ModelLoadError(
+                        f"{path.name} is the Wan 2.2 VAE in its original key layout, which the "
+                        "farm does not read yet: use diffusers' (Wan2.2-TI2V-5B-Diffusers/vae, "
+                        "the folder or its safetensors with its config.json as "
+                        f"{sidecar(path, '.config.json').name})")
                 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
                 state = convert_wan_vae_to_diffusers(state)
             own = sidecar(path, ".config.json")
-            config = AutoencoderKLWan.load_config(str(own)) if own.is_file() else {}
+            config = (AutoencoderKLWan.load_config(str(own)) if own.is_file()
+                      else dict(VAE22) if z_dim == VAE22["z_dim"] else {})
             model = _assign(AutoencoderKLWan, config, state, path, placement)
         check_complete(model, path)
     return model
+
+
+def _vae_z_dim(state: dict[str, Any]) -> int | None:
+    """A Wan VAE's latent channels from its decoder's first convolution (either key layout)."""
+    for key in ("decoder.conv_in.weight", "decoder.conv1.weight"):
+        if key in state:
+            return int(state[key].shape[1])
+    return None
 
 
 def _assign(cls: Any, config: dict[str, Any], state: dict[str, Any], path: Path,

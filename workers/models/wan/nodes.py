@@ -5,6 +5,8 @@
     frames/image       → one frame as a PIL RGB image
     wan/image-to-video → positive / negative Conditioning carrying `condition` [1, 20, F', h, w]
                          (its SampleJobs' `extra`), and the clip's empty latent
+    wan/ti2v-latent    → TI2V-5B's latent [1, 48, F', H/16, W/16]: empty (text to video), or
+                         the start image's latent frame kept by a mask (image to video)
 A Wan VAE is read as a Wan VAE (AutoencoderKLWan) by these nodes whichever registered family
 loaded it first (a 16-channel Wan VAE is Qwen-Image's too).
 """
@@ -15,18 +17,21 @@ from dataclasses import replace
 from typing import Any
 
 from workers.device.thread import on_device_thread
+from workers.models.family import LatentFormat
 from workers.models.values import Conditioning, Frames, Latent, Vae
-from workers.models.wan import LATENT, TEMPORAL, latent_frames
+from workers.models.wan import LATENT, LATENT_22, TEMPORAL, latent_frames
 from workers.runners.base import NodeContext, NodeFailed, runner
 from workers.runners.diffusion import checked, expect
 
 FAMILY = "wan"
 
 
-def _size(params: dict[str, Any], inputs: dict[str, Any]) -> tuple[int, int, int]:
-    """(width, height, frames), checked against the VAE's grid: sides of 16, 1 + 4k frames."""
+def _size(params: dict[str, Any], inputs: dict[str, Any],
+          fmt: LatentFormat = LATENT) -> tuple[int, int, int]:
+    """(width, height, frames), checked against the latents' grid (sides of 16; 32 for
+    TI2V-5B's), 1 + 4k frames."""
     width, height, length = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
-    checked(lambda: LATENT.shape(width, height))
+    checked(lambda: fmt.shape(width, height))
     if length < 1 or (length - 1) % TEMPORAL:
         raise NodeFailed(f"length must be 1 + {TEMPORAL}k frames (1, 5, 9, …, 81), got {length}")
     if int(params.get("batch", 1)) != 1:
@@ -34,12 +39,12 @@ def _size(params: dict[str, Any], inputs: dict[str, Any]) -> tuple[int, int, int
     return width, height, length
 
 
-def _empty(width: int, height: int, length: int) -> Latent:
+def _empty(width: int, height: int, length: int, fmt: LatentFormat = LATENT) -> Latent:
     import torch
 
-    shape = (1, LATENT.channels, latent_frames(length), height // LATENT.downscale,
-             width // LATENT.downscale)
-    return Latent(torch.zeros(shape), empty=True, downscale=LATENT.downscale)
+    shape = (1, fmt.channels, latent_frames(length), height // fmt.downscale,
+             width // fmt.downscale)
+    return Latent(torch.zeros(shape), empty=True, downscale=fmt.downscale)
 
 
 @runner("latent/empty-video")
@@ -117,3 +122,32 @@ def _with(conditioning: Conditioning, condition: Any) -> Conditioning:
                          f"({conditioning.encoder.family}); wan/image-to-video needs Wan's "
                          "text encoder")
     return replace(conditioning, extra={**conditioning.extra, "condition": condition})
+
+
+@runner("wan/ti2v-latent")
+def ti2v_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """ComfyUI's Wan22ImageToVideoLatent: TI2V-5B's clip latent, empty without a start image;
+    with one, its latent frame (the Wan 2.2 VAE's encode of the image resized to the clip)
+    first, kept by the latent's mask while the rest is sampled (WanImageToVideoPipeline with
+    `expand_timesteps`)."""
+    import torch
+    from PIL import Image
+
+    from workers.models.wan.engine import ti2v_start
+
+    width, height, length = _size(params, inputs, LATENT_22)
+    vae = wan_vae(ctx, expect(inputs, "vae", Vae))
+    if vae.module.config.z_dim != LATENT_22.channels:
+        raise NodeFailed(f"{vae.name} has {vae.module.config.z_dim} latent channels: TI2V-5B "
+                         f"needs the Wan 2.2 VAE ({LATENT_22.channels})")
+    empty = _empty(width, height, length, LATENT_22)
+    if inputs.get("start_image") is None:
+        return {"latent": empty}
+    start = expect(inputs, "start_image", Image.Image).convert("RGB")
+    first = checked(lambda: on_device_thread(ti2v_start, vae, start, width, height))
+    samples = empty.samples.clone()
+    samples[:, :, :1] = first
+    mask = torch.ones(1, 1, *samples.shape[2:])
+    mask[:, :, 0] = 0
+    return {"latent": Latent(samples, downscale=LATENT_22.downscale, mask=mask)}
+

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workers.models.wan import TEMPORAL, tiny
+from workers.models.family import LatentFormat
+from workers.models.wan import T2V_CHANNELS, TEMPORAL, tiny
+from workers.models.wan import latent_format as _format
 from workers.models.wan.engine import (
     SHIFT,
     decode_latents_batch,
@@ -17,9 +19,19 @@ from workers.models.wan.engine import (
 )
 from workers.models.wan.loading import load_diffusion_model, load_text_encoder, load_vae
 
-__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
-           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "to_denoised", "video_frames", "write_tiny_stack"]
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "keeps_masked",
+           "latent_format", "load_diffusion_model", "load_text_encoder", "load_vae",
+           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule", "to_denoised",
+           "video_frames", "write_tiny_stack"]
+
+keeps_masked = True  # a masked latent (TI2V's start frame) is held at its samples (engine)
+
+
+def latent_format(model: Any) -> LatentFormat:
+    """The latents `model` samples: TI2V-5B's (48 channels at ÷16, the Wan 2.2 VAE's) for a
+    48-channel transformer, else Wan 2.1's 16 at ÷8."""
+    config = getattr(model.transformer, "config", None)
+    return _format(int(getattr(config, "in_channels", T2V_CHANNELS)))
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:

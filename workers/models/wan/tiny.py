@@ -8,13 +8,18 @@ The same seed always builds the same weights. What `write_smoke_stack` writes:
                                                  diffusers' names (as the I2V one)
     diffusion_models/smoke-wan-i2v.safetensors   I2V / first-last frame: 36 input channels
                                                  (latents + mask + encoded condition video)
+    diffusion_models/smoke-wan22-ti2v.safetensors  TI2V-5B: 48 channels in and out, per-token
+                                                 timesteps (text or image to video, one model)
     vae/smoke-wan-vae.safetensors                AutoencoderKLWan, diffusers' keys (+ .config.json)
+    vae/smoke-wan22-vae.safetensors              the Wan 2.2 VAE (TI2V-5B's: 48 channels, 2×2
+                                                 pixel patches, ÷16), diffusers' keys (+ config)
     text_encoders/smoke-wan-umt5.safetensors     UMT5 encoder in its checkpoint keys
                                                  (+ .config.json, .tokenizer/)
 
 Sizes follow diffusers' own Wan tests (tests/pipelines/wan/): 2 blocks of 2 heads of 12, text
 width 32, a 2-layer UMT5 of width 32, the VAE at base width 3 with Wan's geometry (16 latent
-channels, ÷8 in space, ÷4 in time). The tokenizer is byte-level with T5's `</s>` appended and
+channels, ÷8 in space, ÷4 in time; the 2.2 VAE at base width 12, residual, 48 channels, ÷16).
+The tokenizer is byte-level with T5's `</s>` appended and
 `<pad>` (no download).
 """
 
@@ -28,21 +33,32 @@ from typing import Any
 
 import torch
 
-from workers.models.wan import DIFFUSION_PREFIX, I2V_CHANNELS, T2V_CHANNELS, keys
+from workers.models.wan import DIFFUSION_PREFIX, I2V_CHANNELS, T2V_CHANNELS, TI2V_CHANNELS, keys
 
 SMOKE = "smoke-wan"
 TEXT_WIDTH = 32  # UMT5's d_model == the transformer's text_dim
 
 
 def transformer_config(in_channels: int = T2V_CHANNELS) -> dict[str, Any]:
+    out = TI2V_CHANNELS if in_channels == TI2V_CHANNELS else T2V_CHANNELS
     return {"patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 12,
-            "in_channels": in_channels, "out_channels": T2V_CHANNELS, "text_dim": TEXT_WIDTH,
+            "in_channels": in_channels, "out_channels": out, "text_dim": TEXT_WIDTH,
             "freq_dim": 256, "ffn_dim": 32, "num_layers": 2, "cross_attn_norm": True,
             "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 32}
 
 
 VAE_CONFIG: dict[str, Any] = {"base_dim": 3, "z_dim": 16, "dim_mult": [1, 1, 1, 1],
                               "num_res_blocks": 1, "temperal_downsample": [False, True, True]}
+# The Wan 2.2 VAE's geometry (diffusers' Wan2.2-TI2V-5B vae/config.json: residual blocks, 12 =
+# 3 × 2 × 2 patched pixel channels, 48 latent channels, ÷16) at a tiny width; its latents' mean
+# and std are made up (not 0 / 1) so the normalisation is exercised.
+VAE22_CONFIG: dict[str, Any] = {
+    "base_dim": 12, "decoder_base_dim": 12, "z_dim": TI2V_CHANNELS, "in_channels": 12,
+    "out_channels": 12, "is_residual": True, "patch_size": 2, "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
+    "temperal_downsample": [False, True, True],
+    "latents_mean": [round(0.02 * (i % 7) - 0.06, 4) for i in range(TI2V_CHANNELS)],
+    "latents_std": [round(0.8 + 0.05 * (i % 5), 4) for i in range(TI2V_CHANNELS)]}
 
 
 def tiny_tokenizer() -> Any:
@@ -84,7 +100,8 @@ def scheduler() -> Any:
 
 def build_tiny_components(seed: int = 0) -> dict[str, Any]:
     """Fresh random modules (float32, CPU, eval): WanPipeline's component names, plus
-    `transformer_low` (Wan 2.2's low-noise expert) and `transformer_i2v` (36 channels)."""
+    `transformer_low` (Wan 2.2's low-noise expert), `transformer_i2v` (36 channels),
+    `transformer_ti2v` (TI2V-5B's 48) and `vae_22` (its Wan 2.2 VAE)."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import UMT5EncoderModel
 
@@ -96,6 +113,8 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         "text_encoder": UMT5EncoderModel(text_encoder_config(tokenizer)),
         "transformer_low": WanTransformer3DModel(**transformer_config()),
         "transformer_i2v": WanTransformer3DModel(**transformer_config(I2V_CHANNELS)),
+        "transformer_ti2v": WanTransformer3DModel(**transformer_config(TI2V_CHANNELS)),
+        "vae_22": AutoencoderKLWan(**VAE22_CONFIG),
     }
     return {**{k: v.eval() for k, v in parts.items()}, "tokenizer": tokenizer,
             "scheduler": scheduler()}
@@ -103,6 +122,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
 
 NAMES = {"model": f"{SMOKE}.safetensors", "model_low": f"{SMOKE}-low.safetensors",
          "model_i2v": f"{SMOKE}-i2v.safetensors", "vae": f"{SMOKE}-vae.safetensors",
+         "model_ti2v": f"{SMOKE}22-ti2v.safetensors", "vae_22": f"{SMOKE}22-vae.safetensors",
          "text_encoder": f"{SMOKE}-umt5.safetensors"}
 
 
@@ -115,7 +135,7 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     for folder in ("diffusion_models", "vae", "text_encoders"):
         (models_dir / folder).mkdir(parents=True, exist_ok=True)
     for role, part in (("model", "transformer"), ("model_low", "transformer_low"),
-                       ("model_i2v", "transformer_i2v")):
+                       ("model_i2v", "transformer_i2v"), ("model_ti2v", "transformer_ti2v")):
         path = models_dir / "diffusion_models" / NAMES[role]
         module = parts[part]
         state = dict(module.state_dict())
@@ -123,26 +143,37 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
             state = keys.to_original(state)
         save_file({DIFFUSION_PREFIX + k: v.contiguous() for k, v in state.items()}, path)
         _config(path, "WanTransformer3DModel", dict(module.config))
-    vae = models_dir / "vae" / NAMES["vae"]
-    save_file({k: v.contiguous() for k, v in parts["vae"].state_dict().items()}, vae)
-    _config(vae, "AutoencoderKLWan", dict(parts["vae"].config))
+    for role, part in (("vae", "vae"), ("vae_22", "vae_22")):
+        vae = models_dir / "vae" / NAMES[role]
+        save_file({k: v.contiguous() for k, v in parts[part].state_dict().items()}, vae)
+        _config(vae, "AutoencoderKLWan", dict(parts[part].config))
     _single_file_encoder(parts["text_encoder"], parts["tokenizer"],
                          models_dir / "text_encoders" / NAMES["text_encoder"])
     return dict(NAMES)
 
 
 def smoke_pipeline(seed: int = 0, *, experts: bool = False, i2v: bool = False,
-                   boundary_ratio: float = 0.5) -> Any:
+                   ti2v: bool = False, boundary_ratio: float = 0.5) -> Any:
     """The reference pipeline built from the same in-memory tiny modules `write_smoke_stack`
     saves: WanPipeline (T2V), with `experts` Wan 2.2's two (transformer_2 + boundary_ratio);
     with `i2v` WanImageToVideoPipeline over the 36-channel transformer (no image encoder, as
-    Wan 2.2 A14B I2V)."""
+    Wan 2.2 A14B I2V); with `ti2v` TI2V-5B's (the 48-channel transformer, the Wan 2.2 VAE,
+    `expand_timesteps`): WanPipeline, or with `i2v` too WanImageToVideoPipeline."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     parts = build_tiny_components(seed)
     common = {k: parts[k] for k in ("tokenizer", "text_encoder", "vae", "scheduler")}
     pipe: Any
-    if i2v:
+    if ti2v:
+        common["vae"] = parts["vae_22"]
+        if i2v:
+            pipe = WanImageToVideoPipeline(transformer=parts["transformer_ti2v"],
+                                           image_encoder=None, image_processor=None,
+                                           expand_timesteps=True, **common)
+        else:
+            pipe = WanPipeline(transformer=parts["transformer_ti2v"], expand_timesteps=True,
+                               **common)
+    elif i2v:
         pipe = WanImageToVideoPipeline(transformer=parts["transformer_i2v"], image_encoder=None,
                                        image_processor=None, **common)
     elif experts:
