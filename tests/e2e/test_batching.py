@@ -377,8 +377,9 @@ def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(
     lineage = runs[6]["takes"][0]["loras"]  # the stack of two names both files and strengths
     assert {name: entry["strength"] for name, entry in lineage.items()} == {
         f"loras/{files[1]}": 0.8, f"loras/{files[2]}": 0.6}
-    # One base model for every LoRA set (this worker's only model): read from disk once.
-    assert after["denoiser_loads"] == 1
+    # One base model for every LoRA set: read from disk at most once for all eight (other
+    # families' runs on this worker, Krea 2's, may have left it out of the cache before).
+    assert after["denoiser_loads"] - before.get("denoiser_loads", 0) <= 1
     assert after.get("lora_loads", 0) - before.get("lora_loads", 0) == len(files)
 
 
