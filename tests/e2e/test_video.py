@@ -206,7 +206,11 @@ def test_a_comfyui_client_saves_a_video_and_reads_it_back_as_comfyui_answers(far
     assert executed["data"]["output"]["animated"] == [True]
     entry = comfy.history(prompt_id)[prompt_id]
     output = entry["outputs"]["2"]
-    assert output["animated"] == [True] and output["images"] == executed["data"]["output"]["images"]
+    # /history's outputs also carry each take's `url` (the editor opens it: issue 39)
+    assert output["animated"] == [True] and [
+        {k: v for k, v in i.items() if k != "url"} for i in output["images"]
+    ] == executed["data"]["output"]["images"]
+    assert "/view?filename=" in output["images"][0]["url"]
     assert output["images"][0]["filename"].endswith(".webm")
     viewed = comfy.view(output["images"][0])
     assert viewed.status_code == 200 and viewed.headers["content-type"] == "video/webm"

@@ -82,8 +82,8 @@ def test_the_smoke_stack_is_laid_out_as_studios_have_it_and_recognised_from_cont
     for folder, role, key in (("diffusion_models", "transformer", "model"), ("vae", "vae", "vae"),
                               ("text_encoders", "text_encoder", "text_encoder")):
         entry = entries[(folder, names[key])]
-        # Qwen-Image's VAE is a Wan 2.1 VAE: Wan reads it too (listed after it)
-        families = ["qwenimage", "wan"] if role == "vae" else ["qwenimage"]
+        # Qwen-Image's VAE is a Wan 2.1 VAE: Wan and Krea 2 read it too (listed after it)
+        families = ["qwenimage", "wan", "krea2"] if role == "vae" else ["qwenimage"]
         assert (entry["role"], entry["families"]) == (role, families), entry
     assert entries[("loras", names["lora"])]["family"] == "qwenimage"
     assert all(name.startswith("smoke-") for name in names.values())
