@@ -147,7 +147,18 @@ def _math_check(node_id: str, params: dict[str, Any], spec: NodeSpec) -> None:
                            "is not connected", node_id)
 
 
-NODE_CHECKS = {"math/expression": _math_check}
+def _qwen21_images_check(node_id: str, params: dict[str, Any], spec: NodeSpec) -> None:
+    """Qwen-Image 2.1's condition images are reference latents too: they need the VAE."""
+    from apps.graphs.nodes_qwen import QWEN21_IMAGE_PORTS
+
+    images = [port for port in QWEN21_IMAGE_PORTS if port in spec.inputs]
+    if images and "vae" not in spec.inputs:
+        raise GraphInvalid("missing_input", f"input 'vae' is required with condition images "
+                           f"({', '.join(images)}): Qwen-Image 2.1 reads each as a VAE-encoded "
+                           "reference latent", node_id)
+
+
+NODE_CHECKS = {"math/expression": _math_check, "qwenimage21/encode": _qwen21_images_check}
 
 
 def param_value_check(node_id: str, param: Param, value: Any) -> Any:

@@ -35,6 +35,7 @@ from apps.importer.comfy_nodes import (
     VIDEO_DECODE,
     VIDEO_LATENTS,
     Rule,
+    qwen_reference_latent,
 )
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
@@ -94,6 +95,7 @@ def prompt_to_graph(
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
     _video_decodes(state)
+    _reference_latents(state)
     picked: set[str] = set()
     for node_id in sorted(state.mapped, key=id_order):
         _pick(state, node_id, picked)
@@ -362,6 +364,27 @@ def _video_decodes(state: _State) -> None:
     for node in state.mapped.values():
         if node.rule.type == "vae/decode" and _video_latent(state, node.id):
             node.rule = VIDEO_DECODE
+
+
+def _reference_latents(state: _State) -> None:
+    """ReferenceLatent appends a latent to its prompt's references: the node of the prompt's
+    family (its encoder's, else the workflow's one family); unmapped, with why, for a family
+    whose prompts take none here."""
+    for node in list(state.mapped.values()):
+        if node.comfy_type != "ReferenceLatent":
+            continue
+        family = _upstream_family(state, state.nodes[node.id][1].get("conditioning"))
+        if family is None:
+            named = {f for e in state.evidence.values() for f in e.families if f in REGISTERED}
+            family = named.pop() if len(named) == 1 else None
+        rule = qwen_reference_latent(family, info(family).title if family in REGISTERED
+                                     else str(family))
+        if isinstance(rule, str):
+            del state.mapped[node.id]
+            state.unmapped[node.id] = rule
+            state.report.unmap(node.id, node.comfy_type, rule)
+        else:
+            node.rule = rule
 
 
 def _video_latent(state: _State, node_id: str) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
+from apps.graphs.nodes_qwen import QWEN21_IMAGES
 from apps.importer import comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 from apps.importer.comfy_rules import RESAMPLE, KindOf, ParamMap, Rule, Warn
@@ -49,6 +50,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ReferenceLatent": (),
     "TextEncodeQwenImageEdit": ("prompt",),
     "TextEncodeQwenImageEditPlus": ("prompt",),
+    "TextEncodeQwenImage21": ("prompt", "negative_prompt", "resolution"),
     "FluxKontextImageScale": (),
     "CFGNorm": ("strength",),
     "KSampler": ("seed", CONTROL, "steps", "cfg", "sampler_name", "scheduler", "denoise"),
@@ -258,6 +260,36 @@ def _image_scale_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
                 derive=lambda v: {"side": other}, warnings=(_area,))
 
 
+def _qwen21_refuse(values: dict[str, Any]) -> str | None:
+    """What qwenimage21/encode cannot take: more than its images, each reference at its own
+    size (resolution 0)."""
+    extra = sorted(name for name in values if name.startswith("images.image_")
+                   and name.removeprefix("images.image_") not in QWEN21_NUMBERS
+                   and values[name] is not None)
+    if extra:
+        return (f"{', '.join(extra)}: the farm's Qwen-Image 2.1 prompt takes at most "
+                f"{QWEN21_IMAGES} images (images.image_1 … images.image_{QWEN21_IMAGES})")
+    if values.get("resolution") == 0:
+        return ("resolution 0 (each reference at its own size) is not supported: set a "
+                "resolution (the references are resized to ~resolution² px)")
+    return None
+
+
+def qwen_reference_latent(family: str | None, title: str) -> Rule | str:
+    """ReferenceLatent by the family of its prompt: FLUX.2's node (also when no family is
+    known), Qwen-Image-Edit's, else why it cannot map."""
+    if family in (None, "flux2"):
+        return RULES["ReferenceLatent"]
+    if family == "qwenimage":
+        return QWEN_REFERENCE_LATENT
+    if family == "qwenimage21":
+        return ("ReferenceLatent on a Qwen-Image 2.1 prompt is not supported: 2.1 reads its "
+                "references through TextEncodeQwenImage21's images (each an image slot in the "
+                "prompt), wire the images there")
+    return (f"ReferenceLatent on a {title} prompt is not supported: only FLUX.2 and "
+            "Qwen-Image(-Edit) prompts take reference latents on this farm")
+
+
 # --- the mapping ------------------------------------------------------------------------------
 
 _SEED_AND_STEPS = {"steps": ParamMap("steps"), "cfg": ParamMap("guidance", cfg_to_guidance)}
@@ -332,6 +364,15 @@ RULES: dict[str, Rule] = {
                 "image3": "image_3"},
         outputs=("conditioning",), params={"prompt": ParamMap("text")},
         derive=lambda _: {"variant": "plus"},
+    ),
+    "TextEncodeQwenImage21": Rule(  # 2.1: prompt, negative and latent, images_N (autogrow)
+        "qwenimage21/encode",
+        inputs={"clip": "encoder", "vae": "vae",
+                **{f"images.image_{i}": f"image_{i}" for i in range(1, QWEN21_IMAGES + 1)}},
+        outputs=("positive", "negative", "latent"),
+        params={"prompt": ParamMap("text"), "negative_prompt": ParamMap("negative_text"),
+                "resolution": ParamMap("resolution")},
+        refuse=_qwen21_refuse,
     ),
     "FluxKontextImageScale": Rule(  # edit templates size the latent from the reference
         "image/scale-to-pixels", inputs={"image": "image"}, outputs=("image",),
@@ -469,6 +510,12 @@ RULES: dict[str, Rule] = {
     ),
 }
 RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
+QWEN21_NUMBERS = frozenset(str(i) for i in range(1, QWEN21_IMAGES + 1))
+# ReferenceLatent on a Qwen-Image prompt (api_format picks it by the prompt's family)
+QWEN_REFERENCE_LATENT = Rule(
+    "qwenimage/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
+    outputs=("conditioning",),
+)
 RULES.update(comfy_vocab.VOCABULARY)
 WIDGETS.update(comfy_vocab.WIDGETS)
 

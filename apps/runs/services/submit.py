@@ -17,6 +17,7 @@ from apps.fleet.routing import RunCannotFit, need_estimate, parallel_request
 from apps.fleet.selectors import LiveFleet
 from apps.graphs.families import activation_for, fleet_files, graph_families_check
 from apps.graphs.models import Graph
+from apps.graphs.nodes_qwen import QWEN21_IMAGE_PORTS
 from apps.graphs.schema import GraphDoc
 from apps.graphs.validation import GraphInvalid, closure_order, graph_validate, param_refs
 from apps.runs.dispatch import dispatch_after_commit
@@ -284,6 +285,8 @@ REFERENCE_NODES: dict[str, tuple[tuple[str, ...], Any]] = {
     "flux2/reference": (("image", "image_2", "image_3"), lambda params: MEGAPIXEL),  # ≤ 1 MP
     "qwenimage/edit": (("image", "image_2", "image_3"),  # only with a VAE: reference latents
                        lambda params: round(float(params.get("megapixels", 1.0)) * MEGAPIXEL)),
+    "qwenimage21/encode": (QWEN21_IMAGE_PORTS,  # ~resolution² px each (they need the VAE)
+                           lambda params: int(params.get("resolution", 1024)) ** 2),
 }
 
 

@@ -6,10 +6,11 @@ family (FAMILY.nodes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from workers.device.thread import on_device_thread
-from workers.models.values import Conditioning, TextEncoder, Vae
+from workers.models.values import Conditioning, Latent, TextEncoder, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
 from workers.runners.diffusion import checked, expect
 
@@ -77,3 +78,28 @@ def _processor(encoder: TextEncoder) -> Any:
         raise NodeFailed(f"text encoder {encoder.name} has no Qwen2-VL processor: put its "
                          f"processor files (preprocessor_config.json, …) in {where}/")
     return tokenizers.processor
+
+
+@runner("qwenimage/reference-latent")
+def qwenimage_reference_latent(ctx: NodeContext, params: dict[str, Any],
+                               inputs: dict[str, Any]):
+    """ComfyUI's ReferenceLatent on a Qwen-Image prompt: `latent` (Qwen-Image's [1, 16, h, w],
+    e.g. a `vae/encode` of the reference image) appended to the prompt's reference latents."""
+    from workers.models.qwenimage import LATENT
+    from workers.models.qwenimage.engine import QwenPrompt
+
+    conditioning = expect(inputs, "conditioning", Conditioning)
+    latent = expect(inputs, "latent", Latent)
+    if conditioning.encoder.family != FAMILY:
+        raise NodeFailed(f"input 'conditioning' is {conditioning.encoder.name}'s "
+                         f"({conditioning.encoder.family}); qwenimage/reference-latent conditions "
+                         "Qwen-Image prompts")
+    samples = latent.samples
+    if latent.empty or samples.ndim != 4 or samples.shape[1] != LATENT.channels:
+        raise NodeFailed(f"input 'latent' must be a Qwen-Image latent [1, {LATENT.channels}, h, w] "
+                         f"(a Qwen-Image VAE's encode), got {tuple(samples.shape)}")
+    prompt = conditioning.embeds
+    if not isinstance(prompt, QwenPrompt):
+        prompt = QwenPrompt(prompt)
+    prompt = QwenPrompt(prompt.embeds, (*prompt.references, samples.float()))
+    return {"conditioning": replace(conditioning, embeds=prompt)}

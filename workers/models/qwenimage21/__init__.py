@@ -66,5 +66,6 @@ FAMILY = FamilyInfo(
     activation_gb_per_mpx=4.0,  # 4096 target tokens per MP (16× VAE), plus condition images
     guidance="cfg",
     text_encoders=("Qwen3-VL",),
+    nodes=("nodes",),
     cfg_offset=1.0,  # the farm's g: uncond + (g + 1)·(cond − uncond), the pipeline's true_cfg_scale g + 1
 )
