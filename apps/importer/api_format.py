@@ -103,6 +103,8 @@ def prompt_to_graph(
         _map_node(state, node)
         if node.rule.type in ("sample", "sample/advanced"):
             _sampler_family_params(state, node)
+        if node.rule.type == "load/text-encoder":
+            _encoder_family(state, node)
     kept, target = _outputs(state)
     kept |= _previews(state, kept, target)
     graph = {nid: _spec(state.mapped[nid]) for nid in sorted(kept, key=id_order)}
@@ -364,6 +366,19 @@ def _video_decodes(state: _State) -> None:
     for node in state.mapped.values():
         if node.rule.type == "vae/decode" and _video_latent(state, node.id):
             node.rule = VIDEO_DECODE
+
+
+def _encoder_family(state: _State, node: _Mapped) -> None:
+    """A text-encoder loader whose `type` names a family its held file is not of (a Qwen3-VL
+    loaded with type `qwen_image` in a Qwen-Image 2.1 workflow): the file's family the rest of
+    the workflow names, else the first that recognises it ("auto")."""
+    evidence = state.evidence.get(node.id)
+    if evidence is None or node.params.get("family") in (*evidence.families, "auto", None):
+        return
+    held = [f for f in evidence.families if f in REGISTERED]
+    named = {f for nid, e in state.evidence.items() if nid != node.id for f in e.families}
+    picks = [f for f in held if f in named]
+    node.params["family"] = picks[0] if len(picks) == 1 else "auto"
 
 
 def _reference_latents(state: _State) -> None:

@@ -1,0 +1,196 @@
+"""ComfyUI's Qwen prompt nodes on the farm: TextEncodeQwenImage21 (`qwenimage21/encode`) paints
+QwenImage21Pipeline's image mode; a UI-format Qwen-Image 2.1 edit workflow imports and renders
+through the real executor; a Qwen-Image-Edit workflow with two references written the ComfyUI
+way (ReferenceLatent of a VAEEncode per image) renders what the edit node with its VAE renders."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from apps.importer.services import comfy_import
+from tests.apps.importer.builder import Ui
+from tests.workers.helpers import noise_image
+from tests.workers.vocab_helpers import asset_of, render
+from workers.runners import RUNNERS
+
+STEPS, SEED = 2, 3
+IMAGES = [noise_image(64, 96, seed=1), noise_image(64, 96, seed=2)]  # one aspect: the pipeline
+# sizes its latent from the last image, ComfyUI's node from the first
+
+
+@pytest.fixture(scope="module")
+def q21(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, str]]:
+    from workers.models.qwenimage21.plugin import write_tiny_stack
+
+    models_dir = tmp_path_factory.mktemp("qwen21-import-models")
+    return models_dir, write_tiny_stack(models_dir)
+
+
+def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]) -> Any:
+    return RUNNERS[node_type](ctx, params, inputs)
+
+
+def test_the_2_1_prompt_node_paints_the_pipeline_s_image_mode(q21, make_ctx):
+    from workers.models.qwenimage21.tiny import smoke_pipeline
+
+    models_dir, names = q21
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]}, {})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]}, {})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "qwenimage21"}, {})["encoder"]
+    out = run(ctx, "qwenimage21/encode",
+              {"text": "make it blue", "negative_text": "", "resolution": 96},
+              {"encoder": encoder, "vae": vae, "image_1": IMAGES[0], "image_2": IMAGES[1]})
+    assert out["latent"].empty and out["latent"].pixel_size == (64, 128)
+    assert len(out["negative"].embeds.references) == 2
+    latent = run(ctx, "sample", {"seed": SEED, "steps": STEPS, "guidance": 0.0, "denoise": 1.0},
+                 {"model": model, "positive": out["positive"], "latent": out["latent"]})["latent"]
+    ours = run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+    theirs = smoke_pipeline()("make it blue", image=IMAGES, output_resolution=96,
+                              num_inference_steps=STEPS, use_kv_cache=False,
+                              generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
+    assert ours.size == theirs.size == (64, 128)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs.convert("RGB")))
+
+
+def qwen21_ui(names: dict[str, str]) -> dict[str, Any]:
+    """ComfyUI's 2.1 edit graph: loaders, two LoadImage → TextEncodeQwenImage21 (its
+    positive, negative and latent) → KSampler → VAEDecode → SaveImage."""
+    ui = Ui()
+    ui.add(1, "UNETLoader", [names["model"], "default"], outputs=["MODEL"])
+    ui.add(2, "CLIPLoader", [names["text_encoder"], "qwen_image", "default"], outputs=["CLIP"])
+    ui.add(3, "VAELoader", [names["vae"]], outputs=["VAE"])
+    ui.add(4, "LoadImage", ["a.png", "image"], outputs=["IMAGE", "MASK"])
+    ui.add(5, "LoadImage", ["b.png", "image"], outputs=["IMAGE", "MASK"])
+    ui.add(6, "TextEncodeQwenImage21", ["make it blue", "", 96],
+           inputs=[("clip", "CLIP"), ("vae", "VAE"), ("images.image_1", "IMAGE"),
+                   ("images.image_2", "IMAGE")],
+           outputs=["CONDITIONING", "CONDITIONING", "LATENT"])
+    ui.add(7, "KSampler", [SEED, "fixed", STEPS, 1, "euler", "simple", 1],
+           inputs=[("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                   ("latent_image", "LATENT")], outputs=["LATENT"])
+    ui.add(8, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=["IMAGE"])
+    ui.add(9, "SaveImage", ["q21"], inputs=[("images", "IMAGE")])
+    (ui.link(1, 0, 7, "model").link(2, 0, 6, "clip").link(3, 0, 6, "vae")
+       .link(4, 0, 6, "images.image_1").link(5, 0, 6, "images.image_2")
+       .link(6, 0, 7, "positive").link(6, 1, 7, "negative").link(6, 2, 7, "latent_image")
+       .link(7, 0, 8, "samples").link(3, 0, 8, "vae").link(8, 0, 9, "images"))
+    return ui.doc()
+
+
+def _take(run: Any) -> Image.Image:
+    from apps.takes.storage import blob_read
+
+    [take] = run.takes.all()
+    return Image.open(io.BytesIO(blob_read(take.sha256))).convert("RGB")
+
+
+def _assets() -> dict[str, str]:
+    return {"a.png": asset_of(IMAGES[0]), "b.png": asset_of(IMAGES[1])}
+
+
+@pytest.mark.django_db
+def test_a_comfyui_2_1_edit_workflow_imports_and_renders(q21, settings, tmp_path):
+    models_dir, held = q21
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    assets = _assets()
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]]}
+    files = {("diffusion_models", held["model"]): ("qwenimage21",),
+             ("text_encoders", held["text_encoder"]): ("krea2", "qwenimage21"),
+             ("vae", held["vae"]): ("qwenimage21",)}
+    result = comfy_import(workflow=qwen21_ui(held), catalog=catalog, files=files,
+                          resolve_asset=assets.get)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["6"]["type"] == "qwenimage21/encode"
+    assert nodes["6"]["params"] == {"text": "make it blue", "negative_text": "", "resolution": 96}
+    assert set(nodes["6"]["inputs"]) == {"encoder", "vae", "image_1", "image_2"}
+    assert nodes["2"]["params"]["family"] == "qwenimage21"
+    outcome, done = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    assert _take(done).size == (64, 128)  # the first image's size at resolution 96
+
+
+def edit_ui(names: dict[str, str]) -> dict[str, Any]:
+    """Qwen-Image-Edit 2509 the ComfyUI way with two references: TextEncodeQwenImageEditPlus
+    without a VAE (the images for the VL), a ReferenceLatent of each image's VAEEncode chained
+    on the prompt, ConditioningZeroOut as the negative, an empty latent."""
+    ui = Ui()
+    ui.add(1, "UNETLoader", [names["model"], "default"], outputs=["MODEL"])
+    ui.add(2, "CLIPLoader", [names["text_encoder"], "qwen_image", "default"], outputs=["CLIP"])
+    ui.add(3, "VAELoader", [names["vae"]], outputs=["VAE"])
+    ui.add(4, "LoadImage", ["a.png", "image"], outputs=["IMAGE", "MASK"])
+    ui.add(5, "LoadImage", ["b.png", "image"], outputs=["IMAGE", "MASK"])
+    ui.add(6, "TextEncodeQwenImageEditPlus", ["make it blue"],
+           inputs=[("clip", "CLIP"), ("vae", "VAE"), ("image1", "IMAGE"), ("image2", "IMAGE"),
+                   ("image3", "IMAGE")], outputs=["CONDITIONING"])
+    for node, image in ((7, 4), (8, 5)):
+        ui.add(node, "VAEEncode", [], inputs=[("pixels", "IMAGE"), ("vae", "VAE")],
+               outputs=["LATENT"])
+        ui.link(image, 0, node, "pixels").link(3, 0, node, "vae")
+    for node in (9, 10):
+        ui.add(node, "ReferenceLatent", [], inputs=[("conditioning", "CONDITIONING"),
+                                                    ("latent", "LATENT")],
+               outputs=["CONDITIONING"])
+    ui.add(11, "ConditioningZeroOut", [], inputs=[("conditioning", "CONDITIONING")],
+           outputs=["CONDITIONING"])
+    ui.add(12, "EmptySD3LatentImage", [32, 32, 1], outputs=["LATENT"])
+    ui.add(13, "KSampler", [SEED, "fixed", STEPS, 1, "euler", "simple", 1],
+           inputs=[("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                   ("latent_image", "LATENT")], outputs=["LATENT"])
+    ui.add(14, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=["IMAGE"])
+    ui.add(15, "SaveImage", ["edit"], inputs=[("images", "IMAGE")])
+    (ui.link(1, 0, 13, "model").link(2, 0, 6, "clip").link(4, 0, 6, "image1")
+       .link(5, 0, 6, "image2").link(6, 0, 9, "conditioning").link(7, 0, 9, "latent")
+       .link(9, 0, 10, "conditioning").link(8, 0, 10, "latent").link(10, 0, 13, "positive")
+       .link(6, 0, 11, "conditioning").link(11, 0, 13, "negative")
+       .link(12, 0, 13, "latent_image").link(13, 0, 14, "samples").link(3, 0, 14, "vae")
+       .link(14, 0, 15, "images"))
+    return ui.doc()
+
+
+@pytest.mark.django_db
+def test_a_qwen_image_edit_workflow_with_reference_latents_renders_the_edit_node_s_image(
+        settings, tmp_path):
+    from workers.models.qwenimage.tiny import write_smoke_stack
+
+    models_dir = tmp_path / "models"
+    held = write_smoke_stack(models_dir)
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    global IMAGES
+    saved, IMAGES = IMAGES, [noise_image(64, 64, seed=1), noise_image(64, 64, seed=2)]
+    try:
+        assets = _assets()
+    finally:
+        IMAGES = saved
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]]}
+    files = {("diffusion_models", held["model"]): ("qwenimage",),
+             ("text_encoders", held["text_encoder"]): ("qwenimage",),
+             ("vae", held["vae"]): ("qwenimage",)}
+    result = comfy_import(workflow=edit_ui(held), catalog=catalog, files=files,
+                          resolve_asset=assets.get)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert [nodes[n]["type"] for n in ("9", "10")] == ["qwenimage/reference-latent"] * 2
+    assert "vae" not in nodes["6"]["inputs"]
+    outcome, done = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    # The same prompt with the edit node encoding the references itself (its VAE wired, at the
+    # images' own 64² area): the same reference latents, so the same image.
+    nodes["6"]["inputs"]["vae"] = {"node": "3", "port": "vae"}
+    nodes["6"]["params"]["megapixels"] = 64 * 64 / (1024 * 1024)
+    nodes["13"]["inputs"]["positive"] = {"node": "6", "port": "conditioning"}
+    for n in ("7", "8", "9", "10"):
+        del nodes[n]
+    outcome, direct = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    assert np.array_equal(np.asarray(_take(done)), np.asarray(_take(direct)))
