@@ -381,6 +381,31 @@ def _encoder_family(state: _State, node: _Mapped) -> None:
     node.params["family"] = picks[0] if len(picks) == 1 else "auto"
 
 
+def _reference_family(state: _State, link: Any) -> str | None:
+    """The family a ReferenceLatent's prompt is for: the nearest upstream evidence's families
+    (a Qwen3 file is Z-Image's and FLUX.2 Klein's alike), else the workflow's; a family whose
+    prompts take reference latents first."""
+    families: tuple[str, ...] = ()
+    if isinstance(link, Link):
+        seen, queue = {link.node}, deque([link.node])
+        while queue and not families:
+            node_id = queue.popleft()
+            evidence = state.evidence.get(node_id)
+            if evidence is not None:
+                families = tuple(f for f in evidence.families if f in REGISTERED)
+                continue
+            for value in state.nodes[node_id][1].values():
+                if isinstance(value, Link) and value.node not in seen:
+                    seen.add(value.node)
+                    queue.append(value.node)
+    named = set(families) or {f for e in state.evidence.values() for f in e.families
+                              if f in REGISTERED}
+    for family in ("flux2", "qwenimage", "qwenimage21"):
+        if family in named:
+            return family
+    return named.pop() if len(named) == 1 else None
+
+
 def _reference_latents(state: _State) -> None:
     """ReferenceLatent appends a latent to its prompt's references: the node of the prompt's
     family (its encoder's, else the workflow's one family); unmapped, with why, for a family
@@ -388,10 +413,7 @@ def _reference_latents(state: _State) -> None:
     for node in list(state.mapped.values()):
         if node.comfy_type != "ReferenceLatent":
             continue
-        family = _upstream_family(state, state.nodes[node.id][1].get("conditioning"))
-        if family is None:
-            named = {f for e in state.evidence.values() for f in e.families if f in REGISTERED}
-            family = named.pop() if len(named) == 1 else None
+        family = _reference_family(state, state.nodes[node.id][1].get("conditioning"))
         rule = qwen_reference_latent(family, info(family).title if family in REGISTERED
                                      else str(family))
         if isinstance(rule, str):

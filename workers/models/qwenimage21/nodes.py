@@ -38,7 +38,7 @@ def qwenimage21_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[st
     texts = [str(inputs.get(port, params[port])) for port in ("text", "negative_text")]
 
     def encoded() -> list[Any]:
-        if not images:
+        if not images or not isinstance(vae, Vae):
             return encode_prompts(encoder, texts)
         return [encode_with_images(encoder, vae, text, images, resolution) for text in texts]
 
