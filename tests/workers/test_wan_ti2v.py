@@ -100,7 +100,8 @@ def test_the_wan22_vae_in_its_original_layout_decodes_as_diffusers_layout_one(ti
     config = models_dir / "vae" / (Path(names["vae_22"]).stem + ".config.json")
     shutil.copy(config, models_dir / "vae" / "studio-vae.config.json")
     entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
-    assert "wan" in list(entries[("vae", "studio-vae.safetensors")]["families"])
+    studio: dict[str, Any] = entries[("vae", "studio-vae.safetensors")]
+    assert "wan" in list(studio["families"])
     ours = loading.load_vae(models_dir, "studio-vae.safetensors", cpu_policy)
     theirs = loading.load_vae(models_dir, names["vae_22"], cpu_policy)
     latents = torch.randn(1, 48, 2, H // 16, W // 16, generator=torch.Generator().manual_seed(5))
