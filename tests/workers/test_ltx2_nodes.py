@@ -81,7 +81,8 @@ def test_a_clip_through_the_nodes_is_ltx2_pipeline_s(ltx2_stack, make_ctx):
     """Frames, fps and sound of the farm's nodes against LTX2Pipeline over the same loaded
     components (its default CFG + STG + modality guidance; the prompts encoded in separate
     calls: equal within float rounding). Its progress events carry the clip's frames, the first
-    a live preview: the middle latent frame's x0 estimate through a latent → RGB fit, 1/32 side
+    a live preview: the middle latent frame's x0 estimate through a latent → RGB fit, at the
+    latent grid (1/32 side with LTX-2's VAE, 1/2 with the tiny one)
     (the preview changes nothing: the frames are still the pipeline's)."""
     import io
 
