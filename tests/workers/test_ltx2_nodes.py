@@ -32,6 +32,16 @@ def ltx2_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return models_dir, write_tiny_stack(models_dir)["checkpoint"]
 
 
+class PreviewRecorder(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.previews: list[bytes | None] = []
+
+    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
+        self.previews.append(preview)
+        super().report(step, total, preview, batch)
+
+
 class BatchRecorder(Recorder):
     def __init__(self) -> None:
         super().__init__()
@@ -70,14 +80,27 @@ def test_the_stack_is_one_checkpoint_folder_recognised_as_ltx2(ltx2_stack):
 def test_a_clip_through_the_nodes_is_ltx2_pipeline_s(ltx2_stack, make_ctx):
     """Frames, fps and sound of the farm's nodes against LTX2Pipeline over the same loaded
     components (its default CFG + STG + modality guidance; the prompts encoded in separate
-    calls: equal within float rounding)."""
+    calls: equal within float rounding). Its progress events carry the clip's frames, the first
+    a live preview: the middle latent frame's x0 estimate through a latent → RGB fit, at the
+    latent grid (1/32 side with LTX-2's VAE, 1/2 with the tiny one)
+    (the preview changes nothing: the frames are still the pipeline's)."""
+    import io
+
     from diffusers import LTX2Pipeline
+    from PIL import Image
 
     from workers.models.ltx2.plugin import components_of, sequence_length
 
     models_dir, name = ltx2_stack
-    ctx = make_ctx(models_dir=models_dir)
+    recorder = PreviewRecorder()
+    ctx = make_ctx(recorder, models_dir=models_dir)
     video = render(ctx, name)
+    assert recorder.progress[-1] == (STEPS, STEPS) and set(recorder.frames) == {FRAMES}
+    preview = recorder.previews[0]  # the first step's (INLINE_PREVIEW_SECONDS: at most 1 a second)
+    assert preview is not None and recorder.previews[-1] is None  # none with the last step
+    ratio = components_of(run(ctx, "load/checkpoint", {"file": name})["model"].transformer)[
+        "vae"].spatial_compression_ratio
+    assert Image.open(io.BytesIO(preview)).size == (W // ratio, H // ratio)
     components = components_of(run(ctx, "load/checkpoint", {"file": name})["model"].transformer)
     pipe: Any = LTX2Pipeline(**components)
     pipe.set_progress_bar_config(disable=True)

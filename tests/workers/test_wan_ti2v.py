@@ -6,6 +6,7 @@ size sharing forwards (a timestep per token, per row) each equal to its solo run
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,36 @@ def test_the_ti2v_transformer_and_the_wan22_vae_are_recognised_from_their_files(
     assert (model["role"], model["family"], model["variant"]) == ("transformer", "wan", "ti2v")
     vae: dict[str, Any] = entries[("vae", names["vae_22"])]
     assert vae["role"] == "vae" and "wan" in list(vae["families"]), vae
+
+
+def test_the_wan22_vae_in_its_original_layout_decodes_as_diffusers_layout_one(ti2v_stack,
+                                                                               cpu_policy):
+    """ComfyUI's `wan2.2_vae.safetensors` (the original `Wan2.2_VAE.pth` keys: `encoder.conv1`,
+    `decoder.upsamples.X.upsamples.Y`, `conv1` / `conv2`), under a name that says nothing,
+    is recognised from its contents and decodes exactly what the diffusers-layout file does."""
+    from safetensors.torch import load_file, save_file
+
+    from workers.models.wan import keys, loading
+
+    models_dir, names = ti2v_stack
+    state = load_file(models_dir / "vae" / names["vae_22"])
+    original = keys.vae22_to_original(state)
+    assert {"encoder.conv1.weight", "decoder.upsamples.0.upsamples.0.residual.2.weight",
+            "encoder.downsamples.1.downsamples.1.time_conv.weight", "conv1.weight",
+            "conv2.weight", "decoder.head.2.weight"} <= original.keys()
+    save_file(original, models_dir / "vae" / "studio-vae.safetensors")
+    # the tiny geometry's config beside it (without one: Wan2.2-TI2V-5B-Diffusers' vae config)
+    config = models_dir / "vae" / (Path(names["vae_22"]).stem + ".config.json")
+    shutil.copy(config, models_dir / "vae" / "studio-vae.config.json")
+    entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
+    studio: dict[str, Any] = entries[("vae", "studio-vae.safetensors")]
+    assert "wan" in list(studio["families"])
+    ours = loading.load_vae(models_dir, "studio-vae.safetensors", cpu_policy)
+    theirs = loading.load_vae(models_dir, names["vae_22"], cpu_policy)
+    latents = torch.randn(1, 48, 2, H // 16, W // 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(ours.module.decode(latents).sample,
+                           theirs.module.decode(latents).sample)
 
 
 def test_text_to_video_is_wan_pipeline_s_with_expand_timesteps(ti2v_stack, make_ctx):

@@ -136,6 +136,9 @@ Policy = Any  # workers.device.policy.DevicePolicy
 #   samplers (the session's seam: it joins the contract once every family has it).
 # - video_frames(latent_frames) -> int: the frames a video latent of `latent_frames` frames
 #   decodes to (a video family: its samplers' progress events carry `frames`).
+# - preview_pixels(job) -> uint8 [h, w, 3] | None: a live preview from the job alone (device
+#   thread), for a sampler with no preview VAE (LTX-2: its job holds its video VAE and the last
+#   step's middle-frame x0 estimate).
 
 
 class FamilyPlugin(Protocol):

@@ -500,12 +500,14 @@ def denoise_job(
     guidance: float,
     preview: Vae | None = None,
     extra: dict[str, Any] | None = None,
+    frames: int | None = None,
     **job_fields: Any,
 ) -> Any:
     """Submit one SampleJob to the model's step batcher; returns latents [1, C, h, w].
 
     With `preview` (the VAE that will decode the result), progress carries a small preview of
-    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step). `job_fields`:
+    the current estimate at most every INLINE_PREVIEW_SECONDS (0: every step). `frames`: the
+    clip's, for its progress events (else the family's `video_frames`). `job_fields`:
     more SampleJob fields (a generic sampler's `advance` and `step_done`).
     """
     import torch
@@ -526,7 +528,8 @@ def denoise_job(
         # the family's own step (optional: else flow Euler) unless a generic sampler's is given
         **{"advance": getattr(plugin(model.family), "advance", None), **job_fields},
     )
-    job.on_progress = _progress_reporter(ctx, job, preview, _clip_frames(model, start))
+    job.on_progress = _progress_reporter(ctx, job, preview, frames or _clip_frames(model, start),
+                                         getattr(plugin(model.family), "preview_pixels", None))
     from workers.parallel.worker import denoiser
 
     group = denoiser()  # a group worker (xfuser.<n>): its ranks split the denoise
@@ -553,10 +556,11 @@ def _clip_frames(model: DiffusionModel, start: Any) -> int | None:
     return int(frames(int(start.shape[2])))
 
 
-def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None,
-                       frames: int | None = None) -> Callable[[int, int], None]:
+def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None, frames: int | None = None,
+                       own: Callable[[Any], Any] | None = None) -> Callable[[int, int], None]:
     """`on_progress` for a job: reports every step (with the clip's `frames` for a video), with
-    a preview when one is due."""
+    a preview when one is due: from `vae`, else the family's own `preview_pixels(job)` (LTX-2:
+    its sampler's job holds what it needs)."""
     import time
 
     interval = _preview_seconds()
@@ -565,13 +569,18 @@ def _progress_reporter(ctx: NodeContext, job: Any, vae: Vae | None,
     def report(done: int, total: int) -> None:
         png = None
         now = time.monotonic()
-        if vae is not None and interval is not None and done < total and now - last[0] >= interval:
+        if ((vae is not None or own is not None) and interval is not None and done < total
+                and now - last[0] >= interval):
             from workers.models.preview import preview_pixels, preview_png
 
             # The device thread computes the pixels; the PNG is encoded here, on the slot's
             # thread, so no other slot's next step waits behind it.
-            png = preview_png(on_device_thread(preview_pixels, vae, job.latents,
-                                               job.sigmas[job.step], job.velocity))
+            if vae is not None:
+                pixels = on_device_thread(preview_pixels, vae, job.latents, job.sigmas[job.step],
+                                          job.velocity)
+            else:
+                pixels = on_device_thread(own, job) if own is not None else None
+            png = None if pixels is None else preview_png(pixels)
             last[0] = now
         ctx.progress(done, total, png, batch=job.batch, frames=frames)
 

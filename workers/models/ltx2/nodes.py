@@ -122,7 +122,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
 
     from workers.models.ltx2.engine import Ltx2Run, latent_sizes, schedule
-    from workers.models.ltx2.plugin import AUDIO, PATCH, RUN, Prompt, components_of
+    from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
     from workers.runners.diffusion import denoise_job
 
     model = expect(inputs, "model", DiffusionModel)
@@ -185,13 +185,14 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                   torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
                   sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0)
     extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
-                             PATCH: (tcfg.patch_size, tcfg.patch_size_t)}
+                             PATCH: (tcfg.patch_size, tcfg.patch_size_t), PREVIEW_VAE: vae}
     ctx.note_lineage(seed=seed)
     from workers.models.ltx2.plugin import advance
 
     out = denoise_job(ctx, model, video, sigmas, timesteps, prompts[-1].video[0],
                       prompts[0].video[0] if g.do_cfg else None,
-                      max(g.cfg, 1e-3) if g.do_cfg else 0.0, extra=extra, advance=advance)
+                      max(g.cfg, 1e-3) if g.do_cfg else 0.0, extra=extra, advance=advance,
+                      frames=latent.frames)
     return {"latent": AvLatent(out, downscale=ratio, frames=latent.frames, fps=latent.fps,
                                audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
 

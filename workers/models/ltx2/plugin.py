@@ -21,12 +21,17 @@ from workers.models.family import ModelLoadError
 FAMILY = "ltx2"
 MAX_SEQUENCE = 1024  # LTX2Pipeline's max_sequence_length (less when the Gemma3 holds fewer)
 RUN, AUDIO, PATCH = "ltx2_run", "ltx2_audio", "ltx2_patch"  # a SampleJob's `extra` keys
+# more `extra` keys: the video VAE (for previews) and the last step's middle-frame x0 estimate
+PREVIEW_VAE, PREVIEW_X0 = "ltx2_preview_vae", "ltx2_preview_x0"
+PREVIEW_CELLS = 4  # the preview fit's images: 4 × 4 latent pixels each
 # the pipeline's components of each loaded transformer (the sampler reads its VAEs' ratios)
 _components: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_checkpoint",
            "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
-           "model_sampling", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "model_sampling", "predict", "preview_pixels", "renoise", "schedule", "to_denoised",
+           "write_tiny_stack"]
+_preview_fits: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,7 +150,55 @@ def advance(job: Any, outs: dict[str, Any]) -> Any:
     steps[job.step + 1] = audio
     for old in [s for s in steps if s < job.step]:
         del steps[old]
-    return _unpack(job, latents)
+    out = _unpack(job, latents)
+    # the middle latent frame's x0 estimate (x − σ·v, v the step's guided velocity), for a preview
+    x, y, middle = job.latents, out, job.latents.shape[2] // 2
+    sigma, sigma_next = job.sigmas[job.step], job.sigmas[job.step + 1]
+    x_mid = x[:, :, middle].float()
+    job.extra[PREVIEW_X0] = x_mid - sigma * (y[:, :, middle].float() - x_mid) / (sigma_next - sigma)
+    return out
+
+
+def preview_pixels(job: Any) -> Any:
+    """A live preview of an `ltx2/sample` job (device thread): its middle latent frame's x0
+    estimate after the last step through a linear latent → RGB map fitted on the video VAE (as
+    workers/models/preview.py does for the image families), at latent resolution (1/32 side);
+    uint8 numpy [h, w, 3], or None before the first step."""
+    import torch
+
+    x0, vae = job.extra.get(PREVIEW_X0), job.extra.get(PREVIEW_VAE)
+    if x0 is None or vae is None:
+        return None
+    weights, bias = _preview_fit(vae)
+    rgb = torch.einsum("chw,ck->hwk", x0[0].float().cpu(), weights) + bias
+    return ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+
+
+def _preview_fit(vae: Any) -> tuple[Any, Any]:
+    """(weights [C, 3], bias [3]) mapping a normalised LTX-2 video latent pixel to RGB in
+    [-1, 1]: least squares over colour fields encoded as one-frame clips; cached per VAE."""
+    import torch
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+
+    if vae in _preview_fits:
+        return _preview_fits[vae]
+    ratio, channels = vae.spatial_compression_ratio, vae.config.latent_channels
+    count = max(8, channels // PREVIEW_CELLS ** 2 + 2)  # more samples than unknowns
+    generator = torch.Generator("cpu").manual_seed(0)
+    blocks = torch.rand(count, 3, PREVIEW_CELLS, PREVIEW_CELLS, generator=generator) * 2 - 1
+    images = torch.nn.functional.interpolate(blocks, size=(PREVIEW_CELLS * ratio,) * 2,
+                                             mode="bilinear")
+    with torch.no_grad():
+        pixels = images.unsqueeze(2).to(device=vae.device, dtype=vae.dtype)
+        latents = LTX2Pipeline._normalize_latents(
+            vae.encode(pixels).latent_dist.mode(), vae.latents_mean, vae.latents_std,
+            vae.config.scaling_factor)[:, :, 0].float().cpu()  # [N, C, 4, 4]
+    x = latents.permute(0, 2, 3, 1).reshape(-1, channels)
+    x = torch.cat([x, torch.ones(len(x), 1)], dim=1)
+    y = torch.nn.functional.avg_pool2d(images, ratio).permute(0, 2, 3, 1).reshape(-1, 3)
+    solution = torch.linalg.lstsq(x, y).solution
+    _preview_fits[vae] = (solution[:-1], solution[-1])
+    return _preview_fits[vae]
 
 
 def _view(job: Any) -> Any:

@@ -7,7 +7,8 @@
   width, depth and input channels; heads of 128).
 - VAE `vae/<name>`: AutoencoderKLWan in diffusers' or the original keys, or a folder; config as
   above, else Wan 2.1's (16 channels), or for 48 latent channels the Wan 2.2 VAE's (`VAE22`,
-  diffusers' Wan2.2-TI2V-5B vae/config.json; that VAE in the original keys is not read yet).
+  diffusers' Wan2.2-TI2V-5B vae/config.json). The original keys of either (ComfyUI's
+  `wan_2.1_vae` / `wan2.2_vae.safetensors`) are told apart by their latent channels, not names.
 - text encoder `text_encoders/<name>`: UMT5EncoderModel, a transformers folder with its
   tokenizer, or a single file (`encoder.block.N`) with `<stem>.config.json` and
   `<stem>.tokenizer/` beside it.
@@ -163,15 +164,12 @@ def _load_vae(path: Path, placement: Placement) -> Any:
             state = _state(path, "")
             z_dim = _vae_z_dim(state)
             if any(k.startswith(("decoder.conv1.", "decoder.upsamples.")) for k in state):
-                if z_dim == VAE22["z_dim"]:
-                    raise ModelLoadError(
-                        f"{path.name} is the Wan 2.2 VAE in its original key layout, which the "
-                        "farm does not read yet: use diffusers' (Wan2.2-TI2V-5B-Diffusers/vae, "
-                        "the folder or its safetensors with its config.json as "
-                        f"{sidecar(path, '.config.json').name})")
-                from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+                if z_dim == VAE22["z_dim"]:  # the Wan 2.2 VAE (ComfyUI's wan2.2_vae)
+                    state = keys.vae22_from_original(state)
+                else:
+                    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
-                state = convert_wan_vae_to_diffusers(state)
+                    state = convert_wan_vae_to_diffusers(state)
             own = sidecar(path, ".config.json")
             config = (AutoencoderKLWan.load_config(str(own)) if own.is_file()
                       else dict(VAE22) if z_dim == VAE22["z_dim"] else {})
