@@ -147,7 +147,10 @@ def test_a_rank_killed_mid_run_restarts_the_group_and_the_run_finishes_once(
 
     run = owner.wait_run(run_id, timeout=180)
     assert run["status"] == "succeeded", run
-    assert Run.objects.get(pk=run_id).attempts == 2  # the killed attempt was handed back
+    # The killed attempt was handed back (2). On a loaded machine the fresh group's first
+    # forward (it loads the model) can outlast its start timeout once more: a third attempt,
+    # also handed back (CI saw it once); the run still ends with exactly one take.
+    assert Run.objects.get(pk=run_id).attempts in (2, 3)
     assert len(run["takes"]) == 1
     restarted = {int(p.cmdline()[3]): p.pid for p in worker.children(recursive=True)
                  if "workers.parallel.rank" in p.cmdline()}
