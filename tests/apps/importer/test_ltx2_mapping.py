@@ -101,7 +101,8 @@ def test_the_t2v_template_becomes_the_ltx2_nodes():
     sample = graph["15"]
     assert sample["params"] == {"seed": 7, "steps": STEPS, "cfg": 3.0, "audio_cfg": 3.0,
                                 "stg": 0.0, "audio_stg": 0.0, "modality": 1.0,
-                                "audio_modality": 1.0, "rescale": 0.0, "audio_rescale": 0.0}
+                                "audio_modality": 1.0, "rescale": 0.0, "audio_rescale": 0.0,
+                                "stg_blocks": "28"}
     assert sample["inputs"] == {"model": {"node": "1", "port": "model"},
                                 "positive": {"node": "4", "port": "conditioning"},
                                 "negative": {"node": "5", "port": "conditioning"},
@@ -134,11 +135,21 @@ def test_a_checkpoint_no_worker_holds_names_the_diffusers_folder_to_put_in_check
 
 
 def test_ltx_video_0_9_without_the_audio_latent_is_still_unsupported():
-    doc = t2v()
-    doc["nodes"] = [n for n in doc["nodes"] if n["id"] not in (2, 3, 8, 9, 16, 18)]
+    doc = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "ltxv-2b.safetensors"}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["1", 1]}},
+        "3": {"class_type": "EmptyLTXVLatentVideo", "inputs": {
+            "width": 768, "height": 512, "length": 97, "batch_size": 1}},
+        "4": {"class_type": "KSampler", "inputs": {
+            "model": ["1", 0], "positive": ["2", 0], "negative": ["2", 0], "latent_image": ["3", 0],
+            "seed": 1, "steps": 20, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
+            "denoise": 1.0}},
+        "5": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["1", 2]}},
+        "6": {"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "x"}},
+    }
     with pytest.raises(ImportInvalid) as err:
         imported(doc)
-    assert err.value.code == "unsupported_family"
+    assert (err.value.code, err.value.node_id) == ("unsupported_family", "3")
     assert "ltxv model family" in err.value.message and "LTX-Video 0.9" in err.value.message
 
 
