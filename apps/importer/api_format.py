@@ -16,7 +16,6 @@ from typing import Any
 
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
-from apps.importer.comfy_ltx2 import Rewrite, is_ltx2, rewrite
 from apps.importer.comfy_families import (
     CLIP_TYPE_LOADERS,
     CLIP_TYPES,
@@ -26,6 +25,7 @@ from apps.importer.comfy_families import (
     flux_shift,
     loader_evidence,
 )
+from apps.importer.comfy_ltx2 import Rewrite, is_ltx2, rewrite
 from apps.importer.comfy_nodes import (
     CUT,
     FOLDED,
@@ -207,7 +207,8 @@ def _families_check(state: _State) -> None:
         _clip_type_warning(state, node_id, evidence)
         if evidence is None:
             continue
-        if evidence.families == ("ltxv",) and comfy_type.startswith(("LTXV", "EmptyLTXV")):
+        if evidence.families == ("ltxv",) and (comfy_type.startswith(("LTXV", "EmptyLTXV"))
+                                               or (ltx2 and comfy_type in CLIP_TYPE_LOADERS)):
             evidence = (Evidence(node_id, comfy_type, ("ltx2",), f"{comfy_type} is LTX-2's in "
                                  "a workflow with its audio latent") if ltx2 else
                         Evidence(node_id, comfy_type, ("ltxv",), f"{evidence.why}: LTX-Video "

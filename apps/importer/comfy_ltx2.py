@@ -248,7 +248,7 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
         concat = av_concat(inputs.get("latent_image"))
         if concat is None:
             continue
-        fps = _clip(nodes, out, node, through, concat[1])
+        fps = _clip(nodes, out, node, concat[1])
         samplers[nid] = fps
         if comfy_type == "KSampler":
             _ksampler(out, nid, inputs)
@@ -266,18 +266,47 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             out.refused[nid] = (f"an LTX-2 clip's {what} alone are not decoded on this farm: "
                                 "ltx2/decode makes the clip with its sound (wire it into "
                                 "CreateVideo → SaveVideo)")
+    _loaders(out, nodes, readers, {f for f in samplers.values() if f is not None})
+    return out
+
+
+def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
+             readers: dict[str, list[str]], clip_fps: set[float]) -> None:
+    """The checkpoint loaders (a text-encoder loader of type `ltxv` reads the checkpoint's own
+    encoder too); LTXVConditioning's frame_rate against the clip's fps."""
+    checkpoints = [inputs.get("ckpt_name") for comfy_type, inputs in nodes.values()
+                   if comfy_type == "CheckpointLoaderSimple"]
     for nid, (comfy_type, inputs) in nodes.items():
         if comfy_type in ("CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
                           "LTXVAudioVAELoader"):
             out.loaders.add(nid)
-    return out
+        if comfy_type == "LTXVAudioVAELoader" and all(
+                r in out.folded or nodes[r][0] in FOLDED for r in readers.get(nid, [])):
+            out.folded[nid] = ("the checkpoint's audio VAE and vocoder decode the sound in "
+                               "ltx2/decode (its vae input)")
+        if comfy_type in ("CLIPLoader", "DualCLIPLoader") and inputs.get("type") == "ltxv":
+            if not checkpoints or not isinstance(checkpoints[0], str):
+                out.refused[nid] = ("LTX-2's text encoder loads from its checkpoint folder: "
+                                    "load the checkpoint with CheckpointLoaderSimple")
+                continue
+            names = [v for k, v in inputs.items() if k.startswith("clip_name")]
+            out.rules[nid] = RULES["LTXAVTextEncoderLoader"]
+            out.inputs[nid] = {"ckpt_name": checkpoints[0]}
+            out.loaders.add(nid)
+            out.warnings.append((nid, comfy_type, f"{' + '.join(map(str, names))} not loaded: "
+                                 "the checkpoint folder's own Gemma 3 encodes the prompt"))
+        rate = _number(inputs.get("frame_rate")) if comfy_type == "LTXVConditioning" else None
+        if rate is not None and clip_fps and rate not in clip_fps:
+            out.warnings.append((nid, comfy_type, f"frame_rate {rate:g} is not the clip's fps "
+                                 f"({', '.join(f'{f:g}' for f in sorted(clip_fps))}: "
+                                 "LTXVEmptyLatentAudio's frame_rate), which is used"))
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any, through: Any,
+def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
           concat: dict[str, Any]) -> float | None:
     """The clip's latent nodes: EmptyLTXVLatentVideo gets the audio latent's frame_rate,
     LTXVImgToVideoInplace its LTXVPreprocess's img_compression (bypass: folded away)."""

@@ -114,7 +114,8 @@ def test_the_t2v_template_becomes_the_ltx2_nodes():
     assert "ltx2/sample 15" in dropped["14"] and "ltx2/decode 19" in dropped["18"]
     warned = [w["message"] for w in result.report.warnings]
     assert any("text_encoder 'gemma_3_12B" in m for m in warned), warned
-    assert [m["name"] for m in result.report.models if m["held"]] == ["smoke-ltx2"] * 3
+    assert [m["name"] for m in result.report.models if m["held"]] == ["smoke-ltx2"] * 2
+    assert "audio VAE and vocoder" in dropped["3"]
 
 
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
@@ -168,8 +169,55 @@ def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path):
     outcome, run = render(result.graph.model_dump()["nodes"], result.target)
     assert outcome.status == "succeeded", outcome.error
     [take] = run.takes.all()
-    with av.open(io.BytesIO(blob_read(take.sha256))) as container:
-        video = container.streams.video[0]
-        assert container.streams.audio, "no sound track"
-        frames = sum(1 for _ in container.decode(video=0))
-        assert (frames, float(video.average_rate)) == (FRAMES, FPS)
+    data = blob_read(take.sha256)
+    with av.open(io.BytesIO(data), "r") as clip:
+        stream = clip.streams.video[0]
+        frames = len(list(clip.decode(stream)))
+        fps = float(stream.average_rate or 0)
+    with av.open(io.BytesIO(data), "r") as clip:
+        assert clip.streams.audio, "the clip has a sound track"
+        rate = clip.streams.audio[0].rate
+        sound = sum(f.samples for f in clip.decode(audio=0)) / rate
+    assert (frames, fps) == (FRAMES, FPS)
+    assert sound == pytest.approx(FRAMES / FPS, abs=0.08)
+
+
+def _api(doc: dict[str, Any]) -> dict[str, Any]:
+    """The UI template as the API prompt ComfyUI queues (the importer's own reader)."""
+    from apps.importer.report import Report
+    from apps.importer.services import _prompt_of
+
+    return _prompt_of(doc, Report())
+
+
+def test_a_ksampler_over_the_av_latent_and_a_ltxv_clip_loader_map_too():
+    prompt = _api(t2v())
+    for nid in ("10", "11", "12", "13", "14", "15"):
+        del prompt[nid]
+    prompt["2"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": GEMMA, "type": "ltxv"}}
+    prompt["15"] = {"class_type": "KSampler", "inputs": {
+        "model": ["1", 0], "positive": ["6", 0], "negative": ["6", 1], "latent_image": ["9", 0],
+        "seed": 3, "steps": 4, "cfg": 2.5, "sampler_name": "res_multistep",
+        "scheduler": "simple", "denoise": 1.0}}
+    result = imported(prompt)
+    graph = result.graph.model_dump()["nodes"]
+    assert (graph["2"]["type"], graph["2"]["params"]["file"]) == ("load/checkpoint", "smoke-ltx2")
+    assert graph["15"]["type"] == "ltx2/sample"
+    assert {k: graph["15"]["params"][k] for k in ("seed", "steps", "cfg", "audio_cfg")} == {
+        "seed": 3, "steps": 4, "cfg": 2.5, "audio_cfg": 2.5}
+    warned = {(w["id"], w["message"].split(":")[0]) for w in result.report.warnings}
+    assert ("15", "sampler 'res_multistep' is not used") in warned
+    assert ("2", f"{GEMMA} not loaded") in warned
+    assert "3" in {d["id"] for d in result.report.dropped}  # the audio VAE loader
+
+
+def test_the_clip_s_frames_alone_are_refused_with_what_to_wire():
+    prompt = _api(t2v())
+    prompt["20"] = {"class_type": "SaveAnimatedWEBP", "inputs": {
+        "images": ["17", 0], "filename_prefix": "x", "fps": 25, "lossless": False,
+        "quality": 80, "method": "default"}}
+    del prompt["19"]
+    with pytest.raises(ImportInvalid) as err:
+        imported(prompt)
+    assert (err.value.code, err.value.node_id) == ("unmapped_node", "17")
+    assert "ltx2/decode makes the clip with its sound" in err.value.message
