@@ -143,6 +143,12 @@ UNSUPPORTED: dict[str, str] = {
     "LTXVLatentUpsampler": "LTX-2's two-stage latent upsampler is not built on this farm yet",
     "LatentUpscaleModelLoader": "LTX-2's two-stage latent upsampler is not built on this farm "
     "yet",
+    "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
+    "CreateVideo of the clip's VAEDecode and its audio decode)",
+    "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace it "
+    "feeds",
+    "LTXVScheduler": "LTXVScheduler is read only as the steps of an LTX-2 sampler "
+    "(SamplerCustomAdvanced over LTXVConcatAVLatent)",
 }
 
 _SAMPLERS = frozenset({"SamplerCustomAdvanced", "KSampler"})

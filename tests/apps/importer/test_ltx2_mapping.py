@@ -221,3 +221,16 @@ def test_the_clip_s_frames_alone_are_refused_with_what_to_wire():
         imported(prompt)
     assert (err.value.code, err.value.node_id) == ("unmapped_node", "17")
     assert "ltx2/decode makes the clip with its sound" in err.value.message
+
+
+def test_object_info_lists_the_ltx2_nodes_a_comfyui_client_sends():
+    from apps.importer.comfy_object_info import object_info
+
+    info = object_info(catalog=CATALOG, uploads=[])
+    for name in ("EmptyLTXVLatentVideo", "LTXVImgToVideoInplace", "LTXAVTextEncoderLoader",
+                 "LTXVAudioVAELoader", "LTXVConditioning", "LTXVEmptyLatentAudio",
+                 "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVScheduler",
+                 "ModelSamplingLTXV", "LTXVPreprocess", "LTXVAudioVAEDecode"):
+        assert name in info, name
+    assert info["LTXAVTextEncoderLoader"]["input"]["required"]["ckpt_name"][0] == ["smoke-ltx2"]
+    assert info["LTXVSeparateAVLatent"]["output"] == ["LATENT", "LATENT"]
