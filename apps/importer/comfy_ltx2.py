@@ -416,10 +416,14 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
         out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes LTXVScheduler's "
                             "(or BasicScheduler's) steps")
         return
-    for part in (noise, guider, sampler, sigmas):
+    roles = {"noise": "its noise_seed is ltx2/sample {}'s seed",
+             "guider": "its model, prompts and cfg are ltx2/sample {}'s",
+             "sampler": "ltx2/sample {} steps LTX2Pipeline's flow Euler",
+             "sigmas": "its steps are ltx2/sample {}'s (LTX2Pipeline's schedule)"}
+    for role, part in parts.items():
         if part is not None and all(r == nid or nodes[r][0] in _SAMPLERS
                                     for r in readers.get(part[0], [])):
-            out.folded[part[0]] = f"folded into ltx2/sample {nid}"
+            out.folded[part[0]] = roles[role].format(nid)
     out.rules[nid] = sample_rule(("latent", "latent"), ())
     out.inputs[nid] = new
     out.warnings += [(nid, "SamplerCustomAdvanced", message) for message in warned]

@@ -111,7 +111,7 @@ def test_the_t2v_template_becomes_the_ltx2_nodes():
                                      "latent": {"node": "15", "port": "latent"}}
     dropped = {d["id"]: d["reason"] for d in result.report.dropped}
     assert set(dropped) >= {"6", "8", "9", "10", "11", "12", "13", "14", "16", "17", "18"}
-    assert "ltx2/sample 15" in dropped["14"] and "ltx2/decode 19" in dropped["18"]
+    assert "ltx2/sample 15's seed" in dropped["14"] and "ltx2/decode 19" in dropped["18"]
     warned = [w["message"] for w in result.report.warnings]
     assert any("text_encoder 'gemma_3_12B" in m for m in warned), warned
     assert [m["name"] for m in result.report.models if m["held"]] == ["smoke-ltx2"] * 2
