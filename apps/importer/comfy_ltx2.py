@@ -136,8 +136,9 @@ FOLDED: dict[str, tuple[str, str, Callable[[dict[str, Any]], list[str]] | None]]
 UNSUPPORTED: dict[str, str] = {
     "LTXVAddGuide": "LTX-2 keyframes beyond the first frame are not built on this farm yet "
     "(LTXVImgToVideoInplace conditions the first frame)",
-    "LTXVImgToVideo": "LTX-Video 0.9's image-to-video is not on this farm: LTX-2 workflows "
-    "use LTXVImgToVideoInplace",
+    "LTXVImgToVideo": "LTXVImgToVideo (latent and prompts in one node) is not mapped yet: "
+    "wire EmptyLTXVLatentVideo → LTXVImgToVideoInplace instead, as ComfyUI's LTX-2 template "
+    "does",
     "LTXVAudioVAEEncode": "LTX-2 audio-to-video (an encoded sound track) is not built on this "
     "farm yet",
     "LTXVLatentUpsampler": "LTX-2's two-stage latent upsampler is not built on this farm yet",
