@@ -25,6 +25,7 @@ from apps.importer.comfy_families import (
     flux_shift,
     loader_evidence,
 )
+from apps.importer.comfy_ltx2 import Rewrite, is_ltx2, rewrite
 from apps.importer.comfy_nodes import (
     CUT,
     FOLDED,
@@ -78,6 +79,7 @@ class _State:
     files: FileFamilies = field(default_factory=dict)
     evidence: dict[str, Evidence] = field(default_factory=dict)  # node id → its family evidence
     param_into: dict[str, list[str]] = field(default_factory=dict)  # FluxGuidance… → samplers
+    ltx2: Rewrite = field(default_factory=Rewrite)  # an LTX-2 workflow's settled nodes
 
 
 def prompt_to_graph(
@@ -91,7 +93,12 @@ def prompt_to_graph(
     `files`: the families of the model files the fleet holds (their contents say them)."""
     state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset,
                    files=files or {})
+    state.ltx2 = rewrite(state.nodes)
     _families_check(state)
+    for node_id, new_inputs in state.ltx2.inputs.items():
+        state.nodes[node_id] = (state.nodes[node_id][0], new_inputs)
+    for node_id, comfy_type, message in state.ltx2.warnings:
+        report.warn(node_id, comfy_type, message)
     for node_id in sorted(state.nodes, key=id_order):
         _classify(state, node_id)
     _video_decodes(state)
@@ -103,6 +110,8 @@ def prompt_to_graph(
         _map_node(state, node)
         if node.rule.type in ("sample", "sample/advanced"):
             _sampler_family_params(state, node)
+        elif node.rule.type == "ltx2/sample":  # ComfyUI's one cfg guides video and sound
+            node.params["audio_cfg"] = node.params.get("cfg", 1.0)
         if node.rule.type == "load/text-encoder":
             _encoder_family(state, node)
     kept, target = _outputs(state)
@@ -157,8 +166,12 @@ def _looks_like_link(value: Any) -> bool:
 
 def _classify(state: _State, node_id: str) -> None:
     comfy_type, inputs = state.nodes[node_id]
-    rule = RULES.get(comfy_type)
-    if rule is not None and rule.refuse is not None and (why := rule.refuse(inputs)):
+    rule = state.ltx2.rules.get(node_id, RULES.get(comfy_type))
+    if node_id in state.ltx2.refused:
+        state.unmapped[node_id] = state.ltx2.refused[node_id]
+    elif node_id in state.ltx2.folded:
+        state.report.drop(node_id, comfy_type, state.ltx2.folded[node_id])
+    elif rule is not None and rule.refuse is not None and (why := rule.refuse(inputs)):
         state.unmapped[node_id] = why
     elif rule is not None:
         state.mapped[node_id] = _Mapped(node_id, comfy_type, rule)
@@ -191,12 +204,19 @@ def _families_check(state: _State) -> None:
         name, held = model_resolve(requested, state.catalog.get(folder, []))
         return state.files.get((folder, name)) if held else None
 
+    ltx2 = is_ltx2(state.nodes)
     for node_id in sorted(_feeding_outputs(state), key=id_order):
         comfy_type, inputs = state.nodes[node_id]
         evidence = loader_evidence(node_id, comfy_type, inputs, families_of)
         _clip_type_warning(state, node_id, evidence)
         if evidence is None:
             continue
+        if evidence.families == ("ltxv",) and (comfy_type.startswith(("LTXV", "EmptyLTXV"))
+                                               or (ltx2 and comfy_type in CLIP_TYPE_LOADERS)):
+            evidence = (Evidence(node_id, comfy_type, ("ltx2",), f"{comfy_type} is LTX-2's in "
+                                 "a workflow with its audio latent") if ltx2 else
+                        Evidence(node_id, comfy_type, ("ltxv",), f"{evidence.why}: LTX-Video "
+                                 "0.9's, as the workflow has no LTX-2 audio latent nodes"))
         state.evidence[node_id] = evidence
         if not any(f in REGISTERED for f in evidence.families):
             needs = (f"the {' / '.join(evidence.families)} model family" if evidence.families
@@ -484,7 +504,7 @@ def _resolve(state: _State, link: Link) -> Link | None:
         comfy_type, inputs = state.nodes[link.node]
         if comfy_type in CUT or comfy_type in NOTE_TYPES:
             return None
-        passed = PASSED.get(comfy_type, {}).get(link.slot)
+        passed = state.ltx2.passed.get(link.node, PASSED.get(comfy_type, {}).get(link.slot))
         if passed is not None:  # an output that is one of the node's inputs, unchanged
             upstream = inputs.get(passed)
             if not isinstance(upstream, Link):
@@ -583,7 +603,13 @@ def _model(state: _State, node: _Mapped, folder: str, requested: str) -> str:
     if name != requested:
         entry["requested"] = requested
     state.report.models.append(entry)
-    if not held:
+    if not held and node.id in state.ltx2.loaders:
+        state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: the "
+                          "farm loads LTX-2 from a diffusers LTX2Pipeline folder (model_index."
+                          "json, transformer/, vae/, audio_vae/, vocoder/, connectors/, "
+                          f"text_encoder/, tokenizer/, scheduler/): put it at {folder}/"
+                          f"{_stem(name)}/ (ComfyUI's single file does not load yet)")
+    elif not held:
         state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
                           f"the file in the models dir under {folder}/")
     return name

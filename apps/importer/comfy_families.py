@@ -57,6 +57,11 @@ FAMILY_NODES: dict[str, str] = {
     "EmptyChromaRadianceLatentImage": "chroma-radiance",
     "EmptyQwenImageLayeredLatentImage": "qwenimage",
     "TextEncodeQwenImage21": "qwenimage21", "QwenImage21Cache": "qwenimage21",
+    # LTX-2's audio nodes; the LTXV nodes it shares with LTX-Video 0.9 say `ltxv`, which an
+    # LTX-2 workflow (one with these) reads as ltx2 (api_format `_families_check`)
+    **dict.fromkeys(("LTXVEmptyLatentAudio", "LTXVConcatAVLatent", "LTXVSeparateAVLatent",
+                     "LTXVAudioVAELoader", "LTXVAudioVAEDecode", "LTXVAudioVAEEncode",
+                     "LTXAVTextEncoderLoader"), "ltx2"),
 }
 FAMILY_NODE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Wan", "wan"), ("TextEncodeQwenImage", "qwenimage"), ("QwenImage", "qwenimage"),
@@ -73,6 +78,8 @@ LOADER_FILES: dict[str, tuple[tuple[str, str], ...]] = {
                          ("clip_name3", "text_encoders")),
     "VAELoader": (("vae_name", "vae"),),
     "CheckpointLoaderSimple": (("ckpt_name", "checkpoints"),),
+    "LTXAVTextEncoderLoader": (("ckpt_name", "checkpoints"),),
+    "LTXVAudioVAELoader": (("ckpt_name", "checkpoints"),),
 }
 
 # Nodes whose effect becomes a param of the sampler downstream: (the input they pass on, param).

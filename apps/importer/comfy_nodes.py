@@ -21,7 +21,7 @@ from typing import Any
 
 from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
 from apps.graphs.nodes_qwen import QWEN21_IMAGES
-from apps.importer import comfy_vocab
+from apps.importer import comfy_ltx2, comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 from apps.importer.comfy_rules import RESAMPLE, KindOf, ParamMap, Rule, Warn
 from apps.importer.comfy_rules import area_warning as _area
@@ -518,6 +518,8 @@ QWEN_REFERENCE_LATENT = Rule(
 )
 RULES.update(comfy_vocab.VOCABULARY)
 WIDGETS.update(comfy_vocab.WIDGETS)
+RULES.update(comfy_ltx2.RULES)  # LTX-2: most of its nodes are settled per workflow (rewrite)
+WIDGETS.update(comfy_ltx2.WIDGETS)
 
 # Folded into their consumers: output 0 is the named input, unchanged on this farm. The nodes
 # of comfy_families.SAMPLER_PARAM_NODES (FluxGuidance, ModelSampling*) become a param of the
@@ -533,6 +535,8 @@ FOLDED["CFGNorm"] = (
     [f"CFGNorm strength {values.get('strength')} is not honoured (always 1)"],
 )
 
+FOLDED.update(comfy_ltx2.FOLDED)
+
 # Cut: consumers get the input unwired, which means the same thing on this farm.
 CUT: dict[str, str] = {
     "ConditioningZeroOut": (
@@ -541,7 +545,7 @@ CUT: dict[str, str] = {
     ),
 }
 
-UNSUPPORTED: dict[str, str] = {}
+UNSUPPORTED: dict[str, str] = {**comfy_ltx2.UNSUPPORTED}
 
 # VAEDecode of a video latent (from these nodes, through samplers): the clip's frames.
 VIDEO_DECODE = Rule("vae/decode-video", inputs={"samples": "latent", "vae": "vae"},
@@ -550,6 +554,6 @@ VIDEO_LATENTS = frozenset({"latent/empty-video", "wan/image-to-video", "wan/ti2v
 
 # Passed through: output slot → the input it is, unchanged, on this farm (none today; LoraLoader's
 # CLIP output was one until load/lora applied the text encoder's half).
-PASSED: dict[str, dict[int, str]] = {}
+PASSED: dict[str, dict[int, str]] = {**comfy_ltx2.PASSED}
 
 

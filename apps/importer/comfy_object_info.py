@@ -48,6 +48,11 @@ TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares o
     ("SaveVideo", "format"): [["auto", "mp4", "webm"], {"default": "auto"}],
     ("SaveVideo", "codec"): [["auto", "h264", "vp9"], {"default": "auto"}],
     ("SaveAnimatedWEBP", "method"): [["default", "fastest", "slowest"]],
+    # LTX-2 (comfy_ltx2.py): accepted as ComfyUI declares them
+    ("LTXVImgToVideoInplace", "strength"): ["FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0}],
+    ("LTXVImgToVideoInplace", "bypass"): ["BOOLEAN", {"default": False}],
+    ("EmptyLTXVLatentVideo", "length"): ["INT", {"default": 97, "min": 1, "max": 16384,
+                                                 "step": 8}],
 }
 # Inputs ComfyUI declares optional, and those of any type ("*": a switch's branches, what a
 # PreviewAny shows); the math node's inputs are listed once, by their API names.
@@ -70,6 +75,10 @@ DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler"
            "VAELoader": "Load VAE", "LoadImage": "Load Image", "SaveImage": "Save Image",
            "PreviewImage": "Preview Image", "ImageScale": "Upscale Image"}
 _SHIFT = ["FLOAT", {"default": 3.0, "min": 0.0, "max": 100.0, "step": 0.01}]
+_LTX_SHIFTS = {"max_shift": ["FLOAT", {"default": 2.05, "min": 0.0, "max": 100.0, "step": 0.01}],
+               "base_shift": ["FLOAT", {"default": 0.95, "min": 0.0, "max": 100.0, "step": 0.01}]}
+_LTX_FRAMES = {"min": 1, "max": 1000, "step": 1}
+_PROMPTS = {"positive": ["CONDITIONING"], "negative": ["CONDITIONING"]}
 EXTRA_TYPES: dict[str, dict[str, Any]] = {  # folded / cut on the farm, still accepted
     "ModelSamplingAuraFlow": {"required": {"model": ["MODEL"], "shift": _SHIFT},
                               "output": ["MODEL"], "category": "advanced/model"},
@@ -88,6 +97,36 @@ EXTRA_TYPES: dict[str, dict[str, Any]] = {  # folded / cut on the farm, still ac
         "output": ["CONDITIONING"], "category": "advanced/conditioning/flux"},
     "ConditioningZeroOut": {"required": {"conditioning": ["CONDITIONING"]},
                             "output": ["CONDITIONING"], "category": "advanced/conditioning"},
+    # LTX-2's nodes the importer folds into the ltx2/* nodes (apps/importer/comfy_ltx2.py)
+    "LTXVConditioning": {"required": {**_PROMPTS, "frame_rate": [
+        "FLOAT", {"default": 25.0, "min": 0.0, "max": 1000.0, "step": 0.01}]},
+        "output": ["CONDITIONING", "CONDITIONING"], "category": "conditioning/video_models"},
+    "LTXVEmptyLatentAudio": {"required": {
+        "frames_number": ["INT", {"default": 97, **_LTX_FRAMES}],
+        "frame_rate": ["INT", {"default": 25, **_LTX_FRAMES}],
+        "batch_size": ["INT", {"default": 1, "min": 1, "max": 4096}], "audio_vae": ["VAE"]},
+        "output": ["LATENT"], "category": "model/latent/ltxv"},
+    "LTXVConcatAVLatent": {"required": {"video_latent": ["LATENT"], "audio_latent": ["LATENT"]},
+                           "output": ["LATENT"], "category": "latent/video/ltxv"},
+    "LTXVSeparateAVLatent": {"required": {"av_latent": ["LATENT"]},
+                             "output": ["LATENT", "LATENT"], "category": "latent/video/ltxv"},
+    "LTXVCropGuides": {"required": {**_PROMPTS, "latent": ["LATENT"]},
+                       "output": ["CONDITIONING", "CONDITIONING", "LATENT"],
+                       "category": "conditioning/video_models"},
+    "ModelSamplingLTXV": {"required": {"model": ["MODEL"], **_LTX_SHIFTS},
+                          "output": ["MODEL"], "category": "advanced/model"},
+    "LTXVScheduler": {"required": {
+        "steps": ["INT", {"default": 20, "min": 1, "max": 10000}], **_LTX_SHIFTS,
+        "stretch": ["BOOLEAN", {"default": True}],
+        "terminal": ["FLOAT", {"default": 0.1, "min": 0.0, "max": 0.99, "step": 0.01}]},
+        "output": ["SIGMAS"], "category": "sampling/custom_sampling/schedulers"},
+    "LTXVPreprocess": {"required": {"image": ["IMAGE"], "img_compression": [
+        "INT", {"default": 35, "min": 0, "max": 100}]},
+        "output": ["IMAGE"], "category": "video/preprocessors"},
+    "LTXVAudioVAEDecode": {"required": {"samples": ["LATENT"], "audio_vae": ["VAE"]},
+                           "output": ["AUDIO"], "category": "model/latent/ltxv"},
+    "VAEDecodeAudio": {"required": {"samples": ["LATENT"], "vae": ["VAE"]},
+                       "output": ["AUDIO"], "category": "latent/audio"},
 }
 
 

@@ -1,0 +1,461 @@
+"""ComfyUI's LTX-2 workflows (comfy_extras/nodes_lt.py, nodes_lt_audio.py) → the ltx2/* nodes.
+TORCH-FREE.
+
+Not one node to one node: ComfyUI wires a clip as separate video and audio latents joined for
+the sampler and split again for the decoders; the farm's ltx2/* nodes carry both in one latent.
+
+    EmptyLTXVLatentVideo (+ LTXVEmptyLatentAudio's frame_rate)  → ltx2/empty-latent
+    LTXVImgToVideoInplace (+ LTXVPreprocess's img_compression)  → ltx2/image-to-video (crf)
+    LTXVConcatAVLatent, LTXVSeparateAVLatent, LTXVConditioning, LTXVCropGuides,
+      ModelSamplingLTXV, LTXVEmptyLatentAudio                   → folded (pass their input on)
+    SamplerCustomAdvanced (RandomNoise, CFGGuider / BasicGuider, KSamplerSelect,
+      LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
+    CreateVideo of VAEDecode (+ LTXVAudioVAEDecode / VAEDecodeAudio) of the sampled clip
+                                                                → ltx2/decode (then video/save)
+    CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of the
+      diffusers LTX2Pipeline folder named like ComfyUI's single file (its stem)
+
+`rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
+importer classifies them; api_format applies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.importer.comfy_rules import ParamMap, Rule
+
+FAMILY = "ltx2"
+# Nodes that exist for LTX-2 only (its audio): a workflow with one is an LTX-2 workflow, and
+# the LTXV nodes it shares with LTX-Video 0.9 (EmptyLTXVLatentVideo, LTXVConditioning, …) are
+# LTX-2's there.
+LTX2_NODES = frozenset({
+    "LTXVEmptyLatentAudio", "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAELoader",
+    "LTXVAudioVAEDecode", "LTXVAudioVAEEncode", "LTXAVTextEncoderLoader",
+})
+
+WIDGETS: dict[str, tuple[str, ...]] = {
+    "EmptyLTXVLatentVideo": ("width", "height", "length", "batch_size"),
+    "LTXVConditioning": ("frame_rate",),
+    "LTXVImgToVideoInplace": ("strength", "bypass"),
+    "LTXVPreprocess": ("img_compression",),
+    "LTXVScheduler": ("steps", "max_shift", "base_shift", "stretch", "terminal"),
+    "ModelSamplingLTXV": ("max_shift", "base_shift"),
+    "LTXVEmptyLatentAudio": ("frames_number", "frame_rate", "batch_size"),
+    "LTXVConcatAVLatent": (),
+    "LTXVSeparateAVLatent": (),
+    "LTXVCropGuides": (),
+    "LTXVAudioVAELoader": ("ckpt_name",),
+    "LTXVAudioVAEDecode": (),
+    "VAEDecodeAudio": (),
+    "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name", "device"),
+}
+
+# LTX2Pipeline's schedule (its FlowMatchEulerDiscreteScheduler config): ComfyUI's
+# LTXVScheduler / ModelSamplingLTXV defaults, which ltx2/sample always uses.
+SCHEDULE_DEFAULTS = {"max_shift": 2.05, "base_shift": 0.95, "stretch": True, "terminal": 0.1}
+DEFAULT_FPS = 25.0  # LTXVEmptyLatentAudio's / LTXVConditioning's default
+_CKPT = "checkpoints"
+
+
+def _defaults_warning(node: str) -> Callable[[dict[str, Any]], list[str]]:
+    def check(values: dict[str, Any]) -> list[str]:
+        changed = [f"{k} {values[k]!r}" for k, v in SCHEDULE_DEFAULTS.items()
+                   if k in values and not isinstance(values[k], list) and values[k] != v]
+        return [f"{', '.join(changed)} ignored: ltx2/sample uses LTX2Pipeline's schedule "
+                f"({node}'s defaults)"] if changed else []
+    return check
+
+
+def _batch(values: dict[str, Any]) -> list[str]:
+    batch = values.get("batch_size", 1)
+    return [] if batch in (1, None) or isinstance(batch, list) else [
+        f"batch_size {batch} is ignored: the farm renders one clip per run"]
+
+
+def _text_encoder(values: dict[str, Any]) -> list[str]:
+    name = values.get("text_encoder")
+    return [f"text_encoder {name!r} is not loaded: the checkpoint folder's own Gemma 3 encodes "
+            "the prompt"] if isinstance(name, str) else []
+
+
+def _i2v_warnings(values: dict[str, Any]) -> list[str]:
+    strength = values.get("strength", 1.0)
+    if isinstance(strength, int | float) and strength != 1.0:
+        return [f"strength {strength} is not honoured: the first frame is kept as the image "
+                "(strength 1)"]
+    return []
+
+
+RULES: dict[str, Rule] = {
+    "EmptyLTXVLatentVideo": Rule(
+        "ltx2/empty-latent", outputs=("latent",),
+        params={"width": ParamMap("width"), "height": ParamMap("height"),
+                "length": ParamMap("length"), "frame_rate": ParamMap("fps", float)},
+        warnings=(_batch,),
+    ),
+    "LTXVImgToVideoInplace": Rule(
+        "ltx2/image-to-video", inputs={"vae": "vae", "image": "image", "latent": "latent"},
+        outputs=("latent",), params={"img_compression": ParamMap("crf", int)},
+        derive=lambda values: {} if "img_compression" in values else {"crf": 0},
+        warnings=(_i2v_warnings,),
+    ),
+    "LTXAVTextEncoderLoader": Rule(  # ComfyUI: Gemma 3 + the checkpoint's text projection
+        "load/checkpoint", outputs=("encoder",),
+        params={"ckpt_name": ParamMap("file", folder=_CKPT)}, warnings=(_text_encoder,),
+    ),
+    "LTXVAudioVAELoader": Rule(  # the checkpoint's audio VAE + vocoder: ltx2/decode's vae
+        "load/checkpoint", outputs=("vae",),
+        params={"ckpt_name": ParamMap("file", folder=_CKPT)},
+    ),
+}
+
+# Folded: consumers read the named input instead (comfy_nodes.PASSED routes each output slot).
+PASSED: dict[str, dict[int, str]] = {
+    "LTXVConcatAVLatent": {0: "video_latent"},
+    "LTXVSeparateAVLatent": {0: "av_latent", 1: "av_latent"},
+    "LTXVConditioning": {0: "positive", 1: "negative"},
+    "LTXVCropGuides": {0: "positive", 1: "negative", 2: "latent"},
+    "ModelSamplingLTXV": {0: "model"},
+}
+FOLDED: dict[str, tuple[str, str, Callable[[dict[str, Any]], list[str]] | None]] = {
+    "LTXVConcatAVLatent": ("video_latent", "ltx2/empty-latent makes the clip's video and audio "
+                           "latents as one", None),
+    "LTXVSeparateAVLatent": ("av_latent", "ltx2/decode decodes the clip's video and audio "
+                             "latents together", None),
+    "LTXVConditioning": ("positive", "the clip's frame rate is ltx2/empty-latent's fps", None),
+    "LTXVCropGuides": ("latent", "ltx2/sample appends no guide frames to crop", None),
+    "ModelSamplingLTXV": ("model", "ltx2/sample shifts its sigmas by the clip's size as "
+                          "LTX2Pipeline does", _defaults_warning("ModelSamplingLTXV")),
+    "LTXVEmptyLatentAudio": ("audio_vae", "ltx2/empty-latent makes the clip's audio latent "
+                             "(its frame_rate is the clip's fps)", _batch),
+}
+
+UNSUPPORTED: dict[str, str] = {
+    "LTXVAddGuide": "LTX-2 keyframes beyond the first frame are not built on this farm yet "
+    "(LTXVImgToVideoInplace conditions the first frame)",
+    "LTXVImgToVideo": "LTXVImgToVideo (latent and prompts in one node) is not mapped yet: "
+    "wire EmptyLTXVLatentVideo → LTXVImgToVideoInplace instead, as ComfyUI's LTX-2 template "
+    "does",
+    "LTXVAudioVAEEncode": "LTX-2 audio-to-video (an encoded sound track) is not built on this "
+    "farm yet",
+    "LTXVLatentUpsampler": "LTX-2's two-stage latent upsampler is not built on this farm yet",
+    "LatentUpscaleModelLoader": "LTX-2's two-stage latent upsampler is not built on this farm "
+    "yet",
+    "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
+    "CreateVideo of the clip's VAEDecode and its audio decode)",
+    "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace it "
+    "feeds",
+    "LTXVScheduler": "LTXVScheduler is read only as the steps of an LTX-2 sampler "
+    "(SamplerCustomAdvanced over LTXVConcatAVLatent)",
+}
+
+_SAMPLERS = frozenset({"SamplerCustomAdvanced", "KSampler"})
+_FRAME_DECODES = frozenset({"VAEDecode", "VAEDecodeTiled"})
+_AUDIO_DECODES = frozenset({"LTXVAudioVAEDecode", "VAEDecodeAudio"})
+_SAMPLE_RULE_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
+                       "latent": "latent"}
+
+
+def _fixed_guidance(values: dict[str, Any]) -> dict[str, Any]:
+    """ComfyUI's CFGGuider mixes the joint prediction with one cfg: the same CFG on video and
+    sound (api_format copies `cfg` to `audio_cfg`), no STG, modality guidance or rescale."""
+    return {"stg": 0.0, "audio_stg": 0.0, "modality": 1.0, "audio_modality": 1.0,
+            "rescale": 0.0, "audio_rescale": 0.0}
+
+
+def _seed(value: Any) -> Any:
+    from apps.importer.comfy_nodes import _seed as seed
+
+    return seed(value)
+
+
+def sample_rule(outputs: tuple[str | None, ...],
+                warnings: tuple[Callable[[dict[str, Any]], list[str]], ...]) -> Rule:
+    return Rule("ltx2/sample", inputs=_SAMPLE_RULE_INPUTS, outputs=outputs,
+                params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps"),
+                        "cfg": ParamMap("cfg", float)},
+                derive=_fixed_guidance, warnings=warnings)
+
+
+DECODE_RULE = Rule("ltx2/decode", inputs={"vae": "vae", "samples": "latent"}, outputs=("video",))
+
+
+@dataclass
+class Rewrite:
+    """What `rewrite` settled: per node a rule and its new inputs (ComfyUI names, links kept),
+    folds (reason), refusals (reason), warnings, and the LTX-2 checkpoint loaders."""
+
+    rules: dict[str, Rule] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    folded: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    warnings: list[tuple[str, str, str]] = field(default_factory=list)
+    loaders: set[str] = field(default_factory=set)
+    passed: dict[str, str] = field(default_factory=dict)  # a node whose output is this input
+
+
+def is_ltx2(nodes: dict[str, tuple[str, dict[str, Any]]]) -> bool:
+    return any(comfy_type in LTX2_NODES for comfy_type, _ in nodes.values())
+
+
+def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
+    """Settle an LTX-2 workflow's samplers, latents and decodes (see the module doc). `nodes`:
+    id → (class_type, inputs with api_format Links)."""
+    from apps.importer.api_format import Link
+
+    out = Rewrite()
+    if not is_ltx2(nodes):
+        return out
+
+    def node(link: Any) -> tuple[str, str, dict[str, Any]] | None:
+        if not isinstance(link, Link):
+            return None
+        comfy_type, inputs = nodes[link.node]
+        return link.node, comfy_type, inputs
+
+    def through(link: Any) -> Any:
+        """Follow the folded LTX-2 nodes (PASSED) up to the real output."""
+        for _ in range(len(nodes) + 1):
+            if not isinstance(link, Link):
+                return link
+            comfy_type, inputs = nodes[link.node]
+            port = PASSED.get(comfy_type, {}).get(link.slot)
+            if port is None:
+                return link
+            link = inputs.get(port)
+        return None
+
+    def av_concat(link: Any) -> tuple[str, dict[str, Any]] | None:
+        """The LTXVConcatAVLatent a sampler's latent is (through LTXVCropGuides)."""
+        for _ in range(len(nodes) + 1):
+            found = node(link)
+            if found is None:
+                return None
+            nid, comfy_type, inputs = found
+            if comfy_type == "LTXVConcatAVLatent":
+                return nid, inputs
+            if comfy_type != "LTXVCropGuides":
+                return None
+            link = inputs.get("latent")
+        return None
+
+    readers: dict[str, list[str]] = {}
+    for nid, (_, inputs) in nodes.items():
+        for value in inputs.values():
+            if isinstance(value, Link):
+                readers.setdefault(value.node, []).append(nid)
+
+    samplers: dict[str, float | None] = {}  # sampler id → its clip's fps (when known)
+    for nid, (comfy_type, inputs) in nodes.items():
+        if comfy_type not in _SAMPLERS:
+            continue
+        concat = av_concat(inputs.get("latent_image"))
+        if concat is None:
+            continue
+        fps = _clip(nodes, out, node, concat[1])
+        samplers[nid] = fps
+        if comfy_type == "KSampler":
+            _ksampler(out, nid, inputs)
+        else:
+            _custom_advanced(out, nodes, node, readers, nid, inputs)
+
+    for nid, (comfy_type, inputs) in nodes.items():
+        if comfy_type == "CreateVideo":
+            _create_video(out, nodes, node, through, readers, samplers, nid, inputs)
+    for nid, (comfy_type, inputs) in nodes.items():  # decodes read by no clip: refused
+        sampled = through(inputs.get("samples"))
+        if (comfy_type in _FRAME_DECODES | _AUDIO_DECODES and nid not in out.folded
+                and isinstance(sampled, Link) and sampled.node in samplers):
+            what = "frames" if comfy_type in _FRAME_DECODES else "sound"
+            out.refused[nid] = (f"an LTX-2 clip's {what} alone are not decoded on this farm: "
+                                "ltx2/decode makes the clip with its sound (wire it into "
+                                "CreateVideo → SaveVideo)")
+    _loaders(out, nodes, readers, {f for f in samplers.values() if f is not None})
+    return out
+
+
+def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
+             readers: dict[str, list[str]], clip_fps: set[float]) -> None:
+    """The checkpoint loaders (a text-encoder loader of type `ltxv` reads the checkpoint's own
+    encoder too); LTXVConditioning's frame_rate against the clip's fps."""
+    checkpoints = [inputs.get("ckpt_name") for comfy_type, inputs in nodes.values()
+                   if comfy_type == "CheckpointLoaderSimple"]
+    for nid, (comfy_type, inputs) in nodes.items():
+        if comfy_type in ("CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
+                          "LTXVAudioVAELoader"):
+            out.loaders.add(nid)
+        if comfy_type == "LTXVAudioVAELoader" and all(
+                r in out.folded or nodes[r][0] in FOLDED for r in readers.get(nid, [])):
+            out.folded[nid] = ("the checkpoint's audio VAE and vocoder decode the sound in "
+                               "ltx2/decode (its vae input)")
+        if comfy_type in ("CLIPLoader", "DualCLIPLoader") and inputs.get("type") == "ltxv":
+            if not checkpoints or not isinstance(checkpoints[0], str):
+                out.refused[nid] = ("LTX-2's text encoder loads from its checkpoint folder: "
+                                    "load the checkpoint with CheckpointLoaderSimple")
+                continue
+            names = [v for k, v in inputs.items() if k.startswith("clip_name")]
+            out.rules[nid] = RULES["LTXAVTextEncoderLoader"]
+            out.inputs[nid] = {"ckpt_name": checkpoints[0]}
+            out.loaders.add(nid)
+            out.warnings.append((nid, comfy_type, f"{' + '.join(map(str, names))} not loaded: "
+                                 "the checkpoint folder's own Gemma 3 encodes the prompt"))
+        rate = _number(inputs.get("frame_rate")) if comfy_type == "LTXVConditioning" else None
+        if rate is not None and clip_fps and rate not in clip_fps:
+            out.warnings.append((nid, comfy_type, f"frame_rate {rate:g} is not the clip's fps "
+                                 f"({', '.join(f'{f:g}' for f in sorted(clip_fps))}: "
+                                 "LTXVEmptyLatentAudio's frame_rate), which is used"))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
+          concat: dict[str, Any]) -> float | None:
+    """The clip's latent nodes: EmptyLTXVLatentVideo gets the audio latent's frame_rate,
+    LTXVImgToVideoInplace its LTXVPreprocess's img_compression (bypass: folded away)."""
+    audio = node(concat.get("audio_latent"))
+    frame_rate: Any = DEFAULT_FPS
+    frames = None
+    if audio is not None and audio[1] == "LTXVEmptyLatentAudio":
+        frame_rate = audio[2].get("frame_rate", DEFAULT_FPS)
+        frames = audio[2].get("frames_number")
+    link = concat.get("video_latent")
+    for _ in range(len(nodes) + 1):
+        found = node(link)
+        if found is None:
+            return None
+        nid, comfy_type, inputs = found
+        if comfy_type == "LTXVImgToVideoInplace":
+            if inputs.get("bypass") is True:
+                out.folded[nid] = "bypass: ComfyUI passes the latent on unchanged"
+                out.passed[nid] = "latent"
+                link = inputs.get("latent")
+                continue
+            image = node(inputs.get("image"))
+            if image is not None and image[1] == "LTXVPreprocess":
+                out.folded[image[0]] = (f"its H.264 re-compression is ltx2/image-to-video "
+                                        f"{nid}'s crf")
+                out.inputs[nid] = {**inputs, "image": image[2].get("image"),
+                                   "img_compression": image[2].get("img_compression", 33)}
+            link = inputs.get("latent")
+            continue
+        if comfy_type != "EmptyLTXVLatentVideo":
+            return None
+        length = inputs.get("length")
+        if _number(frames) is not None and _number(length) is not None and frames != length:
+            out.warnings.append((nid, comfy_type, f"the audio latent's frames_number {frames} "
+                                 f"is not the clip's length {length}: the sound lasts the clip"))
+        out.inputs[nid] = {**inputs, "frame_rate": frame_rate}
+        return _number(frame_rate)
+    return None
+
+
+def _sampler_warning(values: dict[str, Any]) -> list[str]:
+    found = []
+    sampler, scheduler = values.get("sampler_name"), values.get("scheduler")
+    if isinstance(sampler, str) and sampler != "euler":
+        found.append(f"sampler {sampler!r} is not used: ltx2/sample steps LTX2Pipeline's flow "
+                     "Euler")
+    if isinstance(scheduler, str):
+        found.append(f"scheduler {scheduler!r} is not used: ltx2/sample uses LTX2Pipeline's "
+                     "resolution-shifted schedule")
+    denoise = values.get("denoise", 1.0)
+    if isinstance(denoise, int | float) and denoise != 1.0:
+        found.append(f"denoise {denoise} is not honoured: ltx2/sample denoises the whole clip")
+    return found
+
+
+def _ksampler(out: Rewrite, nid: str, inputs: dict[str, Any]) -> None:
+    out.rules[nid] = sample_rule(("latent",), (_sampler_warning,))
+    out.inputs[nid] = {"model": inputs.get("model"), "positive": inputs.get("positive"),
+                       "negative": inputs.get("negative"), "latent": inputs.get("latent_image"),
+                       **{k: inputs[k] for k in ("seed", "steps", "cfg", "sampler_name",
+                                                 "scheduler", "denoise") if k in inputs}}
+
+
+def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
+                     readers: dict[str, list[str]], nid: str, inputs: dict[str, Any]) -> None:
+    """SamplerCustomAdvanced's noise, guider, sampler and sigmas nodes → ltx2/sample's seed,
+    cfg, steps (each folded when only LTX-2 samplers read it)."""
+    new: dict[str, Any] = {"latent": inputs.get("latent_image")}
+    parts = {port: node(inputs.get(port)) for port in ("noise", "guider", "sampler", "sigmas")}
+    warned: list[str] = []
+    noise, guider, sampler, sigmas = (parts[p] for p in ("noise", "guider", "sampler", "sigmas"))
+    if noise is None or noise[1] != "RandomNoise":
+        out.refused[nid] = ("ltx2/sample draws its own noise from a seed: wire RandomNoise into "
+                            "its noise input")
+        return
+    new["seed"] = noise[2].get("noise_seed", 0)
+    if guider is not None and guider[1] == "CFGGuider":
+        new.update(model=guider[2].get("model"), positive=guider[2].get("positive"),
+                   negative=guider[2].get("negative"), cfg=guider[2].get("cfg", 1.0))
+    elif guider is not None and guider[1] == "BasicGuider":
+        new.update(model=guider[2].get("model"), positive=guider[2].get("conditioning"), cfg=1.0)
+    else:
+        got = guider[1] if guider is not None else "nothing"
+        out.refused[nid] = (f"its guider is {got}: ltx2/sample takes CFGGuider's or "
+                            "BasicGuider's model, prompts and cfg")
+        return
+    if sampler is not None and sampler[1] == "KSamplerSelect":
+        name = sampler[2].get("sampler_name")
+        if isinstance(name, str) and name != "euler":
+            warned.append(f"sampler {name!r} is not used: ltx2/sample steps LTX2Pipeline's "
+                          "flow Euler")
+    if sigmas is not None and sigmas[1] in ("LTXVScheduler", "BasicScheduler"):
+        new["steps"] = sigmas[2].get("steps", 20)
+        if sigmas[1] == "LTXVScheduler":
+            warned += _defaults_warning("LTXVScheduler")(sigmas[2])
+        else:
+            warned.append(f"scheduler {sigmas[2].get('scheduler')!r} is not used: ltx2/sample "
+                          "uses LTX2Pipeline's resolution-shifted schedule")
+    else:
+        got = sigmas[1] if sigmas is not None else "nothing"
+        out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes LTXVScheduler's "
+                            "(or BasicScheduler's) steps")
+        return
+    roles = {"noise": "its noise_seed is ltx2/sample {}'s seed",
+             "guider": "its model, prompts and cfg are ltx2/sample {}'s",
+             "sampler": "ltx2/sample {} steps LTX2Pipeline's flow Euler",
+             "sigmas": "its steps are ltx2/sample {}'s (LTX2Pipeline's schedule)"}
+    for role, part in parts.items():
+        if part is not None and all(r == nid or nodes[r][0] in _SAMPLERS
+                                    for r in readers.get(part[0], [])):
+            out.folded[part[0]] = roles[role].format(nid)
+    out.rules[nid] = sample_rule(("latent", "latent"), ())
+    out.inputs[nid] = new
+    out.warnings += [(nid, "SamplerCustomAdvanced", message) for message in warned]
+
+
+def _create_video(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
+                  through: Any, readers: dict[str, list[str]], samplers: dict[str, float | None],
+                  nid: str, inputs: dict[str, Any]) -> None:
+    """CreateVideo of an LTX-2 clip's decoded frames (and sound) → ltx2/decode."""
+    frames = node(inputs.get("images"))
+    if frames is None or frames[1] not in _FRAME_DECODES:
+        return
+    from apps.importer.api_format import Link
+
+    sampled = through(frames[2].get("samples"))
+    if not isinstance(sampled, Link) or sampled.node not in samplers:
+        return
+    out.rules[nid] = DECODE_RULE
+    out.inputs[nid] = {"vae": frames[2].get("vae"), "samples": frames[2].get("samples")}
+    decodes = [frames]
+    audio = node(inputs.get("audio"))
+    if audio is not None and audio[1] in _AUDIO_DECODES:
+        decodes.append(audio)
+    elif audio is None:
+        out.warnings.append((nid, "CreateVideo", "no audio is wired: ltx2/decode keeps the "
+                             "clip's own sound"))
+    for decode in decodes:  # read by clips only: folded; else refused (rewrite's last loop)
+        if all(nodes[r][0] == "CreateVideo" for r in readers.get(decode[0], [])):
+            out.folded.setdefault(decode[0], f"decoded with the clip by ltx2/decode {nid}")
+    fps, clip_fps = _number(inputs.get("fps")), samplers[sampled.node]
+    if fps is not None and clip_fps is not None and fps != clip_fps:
+        out.warnings.append((nid, "CreateVideo", f"fps {fps:g} is not the clip's {clip_fps:g} "
+                             "(LTXVEmptyLatentAudio's frame_rate): the clip keeps its own"))
+

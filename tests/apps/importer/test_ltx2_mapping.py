@@ -1,0 +1,236 @@
+"""ComfyUI's LTX-2 text-to-video template (UI format, as its editor saves it) imported onto the
+ltx2/* nodes — a graph rewrite: the AV latent's concat / separate fold away, the custom sampler
+and its noise / guider / scheduler become ltx2/sample, VAEDecode + LTXVAudioVAEDecode +
+CreateVideo become ltx2/decode — and rendered by the real executor on the tiny stack
+(checkpoints/smoke-ltx2/) into an MP4 with sound. Plus image-to-video, the clear messages for a
+checkpoint the farm does not hold, and LTX-Video 0.9 still refused."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from apps.importer.report import ImportInvalid
+from apps.importer.services import comfy_import
+from tests.apps.importer.builder import Ui
+
+CKPT, GEMMA = "smoke-ltx2.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors"
+CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": []}
+FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",)}
+W = H = 32
+FRAMES, FPS, STEPS = 9, 25, 2
+
+
+def t2v(*, image: bool = False) -> dict[str, Any]:
+    """ComfyUI's LTX-2 template's wiring (comfy_extras/nodes_lt*.py widget orders)."""
+    ui = Ui()
+    ui.add(1, "CheckpointLoaderSimple", [CKPT], outputs=("MODEL", "CLIP", "VAE"))
+    ui.add(2, "LTXAVTextEncoderLoader", [GEMMA, CKPT, "default"], outputs=("CLIP",))
+    ui.add(3, "LTXVAudioVAELoader", [CKPT], outputs=("VAE",))
+    ui.add(4, "CLIPTextEncode", ["a robot dancing"], inputs=[("clip", "CLIP")],
+           outputs=("CONDITIONING",))
+    ui.add(5, "CLIPTextEncode", ["blurry"], inputs=[("clip", "CLIP")], outputs=("CONDITIONING",))
+    ui.add(6, "LTXVConditioning", [FPS], inputs=[("positive", "CONDITIONING"),
+                                                 ("negative", "CONDITIONING")],
+           outputs=("CONDITIONING", "CONDITIONING"))
+    ui.add(7, "EmptyLTXVLatentVideo", [W, H, FRAMES, 1], outputs=("LATENT",))
+    ui.add(8, "LTXVEmptyLatentAudio", [FRAMES, FPS, 1], inputs=[("audio_vae", "VAE")],
+           outputs=("LATENT",))
+    ui.add(9, "LTXVConcatAVLatent", [], inputs=[("video_latent", "LATENT"),
+                                                ("audio_latent", "LATENT")], outputs=("LATENT",))
+    ui.add(10, "ModelSamplingLTXV", [2.05, 0.95], inputs=[("model", "MODEL"),
+                                                          ("latent", "LATENT")],
+           outputs=("MODEL",))
+    ui.add(11, "LTXVScheduler", [STEPS, 2.05, 0.95, True, 0.1], inputs=[("latent", "LATENT")],
+           outputs=("SIGMAS",))
+    ui.add(12, "CFGGuider", [3.0], inputs=[("model", "MODEL"), ("positive", "CONDITIONING"),
+                                           ("negative", "CONDITIONING")], outputs=("GUIDER",))
+    ui.add(13, "KSamplerSelect", ["euler"], outputs=("SAMPLER",))
+    ui.add(14, "RandomNoise", [7, "fixed"], outputs=("NOISE",))
+    ui.add(15, "SamplerCustomAdvanced", [], inputs=[
+        ("noise", "NOISE"), ("guider", "GUIDER"), ("sampler", "SAMPLER"), ("sigmas", "SIGMAS"),
+        ("latent_image", "LATENT")], outputs=("LATENT", "LATENT"))
+    ui.add(16, "LTXVSeparateAVLatent", [], inputs=[("av_latent", "LATENT")],
+           outputs=("LATENT", "LATENT"))
+    ui.add(17, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")],
+           outputs=("IMAGE",))
+    ui.add(18, "LTXVAudioVAEDecode", [], inputs=[("samples", "LATENT"), ("audio_vae", "VAE")],
+           outputs=("AUDIO",))
+    ui.add(19, "CreateVideo", [FPS], inputs=[("images", "IMAGE"), ("audio", "AUDIO")],
+           outputs=("VIDEO",))
+    ui.add(20, "SaveVideo", ["ltx2", "auto", "auto"], inputs=[("video", "VIDEO")])
+    wires = [(1, 0, 10, "model"), (2, 0, 4, "clip"), (2, 0, 5, "clip"), (4, 0, 6, "positive"),
+             (5, 0, 6, "negative"), (3, 0, 8, "audio_vae"), (7, 0, 9, "video_latent"),
+             (8, 0, 9, "audio_latent"), (9, 0, 10, "latent"), (9, 0, 11, "latent"),
+             (10, 0, 12, "model"), (6, 0, 12, "positive"), (6, 1, 12, "negative"),
+             (14, 0, 15, "noise"), (12, 0, 15, "guider"), (13, 0, 15, "sampler"),
+             (11, 0, 15, "sigmas"), (9, 0, 15, "latent_image"), (15, 0, 16, "av_latent"),
+             (16, 0, 17, "samples"), (1, 2, 17, "vae"), (16, 1, 18, "samples"),
+             (3, 0, 18, "audio_vae"), (17, 0, 19, "images"), (18, 0, 19, "audio"),
+             (19, 0, 20, "video")]
+    if image:
+        ui.add(21, "LoadImage", ["start.png", "image"], outputs=("IMAGE", "MASK"))
+        ui.add(22, "LTXVPreprocess", [33], inputs=[("image", "IMAGE")], outputs=("IMAGE",))
+        ui.add(23, "LTXVImgToVideoInplace", [1.0, False], inputs=[
+            ("vae", "VAE"), ("image", "IMAGE"), ("latent", "LATENT")], outputs=("LATENT",))
+        wires = [w for w in wires if w[2:] != (9, "video_latent")] + [
+            (21, 0, 22, "image"), (22, 0, 23, "image"), (1, 2, 23, "vae"), (7, 0, 23, "latent"),
+            (23, 0, 9, "video_latent")]
+    for origin, slot, target, name in wires:
+        ui.link(origin, slot, target, name)
+    return {"nodes": ui.nodes, "links": ui.links, "version": 0.4}
+
+
+def imported(doc: dict[str, Any], catalog: dict[str, list[str]] = CATALOG, **kw: Any) -> Any:
+    return comfy_import(workflow=doc, catalog=catalog, files=FILES, **kw)
+
+
+def test_the_t2v_template_becomes_the_ltx2_nodes():
+    result = imported(t2v())
+    graph = result.graph.model_dump()["nodes"]
+    assert result.report.format == "ui" and result.target == "20"
+    assert result.report.unmapped == [], result.report.unmapped
+    assert {nid: n["type"] for nid, n in graph.items()} == {
+        "1": "load/checkpoint", "2": "load/checkpoint", "4": "encode/text",
+        "5": "encode/text", "7": "ltx2/empty-latent", "15": "ltx2/sample",
+        "19": "ltx2/decode", "20": "video/save"}
+    assert graph["1"]["params"]["file"] == graph["2"]["params"]["file"] == "smoke-ltx2"
+    assert graph["7"]["params"] == {"width": W, "height": H, "length": FRAMES, "fps": 25.0}
+    sample = graph["15"]
+    assert sample["params"] == {"seed": 7, "steps": STEPS, "cfg": 3.0, "audio_cfg": 3.0,
+                                "stg": 0.0, "audio_stg": 0.0, "modality": 1.0,
+                                "audio_modality": 1.0, "rescale": 0.0, "audio_rescale": 0.0,
+                                "stg_blocks": "28"}
+    assert sample["inputs"] == {"model": {"node": "1", "port": "model"},
+                                "positive": {"node": "4", "port": "conditioning"},
+                                "negative": {"node": "5", "port": "conditioning"},
+                                "latent": {"node": "7", "port": "latent"}}
+    assert graph["19"]["inputs"] == {"vae": {"node": "1", "port": "vae"},
+                                     "latent": {"node": "15", "port": "latent"}}
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    assert set(dropped) >= {"6", "8", "9", "10", "11", "12", "13", "14", "16", "17", "18"}
+    assert "ltx2/sample 15's seed" in dropped["14"] and "ltx2/decode 19" in dropped["18"]
+    warned = [w["message"] for w in result.report.warnings]
+    assert any("text_encoder 'gemma_3_12B" in m for m in warned), warned
+    assert [m["name"] for m in result.report.models if m["held"]] == ["smoke-ltx2"] * 2
+    assert "audio VAE and vocoder" in dropped["3"]
+
+
+def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
+    result = imported(t2v(image=True), resolve_asset=lambda name: "asset-1")
+    graph = result.graph.model_dump()["nodes"]
+    assert graph["23"]["type"] == "ltx2/image-to-video"
+    assert graph["23"]["params"] == {"crf": 33}
+    assert graph["23"]["inputs"]["image"] == {"node": "21", "port": "image"}
+    assert graph["15"]["inputs"]["latent"] == {"node": "23", "port": "latent"}
+    assert "22" in {d["id"] for d in result.report.dropped}
+
+
+def test_a_checkpoint_no_worker_holds_names_the_diffusers_folder_to_put_in_checkpoints():
+    result = imported(t2v(), catalog={"checkpoints": [], "input": []})
+    messages = [w["message"] for w in result.report.warnings if w["id"] == "1"]
+    assert any("checkpoints/smoke-ltx2.safetensors" in m and "LTX2Pipeline folder" in m
+               and "put it at checkpoints/smoke-ltx2/" in m for m in messages), messages
+
+
+def test_ltx_video_0_9_without_the_audio_latent_is_still_unsupported():
+    doc = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "ltxv-2b.safetensors"}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a fox", "clip": ["1", 1]}},
+        "3": {"class_type": "EmptyLTXVLatentVideo", "inputs": {
+            "width": 768, "height": 512, "length": 97, "batch_size": 1}},
+        "4": {"class_type": "KSampler", "inputs": {
+            "model": ["1", 0], "positive": ["2", 0], "negative": ["2", 0], "latent_image": ["3", 0],
+            "seed": 1, "steps": 20, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
+            "denoise": 1.0}},
+        "5": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["1", 2]}},
+        "6": {"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "x"}},
+    }
+    with pytest.raises(ImportInvalid) as err:
+        imported(doc)
+    assert (err.value.code, err.value.node_id) == ("unsupported_family", "3")
+    assert "ltxv model family" in err.value.message and "LTX-Video 0.9" in err.value.message
+
+
+@pytest.mark.django_db
+def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path):
+    import av
+
+    from apps.takes.storage import blob_read
+    from tests.workers.vocab_helpers import render
+    from workers.models.ltx2.plugin import write_tiny_stack
+
+    settings.INLINE_BLOB_DIR = tmp_path / "blobs"
+    settings.INLINE_MODELS_DIR = tmp_path / "models"
+    write_tiny_stack(tmp_path / "models")
+    result = imported(t2v())
+    outcome, run = render(result.graph.model_dump()["nodes"], result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    data = blob_read(take.sha256)
+    with av.open(io.BytesIO(data), "r") as clip:
+        stream = clip.streams.video[0]
+        frames = len(list(clip.decode(stream)))
+        fps = float(stream.average_rate or 0)
+    with av.open(io.BytesIO(data), "r") as clip:
+        assert clip.streams.audio, "the clip has a sound track"
+        rate = clip.streams.audio[0].rate
+        sound = sum(f.samples for f in clip.decode(audio=0)) / rate
+    assert (frames, fps) == (FRAMES, FPS)
+    assert sound == pytest.approx(FRAMES / FPS, abs=0.08)
+
+
+def _api(doc: dict[str, Any]) -> dict[str, Any]:
+    """The UI template as the API prompt ComfyUI queues (the importer's own reader)."""
+    from apps.importer.report import Report
+    from apps.importer.services import _prompt_of
+
+    return _prompt_of(doc, Report())
+
+
+def test_a_ksampler_over_the_av_latent_and_a_ltxv_clip_loader_map_too():
+    prompt = _api(t2v())
+    for nid in ("10", "11", "12", "13", "14", "15"):
+        del prompt[nid]
+    prompt["2"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": GEMMA, "type": "ltxv"}}
+    prompt["15"] = {"class_type": "KSampler", "inputs": {
+        "model": ["1", 0], "positive": ["6", 0], "negative": ["6", 1], "latent_image": ["9", 0],
+        "seed": 3, "steps": 4, "cfg": 2.5, "sampler_name": "res_multistep",
+        "scheduler": "simple", "denoise": 1.0}}
+    result = imported(prompt)
+    graph = result.graph.model_dump()["nodes"]
+    assert (graph["2"]["type"], graph["2"]["params"]["file"]) == ("load/checkpoint", "smoke-ltx2")
+    assert graph["15"]["type"] == "ltx2/sample"
+    assert {k: graph["15"]["params"][k] for k in ("seed", "steps", "cfg", "audio_cfg")} == {
+        "seed": 3, "steps": 4, "cfg": 2.5, "audio_cfg": 2.5}
+    warned = {(w["id"], w["message"].split(":")[0]) for w in result.report.warnings}
+    assert ("15", "sampler 'res_multistep' is not used") in warned
+    assert ("2", f"{GEMMA} not loaded") in warned
+    assert "3" in {d["id"] for d in result.report.dropped}  # the audio VAE loader
+
+
+def test_the_clip_s_frames_alone_are_refused_with_what_to_wire():
+    prompt = _api(t2v())
+    prompt["20"] = {"class_type": "SaveAnimatedWEBP", "inputs": {
+        "images": ["17", 0], "filename_prefix": "x", "fps": 25, "lossless": False,
+        "quality": 80, "method": "default"}}
+    del prompt["19"]
+    with pytest.raises(ImportInvalid) as err:
+        imported(prompt)
+    assert (err.value.code, err.value.node_id) == ("unmapped_node", "17")
+    assert "ltx2/decode makes the clip with its sound" in err.value.message
+
+
+def test_object_info_lists_the_ltx2_nodes_a_comfyui_client_sends():
+    from apps.importer.comfy_object_info import object_info
+
+    info = object_info(catalog=CATALOG, uploads=[])
+    for name in ("EmptyLTXVLatentVideo", "LTXVImgToVideoInplace", "LTXAVTextEncoderLoader",
+                 "LTXVAudioVAELoader", "LTXVConditioning", "LTXVEmptyLatentAudio",
+                 "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVScheduler",
+                 "ModelSamplingLTXV", "LTXVPreprocess", "LTXVAudioVAEDecode"):
+        assert name in info, name
+    assert info["LTXAVTextEncoderLoader"]["input"]["required"]["ckpt_name"][0] == ["smoke-ltx2"]
+    assert info["LTXVSeparateAVLatent"]["output"] == ["LATENT", "LATENT"]
