@@ -38,6 +38,7 @@ from apps.importer.comfy_nodes import (
     Rule,
     qwen_reference_latent,
 )
+from apps.importer.comfy_rules import Link
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 from workers.models.families import REGISTERED, info
@@ -48,12 +49,6 @@ CONSTANT_TYPES = frozenset({"input/int", "input/float", "input/text", "input/boo
 AssetResolver = Callable[[str], str | None]
 # (folder, name) → the families that recognise a held model file (from its contents).
 FileFamilies = Mapping[tuple[str, str], tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class Link:
-    node: str
-    slot: int
 
 
 @dataclass

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.importer.comfy_rules import ParamMap, Rule
+from apps.graphs.nodes import MAX_SEED
+from apps.importer.comfy_rules import Link, ParamMap, Rule
 
 FAMILY = "ltx2"
 # Nodes that exist for LTX-2 only (its audio): a workflow with one is an LTX-2 workflow, and
@@ -167,9 +168,8 @@ def _fixed_guidance(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _seed(value: Any) -> Any:
-    from apps.importer.comfy_nodes import _seed as seed
-
-    return seed(value)
+    """comfy_nodes' wrap of ComfyUI's 64-bit seeds into ours (2⁵³−1)."""
+    return value % (MAX_SEED + 1) if isinstance(value, int) and value > MAX_SEED else value
 
 
 def sample_rule(outputs: tuple[str | None, ...],
@@ -204,8 +204,6 @@ def is_ltx2(nodes: dict[str, tuple[str, dict[str, Any]]]) -> bool:
 def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
     """Settle an LTX-2 workflow's samplers, latents and decodes (see the module doc). `nodes`:
     id → (class_type, inputs with api_format Links)."""
-    from apps.importer.api_format import Link
-
     out = Rewrite()
     if not is_ltx2(nodes):
         return out
@@ -437,8 +435,6 @@ def _create_video(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], no
     frames = node(inputs.get("images"))
     if frames is None or frames[1] not in _FRAME_DECODES:
         return
-    from apps.importer.api_format import Link
-
     sampled = through(frames[2].get("samples"))
     if not isinstance(sampled, Link) or sampled.node not in samplers:
         return

@@ -6,6 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+
+@dataclass(frozen=True)
+class Link:
+    """An input wired to output `slot` of ComfyUI node `node` (the API format's [id, slot])."""
+
+    node: str
+    slot: int
+
 RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
             "bicubic": "bicubic", "lanczos": "lanczos"}
 
