@@ -151,7 +151,8 @@ def test_a_client_keys_url_opens_the_editor_without_a_login(client: Client) -> N
 
 def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Client, settings) -> None:
     """Bytes and files per user (INLINE_COMFY_USERDATA_MAX_*): a write past either is ComfyUI's
-    error shape, 413, naming the file and the limit, and leaves the directory as it was."""
+    error shape, 507 Insufficient Storage (the editor's dialog shows the status and its reason
+    only), naming the file and the limit, and leaves the directory as it was."""
     settings.INLINE_COMFY_USERDATA_MAX_BYTES = 100
     settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
 
@@ -161,12 +162,12 @@ def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Clie
 
     assert save("a.json", 60).status_code == 200
     over = save("b.json", 41)
-    assert over.status_code == 413
+    assert (over.status_code, over.reason_phrase) == (507, "Insufficient Storage")
     assert over.json()["error"]["type"] == "quota_exceeded"
     assert "'workflows/b.json'" in over.json()["error"]["message"]
     assert "100 bytes" in over.json()["error"]["message"]
     assert artist.get("/comfy/api/userdata/workflows/b.json").status_code == 404
-    assert save("a.json", 101).status_code == 413  # a rewrite that grows past the limit
+    assert save("a.json", 101).status_code == 507  # a rewrite that grows past the limit
     assert artist.get("/comfy/api/userdata/workflows/a.json").content == b"x" * 60
     assert save("b.json", 40).status_code == 200  # exactly at the limit
     assert stranger.post("/comfy/api/userdata/workflows%2Fb.json", b"x" * 100,
@@ -177,13 +178,13 @@ def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Clie
     settings.INLINE_COMFY_USERDATA_MAX_BYTES = 10_000
     assert save("c.json", 1).status_code == 200
     too_many = save("d.json", 1)
-    assert too_many.status_code == 413 and "3 files" in too_many.json()["error"]["message"]
+    assert too_many.status_code == 507 and "3 files" in too_many.json()["error"]["message"]
     moved = artist.post("/comfy/api/userdata/workflows/c.json/move/workflows/d.json", headers=SAME)
     assert moved.status_code == 200  # a move adds no file
     settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
     refused = artist.post("/comfy/api/settings/Comfy.Locale", '"fr"', content_type="text/plain",
                           headers=SAME)  # settings are a file of the directory too
-    assert refused.status_code == 413 and refused.json()["error"]["type"] == "quota_exceeded"
+    assert refused.status_code == 507 and refused.json()["error"]["type"] == "quota_exceeded"
     assert artist.get("/comfy/api/settings").json() == {}
     listed = artist.get("/comfy/api/userdata?dir=workflows&full_info=true").json()
     assert sorted((f["path"], f["size"]) for f in listed) == [
