@@ -191,7 +191,7 @@ INLINE_EVENT_FLUSH_SECONDS = env_float("INLINE_EVENT_FLUSH_SECONDS", 0.05, minim
 INLINE_ASSET_MAX_BYTES = env_int("INLINE_ASSET_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
 INLINE_MAX_IMAGE_PIXELS = env_int("INLINE_MAX_IMAGE_PIXELS", 8192 * 8192, minimum=1)
 # Each user's ComfyUI user directory (the editor's saved workflows and settings, ComfyUserFile):
-# at most this many bytes and files; a write past either is refused (413), nothing written.
+# at most this many bytes and files; a write past either is refused (507), nothing written.
 INLINE_COMFY_USERDATA_MAX_BYTES = env_int("INLINE_COMFY_USERDATA_MAX_BYTES", 64 * 1024 * 1024,
                                           minimum=0)
 INLINE_COMFY_USERDATA_MAX_FILES = env_int("INLINE_COMFY_USERDATA_MAX_FILES", 2000, minimum=1)

@@ -27,10 +27,11 @@ from apps.fleet.selectors import model_catalog, workers_live
 from apps.graphs.schema import text_problem
 from apps.importer.comfy_door import (
     PromptIn,
+    comfy_history_entry_for_user,
     comfy_history_for_user,
+    comfy_history_remove,
     comfy_input_asset,
     comfy_interrupt,
-    comfy_prompt_get_for_user,
     comfy_prompt_queue,
     comfy_queue_delete,
     comfy_queue_for_user,
@@ -256,9 +257,16 @@ def prompt(request: HttpRequest, user: User) -> HttpResponse:
 
 @door("GET", "POST")
 def history(request: HttpRequest, user: User) -> HttpResponse:
-    """GET: finished prompts, oldest first (`max_items`, `offset`). POST (clear / delete) is
-    accepted and changes nothing: takes are immutable and runs are the farm's record."""
+    """GET: finished prompts, oldest first (`max_items`, `offset`). POST `{delete: [ids]}` /
+    `{clear: true}`: hide them from this user's history (and /api/jobs) for good; the runs and
+    takes are the farm's record and stay."""
     if request.method == "POST":
+        body = _json_body(request)
+        if isinstance(body, dict):
+            delete = body.get("delete")
+            comfy_history_remove(user=user, prompt_ids=[str(i) for i in delete]
+                                 if isinstance(delete, list) else None,
+                                 clear=body.get("clear") is True)
         return HttpResponse(status=200)
     try:
         limit = min(int(request.GET.get("max_items") or MAX_HISTORY), MAX_HISTORY)
@@ -274,9 +282,10 @@ def history(request: HttpRequest, user: User) -> HttpResponse:
 
 @door("GET")
 def history_one(request: HttpRequest, user: User, prompt_id: str) -> HttpResponse:
-    """One prompt's history once it finished; `{}` while it runs or when it is not yours."""
-    found = comfy_prompt_get_for_user(user=user, prompt_id=prompt_id)
-    if found is None or found.run.status in ("queued", "running"):
+    """One prompt's history once it finished; `{}` while it runs, when it is not yours or once
+    you removed it from your history."""
+    found = comfy_history_entry_for_user(user=user, prompt_id=prompt_id)
+    if found is None:
         return JsonResponse({})
     return JsonResponse({str(found.id): history_entry(found, door_base(request))})
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import Max, QuerySet
+from django.db.models import Exists, Max, OuterRef, QuerySet
 from django.utils import timezone
 
 from apps.accounts.selectors import visible_owner_ids
@@ -30,7 +30,13 @@ from apps.importer.comfy_shapes import (
     submit_refusal,
     unknown_refusal,
 )
-from apps.importer.models import ComfyKey, ComfyPrompt, ComfyUpload
+from apps.importer.models import (
+    ComfyHistoryCleared,
+    ComfyHistoryHidden,
+    ComfyKey,
+    ComfyPrompt,
+    ComfyUpload,
+)
 from apps.importer.report import ImportInvalid
 from apps.importer.services import Imported, comfy_import
 from apps.runs.models import IN_FLIGHT, Run, RunStatus
@@ -218,11 +224,47 @@ def comfy_prompt_get_for_user(*, user: User, prompt_id: str) -> ComfyPrompt | No
     return _prompts_for(user).filter(pk=prompt_id).first() if is_uuid(prompt_id) else None
 
 
+def in_editor_history(qs: QuerySet[ComfyPrompt], user: User) -> QuerySet[ComfyPrompt]:
+    """`qs` less the prompts `user` removed from their editor's history: deleted one by one, or
+    queued and finished by the time they last cleared it."""
+    hidden = ComfyHistoryHidden.objects.filter(user=user, prompt=OuterRef("pk"))
+    cleared = ComfyHistoryCleared.objects.filter(
+        user=user, cleared_at__gte=OuterRef("created_at"),
+    ).filter(cleared_at__gte=OuterRef("run__finished_at"))
+    return qs.exclude(Exists(hidden)).exclude(Exists(cleared))
+
+
 def comfy_history_for_user(*, user: User, max_items: int, offset: int = 0) -> list[ComfyPrompt]:
     """The user's finished prompts, the newest `max_items` (after skipping `offset` newer ones),
-    oldest first as ComfyUI lists its history."""
-    qs = _prompts_for(user).exclude(run__status__in=IN_FLIGHT).order_by("-created_at", "-number")
-    return list(reversed(qs[offset: offset + max_items]))
+    oldest first as ComfyUI lists its history; less those the user removed from it."""
+    qs = in_editor_history(_prompts_for(user).exclude(run__status__in=IN_FLIGHT), user)
+    return list(reversed(qs.order_by("-created_at", "-number")[offset: offset + max_items]))
+
+
+def comfy_history_entry_for_user(*, user: User, prompt_id: str) -> ComfyPrompt | None:
+    """One finished prompt of the user's history (None while it runs, or once removed)."""
+    if not is_uuid(prompt_id):
+        return None
+    qs = _prompts_for(user).filter(pk=prompt_id).exclude(run__status__in=IN_FLIGHT)
+    return in_editor_history(qs, user).first()
+
+
+def comfy_history_remove(*, user: User, prompt_ids: list[str] | None, clear: bool) -> int:
+    """ComfyUI's `POST /history`: hide finished prompts from this user's editor history — the
+    named ones the user may see (others' ids, unknown or unfinished ones are ignored, as ComfyUI
+    ignores ids not in its history), or (clear) all finished by now. Nothing is deleted: the
+    prompts, runs and takes stay, and other users' histories are unchanged. Returns how many
+    prompts were named and hidden."""
+    if clear:
+        ComfyHistoryCleared.objects.update_or_create(
+            user=user, defaults={"cleared_at": timezone.now()})
+    ids = [i for i in prompt_ids or [] if is_uuid(i)]
+    if not ids:
+        return 0
+    found = _prompts_for(user).filter(pk__in=ids).exclude(run__status__in=IN_FLIGHT)
+    rows = [ComfyHistoryHidden(user=user, prompt_id=pk) for pk in found.values_list("pk", flat=True)]
+    ComfyHistoryHidden.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
 
 
 def comfy_queue_for_user(*, user: User) -> tuple[list[ComfyPrompt], list[ComfyPrompt]]:

@@ -116,9 +116,13 @@ def users(request: HttpRequest, user: User) -> HttpResponse:
 
 
 def _over_quota(exc: UserQuotaExceeded) -> JsonResponse:
-    """ComfyUI's error shape, 413: the editor's save fails and nothing was written."""
+    """ComfyUI's error shape, 507 Insufficient Storage (as WebDAV servers answer a quota): the
+    editor's save fails and nothing was written. The editor reads no body of a failed write: its
+    dialog says "Error storing user data file '<file>': <status> <reason>", and uvicorn sends
+    the standard reason phrase, so the status is the only word that reaches it — 413 would read
+    "Request Entity Too Large" for a file of a few bytes; the body's message is for scripts."""
     return JsonResponse({"error": error("quota_exceeded", str(exc), str(exc)), "node_errors": {}},
-                        status=413)
+                        status=507)
 
 
 def _body_json(request: HttpRequest) -> Any:

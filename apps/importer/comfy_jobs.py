@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.urls import reverse
 
-from apps.importer.comfy_door import comfy_interrupt
+from apps.importer.comfy_door import comfy_interrupt, in_editor_history
 from apps.importer.comfy_shapes import class_of, error_body, history_entry, image_ref, take_url
 from apps.importer.models import ComfyPrompt
 from apps.runs.models import RunStatus
@@ -41,12 +41,13 @@ def comfy_jobs_for_user(
     """(a page of the user's prompts whose job status is one of `statuses`, newest first; how
     many there are in all). Unknown statuses match nothing."""
     runs = [RUN_STATUS[s] for s in statuses if s in RUN_STATUS] if statuses else list(RUN_STATUS.values())
-    qs = _own(user).filter(run__status__in=runs)
+    qs = in_editor_history(_own(user).filter(run__status__in=runs), user)
     return list(qs.order_by("-created_at", "-number")[offset: offset + limit]), qs.count()
 
 
 def comfy_job_get_for_user(*, user: User, job_id: str) -> ComfyPrompt | None:
-    return _own(user).filter(pk=job_id).first() if is_uuid(job_id) else None
+    """One of the user's jobs; None once removed from their history, as ComfyUI forgets it."""
+    return in_editor_history(_own(user).filter(pk=job_id), user).first() if is_uuid(job_id) else None
 
 
 def comfy_jobs_cancel(*, user: User, job_ids: list[str]) -> int:

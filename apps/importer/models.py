@@ -1,4 +1,5 @@
-"""The ComfyUI front door's own records: client keys, queued prompts, uploaded input names."""
+"""The ComfyUI front door's own records: client keys, queued prompts, what each user hid from
+their editor's history, uploaded input names, the editor's user files."""
 
 from __future__ import annotations
 
@@ -59,6 +60,42 @@ class ComfyPrompt(models.Model):
 
     def __str__(self) -> str:
         return f"prompt {self.number} ({self.id})"
+
+
+class ComfyHistoryHidden(models.Model):
+    """A finished prompt one user removed from their editor's history (`POST /history`
+    `{delete: [ids]}`): gone from that user's /history and /api/jobs, nothing else. The prompt,
+    its run and takes stay as they were (runs and takes are the farm's record)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="+")
+    prompt = models.ForeignKey(ComfyPrompt, on_delete=models.CASCADE, related_name="hidden_by")
+    hidden_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "ComfyUI history entry hidden"
+        constraints = [
+            models.UniqueConstraint(fields=["user", "prompt"], name="comfy_history_hidden_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"prompt {self.prompt_id} hidden by user {self.user_id}"
+
+
+class ComfyHistoryCleared(models.Model):
+    """When one user last cleared their editor's history (`POST /history {clear: true}`): the
+    prompts queued and finished by then are hidden from that user's /history and /api/jobs; one
+    still running then shows up once it finishes, as in ComfyUI."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                primary_key=True, related_name="+")
+    cleared_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "ComfyUI history cleared"
+
+    def __str__(self) -> str:
+        return f"user {self.user_id} cleared at {self.cleared_at:%Y-%m-%d %H:%M:%S}"
 
 
 class ComfyUpload(models.Model):

@@ -151,7 +151,8 @@ def test_a_client_keys_url_opens_the_editor_without_a_login(client: Client) -> N
 
 def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Client, settings) -> None:
     """Bytes and files per user (INLINE_COMFY_USERDATA_MAX_*): a write past either is ComfyUI's
-    error shape, 413, naming the file and the limit, and leaves the directory as it was."""
+    error shape, 507 Insufficient Storage (the editor's dialog shows the status and its reason
+    only), naming the file and the limit, and leaves the directory as it was."""
     settings.INLINE_COMFY_USERDATA_MAX_BYTES = 100
     settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
 
@@ -161,12 +162,12 @@ def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Clie
 
     assert save("a.json", 60).status_code == 200
     over = save("b.json", 41)
-    assert over.status_code == 413
+    assert (over.status_code, over.reason_phrase) == (507, "Insufficient Storage")
     assert over.json()["error"]["type"] == "quota_exceeded"
     assert "'workflows/b.json'" in over.json()["error"]["message"]
     assert "100 bytes" in over.json()["error"]["message"]
     assert artist.get("/comfy/api/userdata/workflows/b.json").status_code == 404
-    assert save("a.json", 101).status_code == 413  # a rewrite that grows past the limit
+    assert save("a.json", 101).status_code == 507  # a rewrite that grows past the limit
     assert artist.get("/comfy/api/userdata/workflows/a.json").content == b"x" * 60
     assert save("b.json", 40).status_code == 200  # exactly at the limit
     assert stranger.post("/comfy/api/userdata/workflows%2Fb.json", b"x" * 100,
@@ -177,13 +178,13 @@ def test_an_artists_files_stay_within_their_quota(artist: Client, stranger: Clie
     settings.INLINE_COMFY_USERDATA_MAX_BYTES = 10_000
     assert save("c.json", 1).status_code == 200
     too_many = save("d.json", 1)
-    assert too_many.status_code == 413 and "3 files" in too_many.json()["error"]["message"]
+    assert too_many.status_code == 507 and "3 files" in too_many.json()["error"]["message"]
     moved = artist.post("/comfy/api/userdata/workflows/c.json/move/workflows/d.json", headers=SAME)
     assert moved.status_code == 200  # a move adds no file
     settings.INLINE_COMFY_USERDATA_MAX_FILES = 3
     refused = artist.post("/comfy/api/settings/Comfy.Locale", '"fr"', content_type="text/plain",
                           headers=SAME)  # settings are a file of the directory too
-    assert refused.status_code == 413 and refused.json()["error"]["type"] == "quota_exceeded"
+    assert refused.status_code == 507 and refused.json()["error"]["type"] == "quota_exceeded"
     assert artist.get("/comfy/api/settings").json() == {}
     listed = artist.get("/comfy/api/userdata?dir=workflows&full_info=true").json()
     assert sorted((f["path"], f["size"]) for f in listed) == [
@@ -261,3 +262,72 @@ def test_the_editors_history_links_each_job_to_its_run_and_takes(
     owner.save(update_fields=["is_staff"])
     run_url = artist.get("/comfy/api/jobs").json()["jobs"][0]["farm"]["run_url"]
     assert run_url == f"/admin/runs/run/{run.pk}/change/"
+
+
+def test_removing_jobs_from_the_editors_history_sticks_for_that_artist_only(
+    artist: Client, stranger: Client, data_dirs: Any
+) -> None:
+    """ComfyUI's `POST /history {delete: [ids]}` / `{clear: true}`, as the editor's queue and
+    assets panels send them: the jobs leave that artist's /history and /api/jobs for good (a new
+    session sees the same), a job still in flight is not touched (it shows once it finishes),
+    another artist's ids are ignored, and nothing of the farm's record goes: prompts, runs and
+    takes stay and a take's bytes still open."""
+    from django.utils import timezone
+
+    from apps.graphs.models import Graph
+    from apps.importer.models import ComfyPrompt
+    from apps.runs.models import Run
+    from apps.takes.models import Take
+    from apps.takes.storage import blob_put
+    from tests.conftest import png
+
+    users = get_user_model().objects
+    graph = Graph.objects.create(sha256="f" * 64, document={"nodes": {
+        "9": {"type": "image/save", "params": {}, "inputs": {}}}})
+
+    def job(owner: Any, number: int, status: str) -> ComfyPrompt:
+        done = timezone.now() if status != "queued" else None
+        run = Run.objects.create(owner=owner, graph=graph, target="9", status=status,
+                                 started_at=timezone.now(), finished_at=done)
+        return ComfyPrompt.objects.create(number=number, owner=owner, run=run, outputs=["9"],
+                                          prompt={"9": {"class_type": "SaveImage", "inputs": {}}})
+
+    artist_user, stranger_user = users.get(username="artist"), users.get(username="stranger")
+    done, failed, pending = (job(artist_user, 1, "succeeded"), job(artist_user, 2, "failed"),
+                             job(artist_user, 3, "queued"))
+    theirs = job(stranger_user, 1, "succeeded")
+    data = png(4, 4)
+    take = Take.objects.create(run=done.run, owner=artist_user, node_id="9", index=0,
+                               sha256=blob_put(data), media_type="image/png", size=len(data),
+                               width=4, height=4)
+
+    def post(who: Client, body: Any) -> int:
+        return who.post("/comfy/api/history", json.dumps(body), content_type="application/json",
+                        headers=SAME).status_code
+
+    def seen(who: Client) -> tuple[set[str], set[str]]:
+        return (set(who.get("/comfy/api/history").json()),
+                {j["id"] for j in who.get("/comfy/api/jobs").json()["jobs"]})
+
+    assert post(artist, {"delete": [str(done.pk), str(theirs.pk), str(pending.pk), "x", 7]}) == 200
+    assert seen(artist) == ({str(failed.pk)}, {str(failed.pk), str(pending.pk)})
+    assert artist.get(f"/comfy/history/{done.pk}").json() == {}
+    assert artist.get(f"/comfy/api/jobs/{done.pk}").status_code == 404
+    assert artist.get(f"/comfy/api/view?filename={take.pk}.png&type=output").getvalue() == data
+    assert seen(stranger) == ({str(theirs.pk)}, {str(theirs.pk)})  # not theirs to remove
+
+    assert post(stranger, {"delete": [str(failed.pk)]}) == 200  # the artist's: ignored
+    assert post(stranger, {"delete": "nonsense"}) == 200  # ComfyUI ignores what it cannot use
+    assert str(failed.pk) in seen(artist)[0]
+
+    assert post(artist, {"clear": True}) == 200
+    assert seen(artist) == (set(), {str(pending.pk)})
+    Run.objects.filter(pk=pending.run_id).update(status="succeeded", finished_at=timezone.now())
+    later = job(artist_user, 4, "succeeded")
+    fresh = Client()  # another session, as after a reload or a farm restart: the marks are kept
+    fresh.force_login(artist_user)
+    both = {str(pending.pk), str(later.pk)}
+    assert seen(fresh) == (both, both)
+    assert seen(stranger) == ({str(theirs.pk)}, {str(theirs.pk)})
+    assert ComfyPrompt.objects.count() == 5 and Run.objects.count() == 5
+    assert Take.objects.filter(pk=take.pk).exists()
