@@ -135,6 +135,13 @@ class Editor:
             self.page.wait_for_timeout(300)
         return texts
 
+    def open_queue(self) -> None:
+        """The queue panel open (its toggle keeps its state across reloads)."""
+        heading = self.page.locator("[data-testid=queue-progress-overlay] >> text=Job Queue")
+        if not heading.is_visible():
+            self.page.click("[data-testid=queue-overlay-toggle]")
+        heading.wait_for(state="visible", timeout=10_000)
+
     def shot(self, name: str) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
@@ -244,6 +251,39 @@ def test_history_and_workflows_survive_a_farm_restart(editors: dict[str, Editor]
     assert a.failures == []
 
 
+def test_a_deleted_history_entry_stays_deleted_after_a_reload(editors: dict[str, Editor]) -> None:
+    """The editor's own Delete (its API client's `deleteItem('history', id)`, what the queue
+    panel's and the history sidebar's delete call): another artist's delete of the id changes
+    nothing; the owner's sticks across a reload, and the queue panel no longer shows the take."""
+    a, b = editors["artist-a"], editors["artist-b"]
+    query = "/jobs?status=completed,failed,cancelled&limit=10&offset=0"
+    jobs = a.api(query)["data"]["jobs"]
+    assert [j["status"] for j in jobs] == ["completed"], jobs
+    job, filename = jobs[0]["id"], jobs[0]["preview_output"]["filename"]
+
+    a.close_dialogs()
+    a.open_queue()
+    # The panel shows the take by its name (the URL it builds orders the query its own way).
+    shown = f"[data-testid=queue-progress-overlay] img[src*='filename={filename}']"
+    a.page.locator(shown).first.wait_for(timeout=10_000)  # listed before the delete
+
+    b.page.evaluate("(id) => window.app.api.deleteItem('history', id)", job)
+    assert [j["id"] for j in a.api(query)["data"]["jobs"]] == [job]
+
+    a.page.evaluate("(id) => window.app.api.deleteItem('history', id)", job)
+    a.page.reload()
+    a.wait_ready()
+    a.close_dialogs()
+    assert a.api(query)["data"]["jobs"] == []
+    assert a.api("/history?max_items=64")["data"] == {}
+    assert a.api(f"/history/{job}")["data"] == {}
+    a.open_queue()
+    a.page.wait_for_timeout(1000)
+    assert a.page.locator(shown).count() == 0
+    a.shot("queue-panel-after-delete")
+    assert a.failures == [] and b.failures == []
+
+
 def test_a_node_the_farm_lacks_is_named_when_queued(
     editors: dict[str, Editor], stack: dict[str, str]
 ) -> None:
@@ -331,3 +371,4 @@ def test_the_session_socket_opens_only_for_the_farms_own_pages(
 
     assert first(farm.url)["type"] == "status"
     assert first("https://evil.example") == 4401
+
