@@ -39,6 +39,7 @@ from apps.importer.comfy_nodes import (
     qwen_reference_latent,
 )
 from apps.importer.comfy_rules import Link
+from apps.importer.comfy_vocab import ECHOES, SWITCH
 from apps.importer.report import ImportInvalid, Report, id_order
 from workers.models.catalog import WEIGHT_SUFFIXES  # torch-free: the catalog's own file rules
 from workers.models.families import REGISTERED, info
@@ -75,6 +76,7 @@ class _State:
     evidence: dict[str, Evidence] = field(default_factory=dict)  # node id → its family evidence
     param_into: dict[str, list[str]] = field(default_factory=dict)  # FluxGuidance… → samplers
     ltx2: Rewrite = field(default_factory=Rewrite)  # an LTX-2 workflow's settled nodes
+    settled: dict[str, str] = field(default_factory=dict)  # switch id → why it is left out
 
 
 def prompt_to_graph(
@@ -88,6 +90,7 @@ def prompt_to_graph(
     `files`: the families of the model files the fleet holds (their contents say them)."""
     state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset,
                    files=files or {})
+    _settle_switches(state)
     state.ltx2 = rewrite(state.nodes)
     _families_check(state)
     for node_id, new_inputs in state.ltx2.inputs.items():
@@ -166,6 +169,8 @@ def _classify(state: _State, node_id: str) -> None:
         state.unmapped[node_id] = state.ltx2.refused[node_id]
     elif node_id in state.ltx2.folded:
         state.report.drop(node_id, comfy_type, state.ltx2.folded[node_id])
+    elif node_id in state.settled:
+        state.report.drop(node_id, comfy_type, state.settled[node_id])
     elif rule is not None and rule.refuse is not None and (why := rule.refuse(inputs)):
         state.unmapped[node_id] = why
     elif rule is not None:
@@ -186,6 +191,82 @@ def _classify(state: _State, node_id: str) -> None:
             comfy_type, f"no node type on this farm does what {comfy_type} does")
     if node_id in state.unmapped:
         state.report.unmap(node_id, comfy_type, state.unmapped[node_id])
+
+
+# --- switches settled by the workflow ---------------------------------------------------------
+
+
+def _settle_switches(state: _State) -> None:
+    """Switches whose choice the workflow fixes (its `switch` a value, or a PrimitiveBoolean's)
+    and one of whose branches needs a node this farm lacks (an LLM prompt enhancer, say):
+    ComfyUI evaluates only the chosen branch, so the switch's readers read that branch directly
+    and the switch is reported left out (a chosen branch that cannot run is then refused naming
+    the node it lacks). A switch whose both branches run here stays a switch/<kind>
+    (the choice can then change per run). Readers of an echoing output (PreviewAny's) read its
+    input, so a value shown on its way reaches its readers whatever the switch settles to."""
+    for _ in range(len(state.nodes) + 1):
+        changed = False
+        for node_id in sorted(state.nodes, key=id_order):
+            comfy_type, inputs = state.nodes[node_id]
+            if comfy_type in ECHOES:
+                changed |= _reread(state, node_id, inputs.get(ECHOES[comfy_type]))
+            elif comfy_type == SWITCH and node_id not in state.settled:
+                choice = _fixed_bool(state, inputs.get("switch"))
+                if choice is None:
+                    continue
+                chosen, other = ("on_true", "on_false") if choice else ("on_false", "on_true")
+                lacking = _lacking_upstream(state, inputs.get(other))
+                if inputs.get(chosen) is None or (
+                        lacking is None and _lacking_upstream(state, inputs[chosen]) is None):
+                    continue
+                state.settled[node_id] = (
+                    f"its switch is {choice} in this workflow, so its readers read its {chosen} "
+                    "input (ComfyUI runs only that branch" + (
+                        f"; {other} needs {lacking}, which this farm lacks)" if lacking else ")"))
+                _reread(state, node_id, inputs[chosen])
+                changed = True
+        if not changed:
+            return
+
+
+def _reread(state: _State, node_id: str, value: Any) -> bool:
+    """Readers of `node_id`'s output 0 read `value` (a link or a constant) instead."""
+    changed = False
+    for _, inputs in state.nodes.values():
+        for name, read in inputs.items():
+            if isinstance(read, Link) and read.node == node_id and read.slot == 0 \
+                    and value is not None:
+                inputs[name] = value
+                changed = True
+    return changed
+
+
+def _fixed_bool(state: _State, value: Any) -> bool | None:
+    """The switch's value when the workflow fixes it: a boolean, or a PrimitiveBoolean's."""
+    if isinstance(value, Link):
+        comfy_type, inputs = state.nodes[value.node]
+        value = inputs.get("value") if comfy_type == "PrimitiveBoolean" else None
+    return value if isinstance(value, bool) else None
+
+
+def _lacking_upstream(state: _State, value: Any) -> str | None:
+    """'<type> (node <id>)' of the first node upstream of `value` this farm has no rule for."""
+    if not isinstance(value, Link):
+        return None
+    seen, queue = {value.node}, deque([value.node])
+    while queue:
+        node_id = queue.popleft()
+        comfy_type, inputs = state.nodes[node_id]
+        known = (comfy_type in RULES or comfy_type in FOLDED or comfy_type in CUT
+                 or comfy_type in NOTE_TYPES or comfy_type in SAMPLER_PARAM_NODES
+                 or comfy_type in PASSED)
+        if not known or comfy_type in UNSUPPORTED:
+            return f"{comfy_type} (node {node_id})"
+        for read in inputs.values():
+            if isinstance(read, Link) and read.node not in seen:
+                seen.add(read.node)
+                queue.append(read.node)
+    return None
 
 
 # --- model families ---------------------------------------------------------------------------
@@ -213,6 +294,8 @@ def _families_check(state: _State) -> None:
                         Evidence(node_id, comfy_type, ("ltxv",), f"{evidence.why}: LTX-Video "
                                  "0.9's, as the workflow has no LTX-2 audio latent nodes"))
         state.evidence[node_id] = evidence
+        state.report.families += [f for f in evidence.families
+                                  if f in REGISTERED and f not in state.report.families]
         if not any(f in REGISTERED for f in evidence.families):
             needs = (f"the {' / '.join(evidence.families)} model family" if evidence.families
                      else "a model family this farm does not run")

@@ -332,9 +332,10 @@ def view_metadata(request: HttpRequest, user: User, folder: str) -> HttpResponse
 @door("GET")
 def templates_index(request: HttpRequest, user: User, locale: str = "") -> HttpResponse:
     """The templates browser: workflows that run on this farm (comfy_templates.py)."""
-    if locale:
-        return JsonResponse({"error": "no localized index"}, status=404)
-    return HttpResponse(json.dumps(template_index()), content_type="application/json")
+    index = template_index(locale)
+    if index is None:
+        return JsonResponse({"error": f"no index for locale {locale!r}"}, status=404)
+    return HttpResponse(json.dumps(index), content_type="application/json")
 
 
 @door("GET")

@@ -535,6 +535,12 @@ FOLDED["CFGNorm"] = (
     [f"CFGNorm strength {values.get('strength')} is not honoured (always 1)"],
 )
 
+FOLDED["QwenImage21Cache"] = (
+    "model", "a speed cache (Qwen-Image 2.1's keys and values of the prompt and references, "
+    "kept across steps): the farm's sampler computes them each step, the same image within "
+    "rounding", None,
+)
+
 FOLDED.update(comfy_ltx2.FOLDED)
 
 # Cut: consumers get the input unwired, which means the same thing on this farm.
@@ -542,6 +548,10 @@ CUT: dict[str, str] = {
     "ConditioningZeroOut": (
         "the farm's sampler builds its own negative (unused at cfg 1, the empty prompt's "
         "otherwise): the sampler's negative input is left unwired"
+    ),
+    "ImageCompare": (
+        "a before/after slider shown in the editor: the farm keeps the images themselves (the "
+        "output's takes, the loaded assets)"
     ),
 }
 

@@ -23,6 +23,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "ResolutionSelector": ("aspect_ratio", "megapixels", "multiple", "minimum"),
     "ComfySwitchNode": ("switch",),
     "PreviewAny": (),
+    "ImageCompare": (),
     "ImageScaleToTotalPixels": ("upscale_method", "megapixels", "resolution_steps"),
     "ImageInvert": (),
     "ImageCompositeMasked": ("x", "y", "resize_source"),
@@ -221,6 +222,11 @@ def _crop_or_stretch(values: dict[str, Any]) -> dict[str, Any]:
 
 
 _IMAGE_IN = {"image": "image"}
+# Outputs that hand on an input unchanged while the node also does its own thing (PreviewAny
+# shows its value in the editor and passes it on): their readers read that input instead.
+ECHOES: dict[str, str] = {"PreviewAny": "source"}
+# A choice ComfyUI makes lazily: a switch with a fixed value runs only its chosen branch.
+SWITCH = "ComfySwitchNode"
 _PREVIEW = Rule("util/preview", inputs={"source": "source"}, pick=_preview_pick)
 
 VOCABULARY: dict[str, Rule] = {

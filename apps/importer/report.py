@@ -36,6 +36,10 @@ class Report:
     models: list[dict[str, Any]] = field(default_factory=list)
     assets: list[dict[str, Any]] = field(default_factory=list)
     format: str = ""
+    # The registered families the workflow's own evidence names (loader types, family nodes,
+    # held files' contents): none for one whose models say nothing (a bare checkpoint name).
+    # Not on the wire: the templates browser reads it.
+    families: list[str] = field(default_factory=list)
 
     def drop(self, node_id: str, node_type: str, reason: str) -> None:
         self.dropped.append({"id": node_id, "type": node_type, "reason": reason})

@@ -24,6 +24,8 @@ from apps.importer.comfy_nodes import (
 from apps.importer.report import ImportInvalid, Report
 
 MUTED, BYPASSED = 2, 4
+# Subgraph input types the editor shows as widgets on the instance (the rest are sockets).
+WIDGET_TYPES = frozenset({"STRING", "BOOLEAN", "INT", "FLOAT", "COMBO"})
 SUBGRAPH_IN, SUBGRAPH_OUT = -10, -20  # ids of a subgraph's boundary nodes in its links
 _IN_NODE, _OUT_NODE = "<subgraph inputs>", "<subgraph outputs>"  # our virtual pass-throughs
 
@@ -300,13 +302,23 @@ def _boundary(instance: UiNode, definition: dict[str, Any]) -> list[Slot]:
     proxy = _proxy_values(instance)
     widget_slots = [s for s in instance.inputs if s.widget]
     raw_values = instance.raw_values
+    declared = definition.get("inputs") or []
+    # The editor saves one value per widget input of the definition, in its order (the instance
+    # may list only some of them); older saves one per widget input the instance lists.
+    widget_names = [str(r.get("name", "")) for r in declared if r.get("type") in WIDGET_TYPES]
+    by_definition = (isinstance(raw_values, list) and not proxy
+                     and len(raw_values) == len(widget_names) != len(widget_slots))
     slots = []
-    for raw in definition.get("inputs") or []:
+    for raw in declared:
         name = str(raw.get("name", ""))
         outer = by_name.get(name)
         slot = Slot(name, str(raw.get("type", "*")), outer.origin if outer else None)
         if ("-1", name) in proxy:
             slot.value = proxy[("-1", name)]
+        elif by_definition and name in widget_names and (outer is None or outer.origin is None):
+            slot.value = raw_values[widget_names.index(name)]
+        elif by_definition:
+            pass  # linked from outside: the link is the value
         elif outer is not None and outer.widget and isinstance(raw_values, list) and not proxy:
             index = widget_slots.index(outer)
             slot.value = raw_values[index] if index < len(raw_values) else None

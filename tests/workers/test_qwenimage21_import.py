@@ -6,6 +6,7 @@ way (ReferenceLatent of a VAEEncode per image) renders what the edit node with i
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import numpy as np
@@ -194,3 +195,35 @@ def test_a_qwen_image_edit_workflow_with_reference_latents_renders_the_edit_node
     outcome, direct = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
     assert np.array_equal(np.asarray(_take(done)), np.asarray(_take(direct)))
+
+
+@pytest.mark.django_db
+def test_comfyuis_shipped_2_1_text_to_image_template_renders(q21, settings, tmp_path):
+    """The workflow ComfyUI ships (image_qwen_image_2_1_t2i: a subgraph, its prompt enhancer
+    switched off, a value preview on the prompt's way, QwenImage21Cache) with the tiny stack's
+    files, 2 steps and a small size: it imports and renders."""
+    from apps.importer.comfy_templates import shipped_file
+
+    models_dir, held = q21
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    workflow = json.loads(shipped_file("image_qwen_image_2_1_t2i.json") or b"{}")
+    ids = {s["id"] for s in workflow["definitions"]["subgraphs"]}
+    model = next(n for n in workflow["nodes"] if n["type"] in ids)
+    values = model["widgets_values"]  # in the definition's input order
+    values[6], values[12], values[13], values[14] = (
+        STEPS, held["model"], held["text_encoder"], held["vae"])
+    size = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
+    size["widgets_values"][1] = 0.1  # megapixels: its least (a 1:1 of 0.1 MP)
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]]}
+    files = {("diffusion_models", held["model"]): ("qwenimage21",),
+             ("text_encoders", held["text_encoder"]): ("krea2", "qwenimage21"),
+             ("vae", held["vae"]): ("qwenimage21",)}
+    result = comfy_import(workflow=workflow, catalog=catalog, files=files)
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["459:453"]["params"]["family"] == "qwenimage21"
+    assert nodes["459:458"]["params"]["steps"] == STEPS
+    outcome, done = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    width, height = _take(done).size
+    assert width == height and abs(width * height - 100_000) < 20_000
