@@ -135,6 +135,18 @@ def dimensions(area: int, width: int, height: int) -> tuple[int, int]:
     return round(w / 32) * 32, round(w / ratio / 32) * 32
 
 
+def condition_size(resolution: int, width: int, height: int) -> tuple[int, int]:
+    """(width, height) a condition image of width × height is resized to, as ComfyUI's
+    TextEncodeQwenImage21: ~resolution² px at its aspect ratio (the pipeline's
+    calculate_dimensions), or, at resolution 0, its own size; sides rounded to multiples of 32,
+    at least 32."""
+    if resolution > 0:
+        width, height = dimensions(resolution * resolution, width, height)
+    else:
+        width, height = round(width / 32) * 32, round(height / 32) * 32
+    return max(32, width), max(32, height)
+
+
 def image_processor() -> Any:
     from diffusers.image_processor import VaeImageProcessor
 
@@ -146,8 +158,9 @@ def image_processor() -> Any:
 def encode_with_images(encoder: TextEncoder, vae: Vae, text: str, images: list[Image.Image],
                        resolution: int = OUTPUT_RESOLUTION) -> Prompt21:
     """A prompt encoded with condition images, as the pipeline's image mode does: each image
-    RGBA, resized to ~resolution² px (multiples of 32) for the Qwen3-VL (alpha flattened on
-    white) and for the VAE (its mode, normalised, a reference)."""
+    RGBA, resized to ~resolution² px (multiples of 32; resolution 0: its own size rounded to
+    them, `condition_size`) for the Qwen3-VL (alpha flattened on white) and for the VAE (its
+    mode, normalised, a reference)."""
     tokenizers: Tokenizers = encoder.tokenizer
     if tokenizers.processor is None:
         raise ValueError(f"text encoder {encoder.name} has no Qwen3-VL image processor: put its "
@@ -155,7 +168,7 @@ def encode_with_images(encoder: TextEncoder, vae: Vae, text: str, images: list[I
     processor, shown, refs = image_processor(), [], []
     for image in images:
         rgba = image.convert("RGBA")
-        w, h = dimensions(resolution * resolution, *rgba.size)
+        w, h = condition_size(resolution, *rgba.size)
         resized = processor.resize(rgba, width=w, height=h)
         white = Image.new("RGB", resized.size, (255, 255, 255))
         white.paste(resized, mask=resized.getchannel("A"))
