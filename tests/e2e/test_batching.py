@@ -6,7 +6,8 @@ render; cancelling one leaves the others untouched. Then 2 workers × 4 slots ta
 runs: never more than 8 at once, and no run waits while a slot is free. And 8 runs with 8
 different LoRA sets (none, one file at two strengths, a stack of two) share forwards over one
 base model (issue 35). And 8 Krea 2 runs of mixed prompts, sizes and guidance through the
-generic nodes batch on the same worker, each take its Krea2Pipeline render (issue 36).
+generic nodes batch on the same worker, each take its Krea2Pipeline render; runs of other sizes
+run apart, and the worker's counters say why (issue 36).
 
 Private farm (its own database and Redis, tests/e2e/recovery_helpers.py) so that worker layouts
 can change; events are written as they happen (INLINE_EVENT_FLUSH_SECONDS=0) so the test sees
@@ -251,8 +252,13 @@ def test_eight_mixed_krea2_runs_batch_on_one_worker_and_each_take_is_the_pipelin
     wait_until("the worker reporting the Krea 2 stack", lambda: set(names.values()) <= {
         f["name"] for f in alice.get("/v1/models/files?family=krea2").json()["files"]}, 60,
         every=0.2)
+    worker = batch_farm.current["worker8"]
+    before = worker_stats(batch_farm, worker)
     ids = submit_all(alice, [krea2_graph(names, spec) for spec in KREA2_MIXED])
     runs = wait_all(alice, ids)
+    done = before.get("runs_succeeded", 0) + len(KREA2_MIXED)
+    after = wait_until("a heartbeat counting the 8 runs", lambda: (
+        s := worker_stats(batch_farm, worker)).get("runs_succeeded", 0) >= done and s, 30)
     pipe = smoke_pipeline()
     for spec, run in zip(KREA2_MIXED, runs, strict=True):
         image = pipe(spec.get("prompt", PROMPT), width=spec["width"], height=spec["height"],
@@ -263,6 +269,12 @@ def test_eight_mixed_krea2_runs_batch_on_one_worker_and_each_take_is_the_pipelin
         assert diff <= PIXEL_TOLERANCE, (spec, diff)
     batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
     assert len(batches) == KREA2_STEPS * len(KREA2_MIXED) and max(batches) > 1
+    # three sizes: a step's other sizes ran apart (their `batch` is their own forward's), and
+    # the worker's counters say why — the latent size, never anything else (issue 36)
+    apart = {k: v - before.get(k, 0) for k, v in after.items()
+             if k.startswith("apart_") and v != before.get(k, 0)}
+    print(f"\n8 Krea 2 runs: batch sizes {sorted(batches)}; ran apart {apart}")
+    assert set(apart) == {"apart_latent_size"} and apart["apart_latent_size"] >= 1
 
 
 def test_cancelling_one_run_mid_batch_leaves_the_others_unchanged(

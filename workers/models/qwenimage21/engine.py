@@ -37,7 +37,7 @@ from workers.models import flow
 from workers.models.qwenimage21 import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
-from workers.sampling.layouts import forward_by_layout
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 SYSTEM = "Comprehend and analyze the provided prompt."
@@ -219,13 +219,15 @@ def _row_key(latents: torch.Tensor, prompt: Prompt21) -> tuple[Any, ...]:
             *(tuple(r.shape) for r in prompt.references))
 
 
-def layout(job: SampleJob) -> tuple[Any, ...]:
-    """What must match for jobs to share a forward: the latent's shape and each prompt's token
-    layout (length, image slots, reference shapes)."""
-    keys = [_row_key(job.latents, prompt_of(job.positive))]
-    if job.cfg:
-        keys.append(_row_key(job.latents, prompt_of(job.negative)))
-    return tuple(keys)
+def layout(job: SampleJob) -> Layout:
+    """What must match for jobs to share a forward: the latent's shape and each prompt row's
+    token layout (its length, where its image slots sit, its references' shapes)."""
+    prompts = [prompt_of(job.positive), *([prompt_of(job.negative)] if job.cfg else [])]
+    return Layout(tuple(job.latents.shape),
+                  tuple(tuple(r.shape) for prompt in prompts for r in prompt.references),
+                  tuple(prompt.embeds.shape[0] for prompt in prompts),
+                  tuple(tuple(prompt.image_mask.nonzero().flatten().tolist())
+                        for prompt in prompts))
 
 
 @torch.no_grad()
