@@ -37,6 +37,10 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
   - krea2: Krea2Pipeline, a ~15 M-parameter Krea2Transformer2DModel (4 blocks, width 384, GQA)
            with the tiny Qwen3-VL, 128² (64 image tokens beside the fixed 512 text tokens), CFG
            3.5 with the empty negative.
+  - qwenimage21: QwenImage21Pipeline without its KV cache (the call the farm is bit-identical
+           to), a ~16.5 M-parameter QwenImage21Transformer2DModel (8 single-stream blocks,
+           width 384) with the tiny Qwen3-VL, 128², no CFG; prompts of one token count (2.1's
+           runs share a forward only then).
   - wan-ti2v: the same as Wan 2.2 TI2V-5B (48 channels in and out, the tiny Wan 2.2 VAE's ÷16,
            9 frames of 192²: the wan row's tokens), WanPipeline with `expand_timesteps`: a
            timestep per token, per row in the farm's shared forward.
@@ -45,7 +49,8 @@ the list of N prompts' embeds (latents out), on a mid-size random stack. Target 
 The `lora` row (issue 35): 16 concurrent FLUX.1 runs (mid-size stack) through the step batcher,
 each with its own LoRA vs all sharing one (and vs none). Target ≥ 0.8×.
 
-    .venv/bin/python bench/batching.py --family flux1|flux2|qwenimage|qwen-edit|wan|wan-ti2v|krea2|sdxl|lora
+    .venv/bin/python bench/batching.py --family FAMILY
+      (flux1|flux2|qwenimage|qwenimage21|qwen-edit|wan|wan-ti2v|krea2|sdxl|lora)
 """
 
 from __future__ import annotations
@@ -704,9 +709,69 @@ def krea2_row(steps: int) -> dict[int, tuple[float, float]]:
     return _alternating(pipeline, sampler)
 
 
+QWEN21_MID: dict[str, Any] = {  # ~16.5 M parameters: 8 single-stream blocks of width 384
+    "num_layers": 8, "attention_head_dim": 64, "num_attention_heads": 6, "context_in_dim": 16,
+    "axes_dims_rope": [16, 24, 24],
+}
+QWEN21_SIDE = 128  # 8×8 latent tokens at ÷16
+
+
+def qwen21_prompts(n: int) -> list[str]:
+    """n prompts of one token count: 2.1's runs share a forward only at one prompt length (a
+    shorter one padded would move the image's rotary positions), so the row measures that."""
+    return [f"a lighthouse at dusk, study {i:02d}" for i in range(n)]
+
+
+def qwenimage21_row(steps: int) -> dict[int, tuple[float, float]]:
+    """n → (QwenImage21Pipeline without its KV cache — the call the farm is bit-identical to —
+    with the n prompts' embeds, the farm's step batcher) images/s, the best of REPEAT
+    alternating runs each; denoise only, no CFG (2.1 is sampled without: the farm's g 0)."""
+    from diffusers import QwenImage21Pipeline, QwenImage21Transformer2DModel
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.qwenimage21 import LATENT, engine
+    from workers.models.qwenimage21.engine import Tokenizers
+    from workers.models.qwenimage21.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.sampling import StepBatcher
+
+    parts = build_tiny_components(0)
+    torch.manual_seed(0)
+    transformer: Any = QwenImage21Transformer2DModel(**QWEN21_MID)
+    parts["transformer"] = transformer.eval()
+    pipe: Any = QwenImage21Pipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    policy = DevicePolicy(profile="cpu")
+    encoder = TextEncoder("te", "", pipe.text_encoder,
+                          Tokenizers(pipe.processor.tokenizer, pipe.processor, Path(".")),
+                          policy.placement("text-encoder"))
+    bounds = policy.batch_bounds()
+    batcher = StepBatcher(lambda jobs: engine.predict(pipe.transformer, jobs), bounds.items,
+                          bounds.tokens)
+    sigmas, timesteps = engine.schedule(steps, QWEN21_SIDE, QWEN21_SIDE)
+
+    def pipeline(n: int) -> float:
+        conds = engine.encode_prompts(encoder, qwen21_prompts(n))
+        start = time.perf_counter()
+        pipe(prompt_embeds=torch.stack([c.embeds for c in conds]), width=QWEN21_SIDE,
+             height=QWEN21_SIDE, num_inference_steps=steps, output_type="latent",
+             use_kv_cache=False,
+             generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        return n / (time.perf_counter() - start)
+
+    def sampler(n: int) -> float:
+        conds = engine.encode_prompts(encoder, qwen21_prompts(n))
+        jobs = [_job(LATENT.shape(QWEN21_SIDE, QWEN21_SIDE), i, sigmas, timesteps, conds[i])
+                for i in range(n)]
+        return n / all_at_once(batcher.run, jobs)
+
+    return _alternating(pipeline, sampler)
+
+
 FAMILY_ROWS = {"flux1": flux1_row, "qwenimage": qwenimage_row, "flux2": flux2_row,
                "qwen-edit": qwen_edit_row, "wan": wan_row,
-               "wan-ti2v": lambda steps: wan_row(steps, ti2v=True), "krea2": krea2_row}
+               "wan-ti2v": lambda steps: wan_row(steps, ti2v=True), "krea2": krea2_row,
+               "qwenimage21": qwenimage21_row}
 LORA_RANK, LORA_RUNS = 16, 16
 
 

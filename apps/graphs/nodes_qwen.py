@@ -7,7 +7,7 @@ from __future__ import annotations
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 
 MAX_PROMPT = 8000  # as apps/graphs/nodes.py (a circular import otherwise)
-QWEN21_IMAGES = 4  # the condition images one qwenimage21/encode takes
+QWEN21_IMAGES = 16  # the condition images one qwenimage21/encode takes (ComfyUI's image_1…16)
 QWEN21_IMAGE_PORTS = tuple(f"image_{i}" for i in range(1, QWEN21_IMAGES + 1))
 
 QWEN = (
@@ -25,13 +25,14 @@ QWEN = (
         params=(
             Param("text", "string", "", input="text", max_length=MAX_PROMPT),
             Param("negative_text", "string", "", input="negative_text", max_length=MAX_PROMPT),
-            Param("resolution", "int", 1024, min=32, max=4096, multiple_of=32,
+            Param("resolution", "int", 1024, min=0, max=4096, multiple_of=32,
                   description="Condition images are resized to about resolution² px at their "
-                  "aspect ratio, sides of 32; the latent has the first image's size (no "
-                  "image: resolution × resolution)."),
+                  "aspect ratio, sides of 32 (0: each keeps its own size, rounded to sides of "
+                  "32); the latent has the first image's size (no image: resolution × "
+                  "resolution, 1024 × 1024 at 0)."),
         ),
         description="Qwen-Image 2.1 (ComfyUI's TextEncodeQwenImage21): the prompt and the "
-        "negative prompt encoded by the Qwen3-VL with 0–4 condition images, each also VAE-"
+        "negative prompt encoded by the Qwen3-VL with 0–16 condition images, each also VAE-"
         "encoded as a reference latent (QwenImage21Pipeline's image mode; images need the "
         "VAE), and the empty latent to sample.",
     ),

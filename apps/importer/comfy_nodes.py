@@ -261,17 +261,13 @@ def _image_scale_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
 
 
 def _qwen21_refuse(values: dict[str, Any]) -> str | None:
-    """What qwenimage21/encode cannot take: more than its images, each reference at its own
-    size (resolution 0)."""
+    """What qwenimage21/encode cannot take: images past ComfyUI's image_16."""
     extra = sorted(name for name in values if name.startswith("images.image_")
                    and name.removeprefix("images.image_") not in QWEN21_NUMBERS
                    and values[name] is not None)
     if extra:
         return (f"{', '.join(extra)}: the farm's Qwen-Image 2.1 prompt takes at most "
                 f"{QWEN21_IMAGES} images (images.image_1 … images.image_{QWEN21_IMAGES})")
-    if values.get("resolution") == 0:
-        return ("resolution 0 (each reference at its own size) is not supported: set a "
-                "resolution (the references are resized to ~resolution² px)")
     return None
 
 

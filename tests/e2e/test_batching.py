@@ -6,7 +6,9 @@ render; cancelling one leaves the others untouched. Then 2 workers × 4 slots ta
 runs: never more than 8 at once, and no run waits while a slot is free. And 8 runs with 8
 different LoRA sets (none, one file at two strengths, a stack of two) share forwards over one
 base model (issue 35). And 8 Krea 2 runs of mixed prompts, sizes and guidance through the
-generic nodes batch on the same worker, each take its Krea2Pipeline render (issue 36).
+generic nodes batch on the same worker, each take its Krea2Pipeline render; runs of other sizes
+run apart, and the worker's counters say why; the same for 8 Qwen-Image 2.1 runs of two sizes, two
+prompt lengths and 0–2 condition images (issue 36).
 
 Private farm (its own database and Redis, tests/e2e/recovery_helpers.py) so that worker layouts
 can change; events are written as they happen (INLINE_EVENT_FLUSH_SECONDS=0) so the test sees
@@ -50,6 +52,7 @@ class BatchFarm(RecoveryFarm):
 
     stack: dict[str, str] = field(default_factory=dict)
     krea2: dict[str, str] = field(default_factory=dict)  # the Krea 2 smoke stack beside it
+    qwen21: dict[str, str] = field(default_factory=dict)  # and Qwen-Image 2.1's
 
 
 BATCH_ENV = {**RECOVERY_ENV, "INLINE_EVENT_FLUSH_SECONDS": "0", "INLINE_WORKER_HEARTBEAT": "0.5",
@@ -78,6 +81,7 @@ _unique = itertools.count(1)
 def batch_farm(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[BatchFarm]:
     from workers.models.krea2.tiny import write_smoke_stack as write_krea2_stack
+    from workers.models.qwenimage21.tiny import write_smoke_stack as write_qwen21_stack
     from workers.models.zimage.tiny import write_smoke_stack
 
     db = dict(settings.DATABASES["default"])
@@ -96,7 +100,8 @@ def batch_farm(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
            "INLINE_DATA_DIR": str(root / "data"), "INLINE_MODELS_DIR": str(root / "models")}
     farm = BatchFarm(env=env, logs=root / "logs", dsn=dsn, redis=redis,
                      stack=write_smoke_stack(root / "models"),
-                     krea2=write_krea2_stack(root / "models"))
+                     krea2=write_krea2_stack(root / "models"),
+                     qwen21=write_qwen21_stack(root / "models"))
     try:
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -251,8 +256,13 @@ def test_eight_mixed_krea2_runs_batch_on_one_worker_and_each_take_is_the_pipelin
     wait_until("the worker reporting the Krea 2 stack", lambda: set(names.values()) <= {
         f["name"] for f in alice.get("/v1/models/files?family=krea2").json()["files"]}, 60,
         every=0.2)
+    worker = batch_farm.current["worker8"]
+    before = worker_stats(batch_farm, worker)
     ids = submit_all(alice, [krea2_graph(names, spec) for spec in KREA2_MIXED])
     runs = wait_all(alice, ids)
+    done = before.get("runs_succeeded", 0) + len(KREA2_MIXED)
+    after = wait_until("a heartbeat counting the 8 runs", lambda: (
+        s := worker_stats(batch_farm, worker)).get("runs_succeeded", 0) >= done and s, 30)
     pipe = smoke_pipeline()
     for spec, run in zip(KREA2_MIXED, runs, strict=True):
         image = pipe(spec.get("prompt", PROMPT), width=spec["width"], height=spec["height"],
@@ -263,6 +273,105 @@ def test_eight_mixed_krea2_runs_batch_on_one_worker_and_each_take_is_the_pipelin
         assert diff <= PIXEL_TOLERANCE, (spec, diff)
     batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
     assert len(batches) == KREA2_STEPS * len(KREA2_MIXED) and max(batches) > 1
+    # three sizes: a step's other sizes ran apart (their `batch` is their own forward's), and
+    # the worker's counters say why — the latent size, never anything else (issue 36)
+    apart = {k: v - before.get(k, 0) for k, v in after.items()
+             if k.startswith("apart_") and v != before.get(k, 0)}
+    print(f"\n8 Krea 2 runs: batch sizes {sorted(batches)}; ran apart {apart}")
+    assert set(apart) == {"apart_latent_size"} and apart["apart_latent_size"] >= 1
+
+
+# 8 Qwen-Image 2.1 runs: text-to-image at two sizes and two prompt lengths, and edits with one or
+# two condition images (64×96 each: at resolution 96 the latent is 64×128). Runs share a forward
+# when their latent, prompt token count, image slots and references match; the others run apart.
+QWEN21_MIXED: list[dict[str, Any]] = [
+    {"width": 64, "height": 96, "seed": 1}, {"width": 64, "height": 96, "seed": 2,
+                                             "prompt": "A LIGHTHOUSE AT DUSK"},
+    {"width": 96, "height": 64, "seed": 3}, {"width": 64, "height": 96, "seed": 4, "prompt": "a fox"},
+    {"images": 1, "seed": 5, "prompt": "make it blue"}, {"images": 1, "seed": 6,
+                                                         "prompt": "make it pink"},
+    {"images": 2, "seed": 7, "prompt": "make it blue"}, {"width": 64, "height": 96, "seed": 8},
+]
+QWEN21_STEPS, QWEN21_PROMPT, QWEN21_RESOLUTION = 2, "a lighthouse at dusk", 96
+
+
+def qwen21_graph(names: dict[str, str], spec: dict[str, Any], assets: list[str]
+                 ) -> dict[str, Any]:
+    """load ×3 → qwenimage21/encode (with spec["images"] uploaded images) → sample (on the
+    encode node's latent with images, else an empty one) → decode → save."""
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    images = {f"img{i}": {"type": "image/load", "params": {"asset": assets[i - 1]}}
+              for i in range(1, spec.get("images", 0) + 1)}
+    nodes: dict[str, Any] = {
+        "unet": {"type": "load/diffusion-model", "params": {"file": names["model"]}},
+        "vae": {"type": "load/vae", "params": {"file": names["vae"]}},
+        "te": {"type": "load/text-encoder", "params": {"file": names["text_encoder"],
+                                                       "family": "qwenimage21"}},
+        **images,
+        "enc": {"type": "qwenimage21/encode",
+                "params": {"text": spec.get("prompt", QWEN21_PROMPT),
+                           "resolution": QWEN21_RESOLUTION},
+                "inputs": {"encoder": wire("te", "encoder"), "vae": wire("vae", "vae"),
+                           **{f"image_{n[3:]}": wire(n, "image") for n in images}}},
+        "sample": {"type": "sample", "params": {"steps": QWEN21_STEPS, "seed": spec["seed"],
+                                                "guidance": 0.0},
+                   "inputs": {"model": wire("unet", "model"), "positive": wire("enc", "positive"),
+                              "latent": wire("empty" if not images else "enc", "latent")}},
+        "decode": {"type": "vae/decode", "inputs": {"vae": wire("vae", "vae"),
+                                                    "latent": wire("sample", "latent")}},
+        "out": {"type": "image/save", "inputs": {"image": wire("decode", "image")}},
+    }
+    if not images:
+        nodes["empty"] = {"type": "latent/empty",
+                          "params": {"width": spec["width"], "height": spec["height"]}}
+    return {"graph": {"nodes": nodes}, "target": "out"}
+
+
+def test_eight_mixed_qwen21_runs_batch_on_one_worker_and_those_apart_say_why(
+    batch_farm: BatchFarm, alice: Client, stack: dict[str, str]
+) -> None:
+    """Issue 36's rule for runs of different numbers and sizes of references: each take is
+    QwenImage21Pipeline's render (no KV cache) within a level, runs of one layout share
+    forwards, and the worker's counters say why the others ran apart."""
+    from tests.workers.helpers import noise_image
+    from workers.models.qwenimage21.tiny import smoke_pipeline
+
+    names = batch_farm.qwen21
+    wait_until("the worker reporting the Qwen-Image 2.1 stack", lambda: set(names.values()) <= {
+        f["name"] for f in alice.get("/v1/models/files?family=qwenimage21").json()["files"]},
+        60, every=0.2)
+    pictures = [noise_image(64, 96, seed=1), noise_image(64, 96, seed=2)]
+    assets = []
+    for picture in pictures:
+        out = io.BytesIO()
+        picture.save(out, format="PNG")
+        assets.append(str(upload(alice, out.getvalue()).json()["id"]))
+    worker = batch_farm.current["worker8"]
+    before = worker_stats(batch_farm, worker)
+    ids = submit_all(alice, [qwen21_graph(names, spec, assets) for spec in QWEN21_MIXED])
+    runs = wait_all(alice, ids)
+    done = before.get("runs_succeeded", 0) + len(QWEN21_MIXED)
+    after = wait_until("a heartbeat counting the 8 runs", lambda: (
+        s := worker_stats(batch_farm, worker)).get("runs_succeeded", 0) >= done and s, 30)
+    pipe = smoke_pipeline()
+    for spec, run in zip(QWEN21_MIXED, runs, strict=True):
+        sizes = ({"image": pictures[:spec["images"]], "output_resolution": QWEN21_RESOLUTION}
+                 if spec.get("images") else {"width": spec["width"], "height": spec["height"]})
+        image = pipe(spec.get("prompt", QWEN21_PROMPT), num_inference_steps=QWEN21_STEPS,
+                     use_kv_cache=False, generator=torch.Generator("cpu").manual_seed(spec["seed"]),
+                     **sizes).images[0]
+        solo = np.asarray(image.convert("RGB")).astype(np.int16)
+        diff = int(np.abs(take_pixels(alice, run) - solo).max())
+        assert diff <= PIXEL_TOLERANCE, (spec, diff)
+    batches = [p["batch"] for r in ids for p in progress_of(batch_farm, r)]
+    apart = {k: v - before.get(k, 0) for k, v in after.items()
+             if k.startswith("apart_") and v != before.get(k, 0)}
+    print(f"\n8 Qwen-Image 2.1 runs: batch sizes {sorted(batches)}; ran apart {apart}")
+    assert len(batches) == QWEN21_STEPS * len(QWEN21_MIXED) and max(batches) > 1
+    assert apart and set(apart) <= {"apart_latent_size", "apart_prompt_tokens",
+                                    "apart_image_slots", "apart_references"}
 
 
 def test_cancelling_one_run_mid_batch_leaves_the_others_unchanged(

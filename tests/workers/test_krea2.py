@@ -249,3 +249,39 @@ def test_a_truncated_transformer_fails_naming_the_file_and_its_folder(krea_stack
     with pytest.raises(NodeFailed, match=r"krea2_partial\.safetensors.*diffusion_models/"):
         run(make_ctx(models_dir=tmp_path), "load/diffusion-model",
             {"file": "krea2_partial.safetensors"})
+
+
+def test_runs_of_two_sizes_in_one_step_run_apart_and_the_worker_counts_why():
+    """Issue 36's rule for runs that cannot share a forward: in one step, the two 64×48 jobs
+    (other prompts, one with CFG) share a forward, the 48×64 one runs apart — each job's
+    `forward_jobs` (its progress `batch`) says so, the heartbeat's counters say why
+    (`apart_latent_size`, nothing else) — and each velocity is its solo one within rounding."""
+    from workers.counters import counters_report
+    from workers.device.policy import DevicePolicy
+    from workers.models.krea2 import LATENT, engine
+    from workers.models.krea2.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.sampling import SampleJob
+    from workers.sampling.batcher import FORWARD_JOBS
+
+    parts = build_tiny_components(0)
+    encoder = TextEncoder("te", "", parts["text_encoder"], parts["tokenizer"],
+                          DevicePolicy(profile="cpu").placement("text-encoder"))
+    fox, lighthouse, empty = engine.encode_prompts(encoder, ["a fox", PROMPT, ""])
+    rng = torch.Generator().manual_seed(0)
+    sigmas, timesteps = torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1000.0, 500.0])
+
+    def job(size: tuple[int, int], prompt: Any, guidance: float = 0.0) -> SampleJob:
+        return SampleJob(torch.randn(LATENT.shape(*size), generator=rng), sigmas, timesteps,
+                         prompt, negative=empty if guidance else None, guidance=guidance)
+
+    jobs = [job((64, 48), fox), job((48, 64), lighthouse), job((64, 48), lighthouse, GUIDANCE)]
+    before = counters_report()
+    together = engine.predict(parts["transformer"], jobs)
+    after = counters_report()
+    assert [j.extra[FORWARD_JOBS] for j in jobs] == [2, 1, 2]
+    grew = {k: after[k] - before.get(k, 0) for k in after
+            if k.startswith("apart_") and after[k] != before.get(k, 0)}
+    assert grew == {"apart_latent_size": 1}
+    for one, velocity in zip(jobs, together, strict=True):
+        assert (engine.predict(parts["transformer"], [one])[0] - velocity).abs().max() < 1e-5

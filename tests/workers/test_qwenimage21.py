@@ -151,3 +151,42 @@ def test_a_single_file_encoder_without_its_tokenizer_names_the_folder(make_ctx, 
     (tmp_path / "text_encoders" / name).rename(bare)
     with pytest.raises(NodeFailed, match=r"no tokenizer.*qwen3vl_8b\.tokenizer/"):
         run(make_ctx(models_dir=tmp_path), "load/text-encoder", {"file": bare.name})
+
+
+def test_runs_of_other_prompt_lengths_or_sizes_run_apart_and_the_worker_counts_why():
+    """Issue 36's rule for runs that cannot share a forward: in one step, two 64×96 jobs whose
+    prompts have one token count share a forward; a shorter prompt and another size each run
+    apart — each job's `forward_jobs` (its progress `batch`) says so, the heartbeat's counters
+    say why (`apart_prompt_tokens`, `apart_latent_size`) — and each velocity is its solo one."""
+    from workers.counters import counters_report
+    from workers.device.policy import DevicePolicy
+    from workers.models.qwenimage21 import LATENT, engine
+    from workers.models.qwenimage21.tiny import build_tiny_components
+    from workers.models.values import TextEncoder
+    from workers.sampling import SampleJob
+    from workers.sampling.batcher import FORWARD_JOBS
+
+    parts = build_tiny_components(0)
+    processor = parts["processor"]
+    encoder = TextEncoder("te", "", parts["text_encoder"],
+                          engine.Tokenizers(processor.tokenizer, processor, Path(".")),
+                          DevicePolicy(profile="cpu").placement("text-encoder"))
+    lower, upper, fox = engine.encode_prompts(encoder, [PROMPT, PROMPT.upper(), "a fox"])
+    assert lower.embeds.shape[0] == upper.embeds.shape[0] != fox.embeds.shape[0]
+    rng = torch.Generator().manual_seed(0)
+    sigmas, timesteps = torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1000.0, 500.0])
+
+    def job(size: tuple[int, int], prompt: Any) -> SampleJob:
+        return SampleJob(torch.randn(LATENT.shape(*size), generator=rng), sigmas, timesteps,
+                         prompt)
+
+    jobs = [job((W, H), lower), job((W, H), fox), job((H, W), lower), job((W, H), upper)]
+    before = counters_report()
+    together = engine.predict(parts["transformer"], jobs)
+    after = counters_report()
+    assert [j.extra[FORWARD_JOBS] for j in jobs] == [2, 1, 1, 2]
+    grew = {k: after[k] - before.get(k, 0) for k in after
+            if k.startswith("apart_") and after[k] != before.get(k, 0)}
+    assert grew == {"apart_latent_size": 1, "apart_prompt_tokens": 1}
+    for one, velocity in zip(jobs, together, strict=True):
+        assert (engine.predict(parts["transformer"], [one])[0] - velocity).abs().max() < 1e-5

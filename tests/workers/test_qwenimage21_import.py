@@ -1,5 +1,6 @@
 """ComfyUI's Qwen prompt nodes on the farm: TextEncodeQwenImage21 (`qwenimage21/encode`) paints
-QwenImage21Pipeline's image mode; a UI-format Qwen-Image 2.1 edit workflow imports and renders
+QwenImage21Pipeline's image mode (also with five images, and at resolution 0: each image at its
+own size); a UI-format Qwen-Image 2.1 edit workflow imports and renders
 through the real executor; a Qwen-Image-Edit workflow with two references written the ComfyUI
 way (ReferenceLatent of a VAEEncode per image) renders what the edit node with its VAE renders."""
 
@@ -61,26 +62,75 @@ def test_the_2_1_prompt_node_paints_the_pipeline_s_image_mode(q21, make_ctx):
     assert np.array_equal(np.asarray(ours), np.asarray(theirs.convert("RGB")))
 
 
-def qwen21_ui(names: dict[str, str]) -> dict[str, Any]:
-    """ComfyUI's 2.1 edit graph: loaders, two LoadImage → TextEncodeQwenImage21 (its
-    positive, negative and latent) → KSampler → VAEDecode → SaveImage."""
+def test_resolution_0_keeps_each_image_s_own_size_rounded_to_sides_of_32(q21, make_ctx):
+    models_dir, names = q21
+    ctx = make_ctx(models_dir=models_dir)
+    vae = run(ctx, "load/vae", {"file": names["vae"]}, {})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "qwenimage21"}, {})["encoder"]
+    sizes = [(100, 70), (50, 40), (20, 20), (64, 96), (130, 33)]  # ComfyUI: → 96×64, 64×32,
+    # 32×32 (at least 32), 64×96 (as is), 128×32
+    images = {f"image_{i}": noise_image(w, h, seed=i) for i, (w, h) in enumerate(sizes, 1)}
+    out = run(ctx, "qwenimage21/encode", {"text": "make it blue", "negative_text": "",
+                                          "resolution": 0}, {"encoder": encoder, "vae": vae,
+                                                             **images})
+    references = out["positive"].embeds.references
+    assert [tuple(r.shape[-2:]) for r in references] == [(4, 6), (2, 4), (2, 2), (6, 4), (2, 8)]
+    assert out["latent"].pixel_size == (96, 64)  # the first image's
+    bare = run(ctx, "qwenimage21/encode", {"text": "a fox", "negative_text": "", "resolution": 0},
+               {"encoder": encoder})
+    assert bare["latent"].pixel_size == (1024, 1024)  # no image: ComfyUI's default
+
+
+def test_five_images_at_resolution_0_paint_the_pipeline_s_image_mode(q21, make_ctx):
+    """More than four condition images, each at its own size: the pipeline's image mode at the
+    output_resolution whose ~area gives that size (78² px at 100×70 is 96×64 too)."""
+    from workers.models.qwenimage21.tiny import smoke_pipeline
+
+    models_dir, names = q21
+    images = [noise_image(100, 70, seed=seed) for seed in range(5)]
+    ctx = make_ctx(models_dir=models_dir)
+    model = run(ctx, "load/diffusion-model", {"file": names["model"]}, {})["model"]
+    vae = run(ctx, "load/vae", {"file": names["vae"]}, {})["vae"]
+    encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
+                                             "family": "qwenimage21"}, {})["encoder"]
+    out = run(ctx, "qwenimage21/encode",
+              {"text": "make it blue", "negative_text": "", "resolution": 0},
+              {"encoder": encoder, "vae": vae,
+               **{f"image_{i}": image for i, image in enumerate(images, 1)}})
+    assert len(out["positive"].embeds.references) == 5
+    latent = run(ctx, "sample", {"seed": SEED, "steps": STEPS, "guidance": 0.0, "denoise": 1.0},
+                 {"model": model, "positive": out["positive"], "latent": out["latent"]})["latent"]
+    ours = run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+    theirs = smoke_pipeline()("make it blue", image=images, output_resolution=78,
+                              num_inference_steps=STEPS, use_kv_cache=False,
+                              generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
+    assert ours.size == theirs.size == (96, 64)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs.convert("RGB")))
+
+
+def qwen21_ui(names: dict[str, str], *, resolution: int = 96, images: int = 2) -> dict[str, Any]:
+    """ComfyUI's 2.1 edit graph: loaders, `images` LoadImage (a.png, b.png, a.png, …) →
+    TextEncodeQwenImage21 (its positive, negative and latent) → KSampler → VAEDecode →
+    SaveImage."""
     ui = Ui()
     ui.add(1, "UNETLoader", [names["model"], "default"], outputs=["MODEL"])
     ui.add(2, "CLIPLoader", [names["text_encoder"], "qwen_image", "default"], outputs=["CLIP"])
     ui.add(3, "VAELoader", [names["vae"]], outputs=["VAE"])
-    ui.add(4, "LoadImage", ["a.png", "image"], outputs=["IMAGE", "MASK"])
-    ui.add(5, "LoadImage", ["b.png", "image"], outputs=["IMAGE", "MASK"])
-    ui.add(6, "TextEncodeQwenImage21", ["make it blue", "", 96],
-           inputs=[("clip", "CLIP"), ("vae", "VAE"), ("images.image_1", "IMAGE"),
-                   ("images.image_2", "IMAGE")],
+    ports = [f"images.image_{i}" for i in range(1, images + 1)]
+    ui.add(6, "TextEncodeQwenImage21", ["make it blue", "", resolution],
+           inputs=[("clip", "CLIP"), ("vae", "VAE"), *((port, "IMAGE") for port in ports)],
            outputs=["CONDITIONING", "CONDITIONING", "LATENT"])
+    for index, port in enumerate(ports):
+        node = 10 + index
+        ui.add(node, "LoadImage", ["ab"[index % 2] + ".png", "image"], outputs=["IMAGE", "MASK"])
+        ui.link(node, 0, 6, port)
     ui.add(7, "KSampler", [SEED, "fixed", STEPS, 1, "euler", "simple", 1],
            inputs=[("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                    ("latent_image", "LATENT")], outputs=["LATENT"])
     ui.add(8, "VAEDecode", [], inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=["IMAGE"])
     ui.add(9, "SaveImage", ["q21"], inputs=[("images", "IMAGE")])
     (ui.link(1, 0, 7, "model").link(2, 0, 6, "clip").link(3, 0, 6, "vae")
-       .link(4, 0, 6, "images.image_1").link(5, 0, 6, "images.image_2")
        .link(6, 0, 7, "positive").link(6, 1, 7, "negative").link(6, 2, 7, "latent_image")
        .link(7, 0, 8, "samples").link(3, 0, 8, "vae").link(8, 0, 9, "images"))
     return ui.doc()
@@ -118,6 +168,28 @@ def test_a_comfyui_2_1_edit_workflow_imports_and_renders(q21, settings, tmp_path
     outcome, done = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
     assert _take(done).size == (64, 128)  # the first image's size at resolution 96
+
+
+@pytest.mark.django_db
+def test_a_2_1_workflow_with_five_images_at_resolution_0_imports_and_renders(q21, settings,
+                                                                              tmp_path):
+    models_dir, held = q21
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    assets = _assets()
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]]}
+    files = {("diffusion_models", held["model"]): ("qwenimage21",),
+             ("text_encoders", held["text_encoder"]): ("qwenimage21",),
+             ("vae", held["vae"]): ("qwenimage21",)}
+    result = comfy_import(workflow=qwen21_ui(held, resolution=0, images=5), catalog=catalog,
+                          files=files, resolve_asset=assets.get)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["6"]["params"]["resolution"] == 0
+    assert set(nodes["6"]["inputs"]) == {"encoder", "vae", *(f"image_{i}" for i in range(1, 6))}
+    outcome, done = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    assert _take(done).size == (64, 96)  # a.png's own 64×96: already sides of 32
 
 
 def edit_ui(names: dict[str, str]) -> dict[str, Any]:

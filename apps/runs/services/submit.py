@@ -285,8 +285,10 @@ REFERENCE_NODES: dict[str, tuple[tuple[str, ...], Any]] = {
     "flux2/reference": (("image", "image_2", "image_3"), lambda params: MEGAPIXEL),  # ≤ 1 MP
     "qwenimage/edit": (("image", "image_2", "image_3"),  # only with a VAE: reference latents
                        lambda params: round(float(params.get("megapixels", 1.0)) * MEGAPIXEL)),
-    "qwenimage21/encode": (QWEN21_IMAGE_PORTS,  # ~resolution² px each (they need the VAE)
-                           lambda params: int(params.get("resolution", 1024)) ** 2),
+    # ~resolution² px each (they need the VAE); at resolution 0 each keeps its own size, which
+    # is not known at submit: counted at the family's default 1 MP
+    "qwenimage21/encode": (QWEN21_IMAGE_PORTS,
+                           lambda params: int(params.get("resolution", 1024) or 1024) ** 2),
 }
 
 

@@ -29,7 +29,7 @@ from workers.models.flux2 import LATENT, empirical_mu
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
-from workers.sampling.layouts import forward_by_layout
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' text padding
@@ -142,10 +142,11 @@ def image_ids(h: int, w: int, references: tuple[torch.Tensor, ...]) -> torch.Ten
     return torch.cat(parts)
 
 
-def layout(job: SampleJob) -> tuple[tuple[int, ...], ...]:
+def layout(job: SampleJob) -> Layout:
     """What must match for jobs to share a forward: the latent's shape and each reference's
     (the transformer reads one set of positions for its whole batch)."""
-    return (tuple(job.latents.shape), *(tuple(r.shape) for r in job.positive.references))
+    return Layout(tuple(job.latents.shape),
+                  tuple(tuple(r.shape) for r in job.positive.references))
 
 
 def text_ids(length: int) -> torch.Tensor:

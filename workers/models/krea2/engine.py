@@ -34,7 +34,7 @@ from workers.models.krea2 import LATENT
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
-from workers.sampling.layouts import forward_by_layout
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -104,9 +104,10 @@ renoise = flow.renoise
 pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
-def layout(job: SampleJob) -> tuple[int, ...]:
-    """What must match for jobs to share a forward: the latent's shape (one rotary table)."""
-    return tuple(job.latents.shape)
+def layout(job: SampleJob) -> Layout:
+    """What must match for jobs to share a forward: the latent's shape (one rotary table);
+    every prompt is the same 512-token block under its mask."""
+    return Layout(tuple(job.latents.shape))
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
-from workers.sampling.layouts import forward_by_layout
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
@@ -121,10 +121,10 @@ def references_of(job: SampleJob) -> tuple[torch.Tensor, ...]:
     return job.positive.references if isinstance(job.positive, QwenPrompt) else ()
 
 
-def layout(job: SampleJob) -> tuple[tuple[int, ...], ...]:
+def layout(job: SampleJob) -> Layout:
     """What must match for jobs to share a forward: the latent's shape and each reference's
     (the transformer's rotary table is one set of image shapes for its whole batch)."""
-    return (tuple(job.latents.shape), *(tuple(r.shape) for r in references_of(job)))
+    return Layout(tuple(job.latents.shape), tuple(tuple(r.shape) for r in references_of(job)))
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ from workers.models import flow
 from workers.models.qwenimage21 import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
-from workers.sampling.layouts import forward_by_layout
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 SYSTEM = "Comprehend and analyze the provided prompt."
@@ -135,6 +135,18 @@ def dimensions(area: int, width: int, height: int) -> tuple[int, int]:
     return round(w / 32) * 32, round(w / ratio / 32) * 32
 
 
+def condition_size(resolution: int, width: int, height: int) -> tuple[int, int]:
+    """(width, height) a condition image of width × height is resized to, as ComfyUI's
+    TextEncodeQwenImage21: ~resolution² px at its aspect ratio (the pipeline's
+    calculate_dimensions), or, at resolution 0, its own size; sides rounded to multiples of 32,
+    at least 32."""
+    if resolution > 0:
+        width, height = dimensions(resolution * resolution, width, height)
+    else:
+        width, height = round(width / 32) * 32, round(height / 32) * 32
+    return max(32, width), max(32, height)
+
+
 def image_processor() -> Any:
     from diffusers.image_processor import VaeImageProcessor
 
@@ -146,8 +158,9 @@ def image_processor() -> Any:
 def encode_with_images(encoder: TextEncoder, vae: Vae, text: str, images: list[Image.Image],
                        resolution: int = OUTPUT_RESOLUTION) -> Prompt21:
     """A prompt encoded with condition images, as the pipeline's image mode does: each image
-    RGBA, resized to ~resolution² px (multiples of 32) for the Qwen3-VL (alpha flattened on
-    white) and for the VAE (its mode, normalised, a reference)."""
+    RGBA, resized to ~resolution² px (multiples of 32; resolution 0: its own size rounded to
+    them, `condition_size`) for the Qwen3-VL (alpha flattened on white) and for the VAE (its
+    mode, normalised, a reference)."""
     tokenizers: Tokenizers = encoder.tokenizer
     if tokenizers.processor is None:
         raise ValueError(f"text encoder {encoder.name} has no Qwen3-VL image processor: put its "
@@ -155,7 +168,7 @@ def encode_with_images(encoder: TextEncoder, vae: Vae, text: str, images: list[I
     processor, shown, refs = image_processor(), [], []
     for image in images:
         rgba = image.convert("RGBA")
-        w, h = dimensions(resolution * resolution, *rgba.size)
+        w, h = condition_size(resolution, *rgba.size)
         resized = processor.resize(rgba, width=w, height=h)
         white = Image.new("RGB", resized.size, (255, 255, 255))
         white.paste(resized, mask=resized.getchannel("A"))
@@ -206,13 +219,15 @@ def _row_key(latents: torch.Tensor, prompt: Prompt21) -> tuple[Any, ...]:
             *(tuple(r.shape) for r in prompt.references))
 
 
-def layout(job: SampleJob) -> tuple[Any, ...]:
-    """What must match for jobs to share a forward: the latent's shape and each prompt's token
-    layout (length, image slots, reference shapes)."""
-    keys = [_row_key(job.latents, prompt_of(job.positive))]
-    if job.cfg:
-        keys.append(_row_key(job.latents, prompt_of(job.negative)))
-    return tuple(keys)
+def layout(job: SampleJob) -> Layout:
+    """What must match for jobs to share a forward: the latent's shape and each prompt row's
+    token layout (its length, where its image slots sit, its references' shapes)."""
+    prompts = [prompt_of(job.positive), *([prompt_of(job.negative)] if job.cfg else [])]
+    return Layout(tuple(job.latents.shape),
+                  tuple(tuple(r.shape) for prompt in prompts for r in prompt.references),
+                  tuple(prompt.embeds.shape[0] for prompt in prompts),
+                  tuple(tuple(prompt.image_mask.nonzero().flatten().tolist())
+                        for prompt in prompts))
 
 
 @torch.no_grad()

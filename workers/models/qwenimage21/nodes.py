@@ -1,7 +1,8 @@
 """Qwen-Image 2.1's prompt node, `qwenimage21/encode` (ComfyUI's TextEncodeQwenImage21): the
-prompt and the negative prompt encoded by the Qwen3-VL with 0–4 condition images (the engine's
+prompt and the negative prompt encoded by the Qwen3-VL with 0–16 condition images (the engine's
 `encode_with_images`, QwenImage21Pipeline's image mode: each image also VAE-encoded as a
-reference latent), and the empty latent to sample at the first image's size. Registered with
+reference latent; `resolution` 0 keeps each image's own size, rounded to sides of 32), and the
+empty latent to sample at the first image's size. Registered with
 the family (FAMILY.nodes); the descriptor is apps/graphs/nodes_qwen.py's."""
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ def qwenimage21_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[st
     import torch
 
     from workers.models.qwenimage21 import LATENT
-    from workers.models.qwenimage21.engine import dimensions, encode_prompts, encode_with_images
+    from workers.models.qwenimage21.engine import (
+        OUTPUT_RESOLUTION,
+        condition_size,
+        encode_prompts,
+        encode_with_images,
+    )
 
     encoder = expect(inputs, "encoder", TextEncoder)
     if encoder.family != FAMILY:
@@ -43,8 +49,9 @@ def qwenimage21_encode(ctx: NodeContext, params: dict[str, Any], inputs: dict[st
         return [encode_with_images(encoder, vae, text, images, resolution) for text in texts]
 
     positive, negative = checked(lambda: on_device_thread(encoded))
-    width, height = (dimensions(resolution * resolution, *images[0].size) if images
-                     else (resolution, resolution))
+    # ComfyUI's latent: the first image's size, else resolution² (resolution 0: the default)
+    width, height = (condition_size(resolution, *images[0].size) if images
+                     else (resolution or OUTPUT_RESOLUTION,) * 2)
     latent = torch.zeros(1, LATENT.channels, height // LATENT.downscale, width // LATENT.downscale)
     return {"positive": Conditioning(positive, texts[0], encoder),
             "negative": Conditioning(negative, texts[1], encoder),
