@@ -172,3 +172,18 @@ def test_a_config_that_does_not_match_the_file_says_which_component(stacks, tmp_
     with pytest.raises(ModelLoadError) as err:
         load_single_file(path)
     assert "vocoder does not match vocoder/config.json" in str(err.value)
+
+
+def test_the_file_s_identity_covers_its_configs_folder(stacks, tmp_path):
+    """The Gemma 3 and every config live in <stem>.diffusers/: changing them is another model
+    (lineage, caches), as changing the file is."""
+    from workers.models.catalog import file_sha256
+    from workers.models.ltx2.plugin import checkpoint_sha256
+
+    path = _copy(stacks, tmp_path)
+    before = checkpoint_sha256(path)
+    assert before != file_sha256(path)
+    tokenizer = path.with_name(path.name.removesuffix(".safetensors") + ".diffusers") / "tokenizer"
+    config = next(tokenizer.glob("tokenizer_config.json"))
+    config.write_text(config.read_text().replace("}", ', "note": "changed"}', 1))
+    assert checkpoint_sha256(path) != before

@@ -52,14 +52,14 @@ def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any,
     """`checkpoints/<name>` as (model, text encoder, VAE) (cached): an LTX2Pipeline folder, or
     ComfyUI's all-in-one file with its `<stem>.diffusers/` configs (loading.py)."""
     from workers.models.cache import MODEL_CACHE
-    from workers.models.catalog import file_sha256, resolve
+    from workers.models.catalog import resolve
     from workers.models.ltx2.loading import load_folder, load_single_file
     from workers.models.values import Vae
     from workers.models.weights import denoiser_model, refuse_int8, text_encoder_model
 
     path = resolve(models_dir, "checkpoints", name)
     refuse_int8(policy)
-    sha, placement = file_sha256(path), policy.placement("denoiser")
+    sha, placement = checkpoint_sha256(path), policy.placement("denoiser")
 
     def load() -> tuple[Any, Any, Any]:
         components = dict(load_folder(path) if path.is_dir() else load_single_file(path))
@@ -77,6 +77,21 @@ def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any,
         return model, encoder, Vae(name, sha, components, placement, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("ltx2-checkpoint", sha, placement, policy.attention), load)
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The checkpoint's identity (lineage, caches): a folder's manifest hash; for the single
+    file, its hash with its `<stem>.diffusers/` folder's (which holds the Gemma 3 weights and
+    every config: changing them changes the clip)."""
+    import hashlib
+
+    from workers.models.catalog import file_sha256
+    from workers.models.weights import sidecar
+
+    configs = sidecar(path, ".diffusers")
+    if path.is_dir() or not configs.is_dir():
+        return file_sha256(path)
+    return hashlib.sha256(f"{file_sha256(path)}\0{file_sha256(configs)}".encode()).hexdigest()
 
 
 def components_of(transformer: Any) -> dict[str, Any]:
