@@ -187,3 +187,53 @@ def test_the_file_s_identity_covers_its_configs_folder(stacks, tmp_path):
     config = next(tokenizer.glob("tokenizer_config.json"))
     config.write_text(config.read_text().replace("}", ', "note": "changed"}', 1))
     assert checkpoint_sha256(path) != before
+
+
+def comfy_gemma(text_encoder: Any) -> dict[str, Any]:
+    """A Gemma3ForConditionalGeneration's weights as ComfyUI's gemma_3_12B_it file keeps them:
+    the text model only, under `model.` (`model.layers.N.…`, `model.embed_tokens`), and its
+    SentencePiece tokenizer as a `spiece_model` byte tensor (here a stand-in)."""
+    state = {k.replace("model.language_model.", "model."): v.contiguous()
+             for k, v in text_encoder.state_dict().items() if k.startswith("model.language_model.")}
+    return {**state, "spiece_model": torch.frombuffer(bytearray(b"\x0a\x00"), dtype=torch.uint8)}
+
+
+def test_comfyui_s_text_only_gemma_file_linked_in_encodes_as_the_folder_s(stacks, tmp_path):
+    from safetensors.torch import save_file
+
+    from workers.models.ltx2.engine import encode_prompts
+    from workers.models.ltx2.loading import load_folder, load_single_file
+
+    models_dir, folder, _ = stacks
+    path = _copy(stacks, tmp_path)
+    gemma = path.with_name(path.name.removesuffix(".safetensors") + ".diffusers") / "text_encoder"
+    theirs = load_folder(models_dir / "checkpoints" / folder)
+    for weights in gemma.glob("*.safetensors"):
+        weights.unlink()
+    comfy = tmp_path / "gemma_3_12B_it.safetensors"  # as in ComfyUI's text_encoders/
+    save_file(comfy_gemma(theirs["text_encoder"]), str(comfy))
+    (gemma / "model.safetensors").symlink_to(comfy)
+    ours = load_single_file(path)
+    want = theirs["text_encoder"].model.language_model.state_dict()
+    got = ours["text_encoder"].state_dict()  # the text model alone: all LTX-2 encodes with
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    texts = ["a paper lantern", "a kite over dunes"]
+    for mine, reference in zip(encode_prompts(ours, texts, 32), encode_prompts(theirs, texts, 32),
+                               strict=True):
+        assert torch.equal(mine, reference)
+
+
+def test_a_gemma_file_missing_text_weights_names_its_folder(stacks, tmp_path):
+    """transformers would leave them random: the loader refuses instead."""
+    from safetensors.torch import load_file, save_file
+
+    from workers.models.ltx2.loading import load_single_file
+
+    path = _copy(stacks, tmp_path)
+    gemma = path.with_name(path.name.removesuffix(".safetensors") + ".diffusers") / "text_encoder"
+    [weights] = gemma.glob("*.safetensors")
+    state = {k: v for k, v in load_file(str(weights)).items() if ".layers.1." not in k}
+    save_file(state, str(weights))
+    with pytest.raises(ModelLoadError) as err:
+        load_single_file(path)
+    assert f"{gemma}/" in str(err.value) and "layers.1." in str(err.value)

@@ -8,9 +8,10 @@ connectors under `model.diffusion_model.`, `text_embedding_projection.`, `vae.`,
 `vocoder.`; workers/models/ltx2/keys.py reads its original keys) with its configs beside it:
 `<stem>.diffusers/`, an LTX2Pipeline folder without those five components' weights
 (model_index.json optional; transformer/, connectors/, vae/, audio_vae/, vocoder/ with their
-config.json; scheduler/; tokenizer/; text_encoder/: the Gemma 3, a transformers folder with its
-weights). Nothing downloads: a missing config or tokenizer is an error naming that folder.
-Cached by the file's path and mtime.
+config.json; scheduler/; tokenizer/; text_encoder/: the Gemma 3's config.json and weights,
+diffusers' or ComfyUI's text-only gemma_3_12B_it file linked in as model.safetensors). Nothing
+downloads: a missing config, tokenizer or weight is an error naming that folder. Cached by the
+file's path and mtime.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ COMPONENTS = (
     "tokenizer",
     "scheduler",
 )
+COMFY_GEMMA = "model.layers."  # ComfyUI's text-only Gemma 3 file (diffusers': language_model.)
 FROM_FILE = ("transformer", "connectors", "vae", "audio_vae", "vocoder")  # the single file's
 _cache: dict[tuple[str, int], dict[str, Any]] = {}
 _lock = threading.Lock()
@@ -122,35 +124,34 @@ def _from_file(path: Path, configs: Path) -> dict[str, Any]:
         out = {}
         for name, cls in classes.items():
             config = cls.load_config(str(configs / name), local_files_only=True)
-            out[name] = _assign(cls, config, parts[name], path, name)
+            mismatch = f"{path.name}: its {name} does not match {name}/config.json"
+            out[name] = _assign(cls, config, parts[name], mismatch)
             check_complete(out[name], path)
     return out
 
 
-def _assign(cls: Any, config: dict[str, Any], state: dict[str, Any], path: Path,
-            name: str) -> Any:
+def _assign(cls: Any, config: Any, state: dict[str, Any], mismatch: str) -> Any:
     """`cls` from `config` on the meta device with its weights assigned from `state`; every key
-    must match (computed buffers such as rotary tables stay real)."""
+    must match (computed buffers such as rotary tables stay real), else an error that starts
+    with `mismatch`."""
     from accelerate import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
-        model = cls.from_config(config)
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
     try:
         result = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # shapes that differ from the config's
-        raise ModelLoadError(f"{path.name}: its {name} does not match {name}/config.json: "
-                             f"{str(exc).splitlines()[-1].strip()}") from None
+        raise ModelLoadError(f"{mismatch}: {str(exc).splitlines()[-1].strip()}") from None
     if result.missing_keys or result.unexpected_keys:
-        raise ModelLoadError(
-            f"{path.name}: its {name} does not match {name}/config.json: missing "
-            f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
+        raise ModelLoadError(f"{mismatch}: missing {result.missing_keys[:3]}, unexpected "
+                             f"{result.unexpected_keys[:3]}")
     return model.float()
 
 
 def _beside(path: Path, configs: Path) -> dict[str, Any]:
     """The scheduler, tokenizer and Gemma 3 text encoder from the configs folder."""
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from transformers import AutoTokenizer, Gemma3ForConditionalGeneration
+    from transformers import AutoTokenizer
 
     if not any((configs / "tokenizer").glob("tokenizer*")):
         raise ModelLoadError(f"{path.name}: no tokenizer files (tokenizer.json, "
@@ -161,9 +162,41 @@ def _beside(path: Path, configs: Path) -> dict[str, Any]:
                 configs / "scheduler", local_files_only=True),
             "tokenizer": AutoTokenizer.from_pretrained(configs / "tokenizer",
                                                        local_files_only=True),
-            "text_encoder": Gemma3ForConditionalGeneration.from_pretrained(
-                configs / "text_encoder", local_files_only=True),
+            "text_encoder": _gemma(configs / "text_encoder"),
         }
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load {path.name}'s scheduler, tokenizer or text encoder "
                              f"from {configs}/: {exc}") from None
+
+
+def _gemma(folder: Path) -> Any:
+    """The Gemma 3 in `folder` (config.json + weights): diffusers' LTX-2 text_encoder/ (a
+    Gemma3ForConditionalGeneration), or ComfyUI's gemma_3_12B_it file linked in as its weights
+    (the text model alone, `model.layers.*`, + its tokenizer as `spiece_model`): then the text
+    model alone (Gemma3TextModel from the config's text_config), which is all LTX-2 encodes
+    with. A weight the file lacks is an error naming the folder (transformers would leave it
+    random)."""
+    from safetensors import safe_open
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextModel
+
+    files = sorted(folder.glob("*.safetensors"))
+    keys: set[str] = set()
+    for weights in files:
+        with safe_open(str(weights), "pt") as f:
+            keys.update(f.keys())
+    if any(k.startswith(COMFY_GEMMA) for k in keys):
+        from safetensors.torch import load_file
+
+        state = {k.removeprefix("model."): v for weights in files
+                 for k, v in load_file(str(weights)).items() if k.startswith("model.")}
+        config = Gemma3Config.from_pretrained(folder, local_files_only=True).text_config
+        return _assign(Gemma3TextModel, config, state,
+                       f"the Gemma 3 weights in {folder}/ do not match its config.json")
+    loaded: Any = Gemma3ForConditionalGeneration.from_pretrained(  # (model, loading info)
+        folder, local_files_only=True, output_loading_info=True)
+    model, info = loaded
+    missing = info["missing_keys"]
+    if missing:
+        raise ModelLoadError(f"the Gemma 3 weights in {folder}/ do not match its config.json: "
+                             f"missing {sorted(missing)[:3]}")
+    return model
