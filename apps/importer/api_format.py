@@ -682,11 +682,13 @@ def _model(state: _State, node: _Mapped, folder: str, requested: str) -> str:
         entry["requested"] = requested
     state.report.models.append(entry)
     if not held and node.id in state.ltx2.loaders:
-        state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: the "
-                          "farm loads LTX-2 from a diffusers LTX2Pipeline folder (model_index."
-                          "json, transformer/, vae/, audio_vae/, vocoder/, connectors/, "
-                          f"text_encoder/, tokenizer/, scheduler/): put it at {folder}/"
-                          f"{_stem(name)}/ (ComfyUI's single file does not load yet)")
+        state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
+                          f"ComfyUI's file at {folder}/{name} with its configs, tokenizer and "
+                          f"Gemma 3 in {folder}/{_stem(name)}.diffusers/ (an LTX2Pipeline "
+                          "folder without the file's weights), or the whole diffusers "
+                          "LTX2Pipeline folder (model_index.json, transformer/, vae/, audio_vae/, "
+                          "vocoder/, connectors/, text_encoder/, tokenizer/, scheduler/): put it "
+                          f"at {folder}/{_stem(name)}/")
     elif not held:
         state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
                           f"the file in the models dir under {folder}/")

@@ -12,8 +12,9 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
       LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
     CreateVideo of VAEDecode (+ LTXVAudioVAEDecode / VAEDecodeAudio) of the sampled clip
                                                                 → ltx2/decode (then video/save)
-    CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of the
-      diffusers LTX2Pipeline folder named like ComfyUI's single file (its stem)
+    CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
+      ComfyUI's single file where a worker holds it (its configs, tokenizer and Gemma 3 in
+      checkpoints/<stem>.diffusers/), else the diffusers LTX2Pipeline folder of its stem
 
 `rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
 importer classifies them; api_format applies it.
@@ -78,8 +79,9 @@ def _batch(values: dict[str, Any]) -> list[str]:
 
 def _text_encoder(values: dict[str, Any]) -> list[str]:
     name = values.get("text_encoder")
-    return [f"text_encoder {name!r} is not loaded: the checkpoint folder's own Gemma 3 encodes "
-            "the prompt"] if isinstance(name, str) else []
+    return [f"text_encoder {name!r} is not loaded: the checkpoint's own Gemma 3 (text_encoder/ "
+            "of its folder or of its <stem>.diffusers/) encodes the prompt"
+            ] if isinstance(name, str) else []
 
 
 def _i2v_warnings(values: dict[str, Any]) -> list[str]:
@@ -299,7 +301,7 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
             out.inputs[nid] = {"ckpt_name": checkpoints[0]}
             out.loaders.add(nid)
             out.warnings.append((nid, comfy_type, f"{' + '.join(map(str, names))} not loaded: "
-                                 "the checkpoint folder's own Gemma 3 encodes the prompt"))
+                                 "the checkpoint's own Gemma 3 encodes the prompt"))
         rate = _number(inputs.get("frame_rate")) if comfy_type == "LTXVConditioning" else None
         if rate is not None and clip_fps and rate not in clip_fps:
             out.warnings.append((nid, comfy_type, f"frame_rate {rate:g} is not the clip's fps "

@@ -1,7 +1,9 @@
 """LTX-2 through /v1 on a real worker (issue 37): text-to-video graphs on the tiny stack
 (checkpoints/smoke-ltx2, an LTX2Pipeline folder) give an MP4 take (H.264 + AAC) whose frames,
 fps and sound length are the clip's; two runs queued at once share forwards (`batch` > 1 in
-their progress) and each equals its solo render within rounding."""
+their progress) and each equals its solo render within rounding; the same weights as ComfyUI's
+all-in-one file (checkpoints/smoke-ltx2-file.safetensors + its .diffusers/ configs) render the
+folder's clip."""
 
 from __future__ import annotations
 
@@ -26,7 +28,18 @@ def ltx2(farm, data_dirs, personas) -> str:
     """The tiny LTX-2 stack in the worker's models dir, once its heartbeat reports it."""
     from workers.models.ltx2.tiny import write_tiny_stack
 
-    name = write_tiny_stack(data_dirs["models"])["checkpoint"]
+    return reported(farm, personas, write_tiny_stack(data_dirs["models"])["checkpoint"])
+
+
+@pytest.fixture(scope="module")
+def ltx2_file(farm, data_dirs, personas) -> str:
+    """The same tiny stack as ComfyUI's single file, once the worker's heartbeat reports it."""
+    from workers.models.ltx2.tiny import write_tiny_single_file
+
+    return reported(farm, personas, write_tiny_single_file(data_dirs["models"])["checkpoint"])
+
+
+def reported(farm: Any, personas: dict[str, str], name: str) -> str:
     deadline = time.monotonic() + 30
     with Client(base_url=farm.url, headers={"Authorization": f"Bearer {personas['owner']}"},
                 timeout=30) as client:
@@ -102,3 +115,16 @@ def test_two_ltx2_runs_make_mp4_takes_share_forwards_and_equal_their_solo_render
         assert sound == pytest.approx(FRAMES / FPS, abs=0.08)
     together, _, _ = decoded(owner, done[0]["takes"][0])
     assert np.abs(together.astype(int) - alone).max() <= 2  # crf 0 H.264 of frames ±1 apart
+
+
+def test_comfyui_s_single_file_renders_the_folder_s_clip(owner, ltx2, ltx2_file):
+    posted = [owner.post("/v1/runs", json=graph(name, seed=11, prompt=PROMPT, label=name))
+              for name in (ltx2, ltx2_file)]
+    assert all(r.status_code == 201 for r in posted), [r.text for r in posted]
+    done = [owner.wait_run(r.json()["runId"], timeout=120) for r in posted]
+    assert all(run["status"] == "succeeded" for run in done), done
+    (folder,), (file,) = (run["takes"] for run in done)
+    folder_frames, _, folder_sound = decoded(owner, folder)
+    file_frames, fps, file_sound = decoded(owner, file)
+    assert file_frames.shape == (FRAMES, H, W, 3) and fps == FPS
+    assert np.array_equal(file_frames, folder_frames) and file_sound == folder_sound

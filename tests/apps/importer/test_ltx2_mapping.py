@@ -18,7 +18,7 @@ from tests.apps.importer.builder import Ui
 
 CKPT, GEMMA = "smoke-ltx2.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors"
 CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": []}
-FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",)}
+FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",), ("checkpoints", CKPT): ("ltx2",)}
 W = H = 32
 FRAMES, FPS, STEPS = 9, 25, 2
 
@@ -128,11 +128,22 @@ def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     assert "22" in {d["id"] for d in result.report.dropped}
 
 
-def test_a_checkpoint_no_worker_holds_names_the_diffusers_folder_to_put_in_checkpoints():
+def test_a_checkpoint_no_worker_holds_names_where_the_file_or_the_folder_goes():
     result = imported(t2v(), catalog={"checkpoints": [], "input": []})
     messages = [w["message"] for w in result.report.warnings if w["id"] == "1"]
-    assert any("checkpoints/smoke-ltx2.safetensors" in m and "LTX2Pipeline folder" in m
+    assert any("put ComfyUI's file at checkpoints/smoke-ltx2.safetensors" in m
+               and "in checkpoints/smoke-ltx2.diffusers/" in m and "LTX2Pipeline folder" in m
                and "put it at checkpoints/smoke-ltx2/" in m for m in messages), messages
+
+
+FILE_CATALOG = {"checkpoints": ["smoke-ltx2", CKPT], "text_encoders": [GEMMA], "input": []}
+
+
+def test_a_held_single_file_is_picked_over_the_folder_of_its_stem():
+    result = imported(t2v(), catalog=FILE_CATALOG)
+    graph = result.graph.model_dump()["nodes"]
+    assert graph["1"]["params"]["file"] == graph["2"]["params"]["file"] == CKPT
+    assert not [w for w in result.report.warnings if "no live worker" in w["message"]]
 
 
 def test_ltx_video_0_9_without_the_audio_latent_is_still_unsupported():
@@ -155,17 +166,25 @@ def test_ltx_video_0_9_without_the_audio_latent_is_still_unsupported():
 
 
 @pytest.mark.django_db
-def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path):
+@pytest.mark.parametrize("held", ["folder", "single file"])
+def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path, held):
+    """From the diffusers folder, and from ComfyUI's single file (smoke-ltx2.safetensors, the
+    name the workflow loads) with its .diffusers/ configs."""
     import av
 
     from apps.takes.storage import blob_read
     from tests.workers.vocab_helpers import render
-    from workers.models.ltx2.plugin import write_tiny_stack
+    from workers.models.ltx2.tiny import write_tiny_single_file, write_tiny_stack
 
     settings.INLINE_BLOB_DIR = tmp_path / "blobs"
     settings.INLINE_MODELS_DIR = tmp_path / "models"
-    write_tiny_stack(tmp_path / "models")
-    result = imported(t2v())
+    if held == "folder":
+        write_tiny_stack(tmp_path / "models")
+        result = imported(t2v())
+    else:
+        write_tiny_single_file(tmp_path / "models", name="smoke-ltx2")
+        result = imported(t2v(), catalog={**FILE_CATALOG, "checkpoints": [CKPT]})
+        assert result.graph.model_dump()["nodes"]["1"]["params"]["file"] == CKPT
     outcome, run = render(result.graph.model_dump()["nodes"], result.target)
     assert outcome.status == "succeeded", outcome.error
     [take] = run.takes.all()

@@ -3,7 +3,8 @@
 Registered in `families.REGISTERED` (last: its recognition never takes another family's files).
 This package has the family's facts, file recognition and VRAM estimate here, `engine`
 (reproduces `LTX2Pipeline` text-to-video + audio bit for bit on CPU, with its default CFG + STG +
-modality guidance), `plugin` (an LTX2Pipeline folder in checkpoints/ through `load/checkpoint`;
+modality guidance), `plugin` (an LTX2Pipeline folder, or ComfyUI's all-in-one file read by `keys`
+with its `<stem>.diffusers/` configs (`loading`), in checkpoints/ through `load/checkpoint`;
 the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/sample,
 ltx2/decode) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 

@@ -3,8 +3,15 @@ folder (`model_index.json` + transformer / connectors / vae / audio_vae / vocode
 tokenizer / scheduler, as Lightricks publishes LTX-2 for diffusers) into the components dict the
 engine reads. Cached per process by the folder's path and its model_index.json's mtime.
 
-Not yet: ComfyUI's all-in-one single file (`model.diffusion_model.` + `vae.` + `audio_vae.` +
-`vocoder.` keys; recognised as a `checkpoint`): diffusers' converters need the hub config for it.
+Or ComfyUI's all-in-one single file (`ltx-2-19b-dev.safetensors`: the transformer and the text
+connectors under `model.diffusion_model.`, `text_embedding_projection.`, `vae.`, `audio_vae.`,
+`vocoder.`; workers/models/ltx2/keys.py reads its original keys) with its configs beside it:
+`<stem>.diffusers/`, an LTX2Pipeline folder without those five components' weights
+(model_index.json optional; transformer/, connectors/, vae/, audio_vae/, vocoder/ with their
+config.json; scheduler/; tokenizer/; text_encoder/: the Gemma 3's config.json and weights,
+diffusers' or ComfyUI's text-only gemma_3_12B_it file linked in as model.safetensors). Nothing
+downloads: a missing config, tokenizer or weight is an error naming that folder. Cached by the
+file's path and mtime.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ COMPONENTS = (
     "tokenizer",
     "scheduler",
 )
+COMFY_GEMMA = "model.layers."  # ComfyUI's text-only Gemma 3 file (diffusers': language_model.)
+FROM_FILE = ("transformer", "connectors", "vae", "audio_vae", "vocoder")  # the single file's
 _cache: dict[tuple[str, int], dict[str, Any]] = {}
 _lock = threading.Lock()
 
@@ -49,9 +58,145 @@ def load_folder(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load the LTX-2 folder {path.name}: {exc}") from None
     components = {name: getattr(pipe, name) for name in COMPONENTS}
-    for name in COMPONENTS:
-        if hasattr(components[name], "eval"):
-            components[name].eval()
+    _settle(components)
     with _lock:
         _cache[key] = components
     return components
+
+
+def _settle(components: dict[str, Any]) -> None:
+    """Every module in eval mode, its weights in fresh memory: loaded weights are views into a
+    file's buffer at offsets that differ between a folder and a single file, and CPU kernels
+    round differently on them (weights.own_storage); copied, the same weights give the same
+    clip from either."""
+    from workers.models.weights import own_storage
+
+    for module in components.values():
+        if hasattr(module, "eval"):
+            own_storage(module)
+            module.eval()
+
+
+def load_single_file(path: Path) -> dict[str, Any]:
+    """The components (float32, eval) of the all-in-one file at `path` with its configs in
+    `<stem>.diffusers/`. Raises ModelLoadError naming the file or the folder and what is
+    missing or does not match."""
+    from workers.models.weights import sidecar
+
+    configs = sidecar(path, ".diffusers")
+    missing = [c for c in (*FROM_FILE, "scheduler", "tokenizer", "text_encoder")
+               if not (configs / c).is_dir()]
+    if missing:
+        raise ModelLoadError(
+            f"{path.name}: an LTX-2 single file needs its configs, tokenizer and Gemma 3 text "
+            f"encoder beside it in {configs}/ (an LTX2Pipeline folder's {', '.join(missing)}; "
+            f"{', '.join(FROM_FILE)} need only their config.json)")
+    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+    components = {**_from_file(path, configs), **_beside(path, configs)}
+    _settle(components)
+    with _lock:
+        _cache[key] = components
+    return components
+
+
+def _from_file(path: Path, configs: Path) -> dict[str, Any]:
+    """The five components the file holds, each built from its config with its weights."""
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from safetensors.torch import load_file
+
+    from workers.models.ltx2 import keys
+    from workers.models.weights import check_complete, load_errors
+
+    classes = {"transformer": LTX2VideoTransformer3DModel, "connectors": LTX2TextConnectors,
+               "vae": AutoencoderKLLTX2Video, "audio_vae": AutoencoderKLLTX2Audio,
+               "vocoder": LTX2Vocoder}
+    with load_errors(path, "an LTX-2 checkpoint", "checkpoints"):
+        state = load_file(str(path))
+        if not keys.is_single_file(state):
+            raise ModelLoadError(f"{path.name} is not LTX-2's all-in-one file (it lacks "
+                                 "model.diffusion_model. / vae. / audio_vae. weights)")
+        parts = keys.from_original(state)
+        out = {}
+        for name, cls in classes.items():
+            config = cls.load_config(str(configs / name), local_files_only=True)
+            mismatch = f"{path.name}: its {name} does not match {name}/config.json"
+            out[name] = _assign(cls, config, parts[name], mismatch)
+            check_complete(out[name], path)
+    return out
+
+
+def _assign(cls: Any, config: Any, state: dict[str, Any], mismatch: str) -> Any:
+    """`cls` from `config` on the meta device with its weights assigned from `state`; every key
+    must match (computed buffers such as rotary tables stay real), else an error that starts
+    with `mismatch`."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    try:
+        result = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:  # shapes that differ from the config's
+        raise ModelLoadError(f"{mismatch}: {str(exc).splitlines()[-1].strip()}") from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ModelLoadError(f"{mismatch}: missing {result.missing_keys[:3]}, unexpected "
+                             f"{result.unexpected_keys[:3]}")
+    return model.float()
+
+
+def _beside(path: Path, configs: Path) -> dict[str, Any]:
+    """The scheduler, tokenizer and Gemma 3 text encoder from the configs folder."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import AutoTokenizer
+
+    if not any((configs / "tokenizer").glob("tokenizer*")):
+        raise ModelLoadError(f"{path.name}: no tokenizer files (tokenizer.json, "
+                             f"tokenizer_config.json, …) in {configs / 'tokenizer'}/")
+    try:
+        return {
+            "scheduler": FlowMatchEulerDiscreteScheduler.from_pretrained(
+                configs / "scheduler", local_files_only=True),
+            "tokenizer": AutoTokenizer.from_pretrained(configs / "tokenizer",
+                                                       local_files_only=True),
+            "text_encoder": _gemma(configs / "text_encoder"),
+        }
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load {path.name}'s scheduler, tokenizer or text encoder "
+                             f"from {configs}/: {exc}") from None
+
+
+def _gemma(folder: Path) -> Any:
+    """The Gemma 3 in `folder` (config.json + weights): diffusers' LTX-2 text_encoder/ (a
+    Gemma3ForConditionalGeneration), or ComfyUI's gemma_3_12B_it file linked in as its weights
+    (the text model alone, `model.layers.*`, + its tokenizer as `spiece_model`): then the text
+    model alone (Gemma3TextModel from the config's text_config), which is all LTX-2 encodes
+    with. A weight the file lacks is an error naming the folder (transformers would leave it
+    random)."""
+    from safetensors import safe_open
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextModel
+
+    files = sorted(folder.glob("*.safetensors"))
+    keys: set[str] = set()
+    for weights in files:
+        with safe_open(str(weights), "pt") as f:
+            keys.update(f.keys())
+    if any(k.startswith(COMFY_GEMMA) for k in keys):
+        from safetensors.torch import load_file
+
+        state = {k.removeprefix("model."): v for weights in files
+                 for k, v in load_file(str(weights)).items() if k.startswith("model.")}
+        config = Gemma3Config.from_pretrained(folder, local_files_only=True).text_config
+        return _assign(Gemma3TextModel, config, state,
+                       f"the Gemma 3 weights in {folder}/ do not match its config.json")
+    loaded: Any = Gemma3ForConditionalGeneration.from_pretrained(  # (model, loading info)
+        folder, local_files_only=True, output_loading_info=True)
+    model, info = loaded
+    missing = info["missing_keys"]
+    if missing:
+        raise ModelLoadError(f"the Gemma 3 weights in {folder}/ do not match its config.json: "
+                             f"missing {sorted(missing)[:3]}")
+    return model

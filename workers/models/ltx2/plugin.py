@@ -1,6 +1,7 @@
 """LTX-2's side of the family contract (workers/models/family.py `FamilyPlugin`).
 
-LTX-2 loads as one diffusers LTX2Pipeline folder from `checkpoints/` (`load/checkpoint`): the
+LTX-2 loads as one diffusers LTX2Pipeline folder, or ComfyUI's all-in-one file with its configs,
+from `checkpoints/` (`load/checkpoint`): the
 model is its audio-video transformer (with the step batcher), the text encoder its Gemma3 +
 tokenizer + text connectors, the VAE its video VAE + audio VAE + vocoder (each value's module is
 the pipeline's components dict). It samples with `ltx2/sample` (workers/models/ltx2/nodes.py):
@@ -48,19 +49,20 @@ class Prompt:
 
 
 def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any, Any]:
-    """The LTX2Pipeline folder `checkpoints/<name>` as (model, text encoder, VAE) (cached)."""
+    """`checkpoints/<name>` as (model, text encoder, VAE) (cached): an LTX2Pipeline folder, or
+    ComfyUI's all-in-one file with its `<stem>.diffusers/` configs (loading.py)."""
     from workers.models.cache import MODEL_CACHE
-    from workers.models.catalog import file_sha256, resolve
-    from workers.models.ltx2.loading import load_folder
+    from workers.models.catalog import resolve
+    from workers.models.ltx2.loading import load_folder, load_single_file
     from workers.models.values import Vae
     from workers.models.weights import denoiser_model, refuse_int8, text_encoder_model
 
     path = resolve(models_dir, "checkpoints", name)
     refuse_int8(policy)
-    sha, placement = file_sha256(path), policy.placement("denoiser")
+    sha, placement = checkpoint_sha256(path), policy.placement("denoiser")
 
     def load() -> tuple[Any, Any, Any]:
-        components = dict(load_folder(path))
+        components = dict(load_folder(path) if path.is_dir() else load_single_file(path))
         for key, module in components.items():
             moves = (placement.device, placement.dtype) != ("cpu", "float32")  # loaded so
             if moves and hasattr(module, "to") and hasattr(module, "parameters"):
@@ -77,14 +79,31 @@ def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any,
     return MODEL_CACHE.get_or_load(("ltx2-checkpoint", sha, placement, policy.attention), load)
 
 
+def checkpoint_sha256(path: Path) -> str:
+    """The checkpoint's identity (lineage, caches): a folder's manifest hash; for the single
+    file, its hash with its `<stem>.diffusers/` folder's (which holds the Gemma 3 weights and
+    every config: changing them changes the clip)."""
+    import hashlib
+
+    from workers.models.catalog import file_sha256
+    from workers.models.weights import sidecar
+
+    configs = sidecar(path, ".diffusers")
+    if path.is_dir() or not configs.is_dir():
+        return file_sha256(path)
+    return hashlib.sha256(f"{file_sha256(path)}\0{file_sha256(configs)}".encode()).hexdigest()
+
+
 def components_of(transformer: Any) -> dict[str, Any]:
     """The pipeline components a loaded LTX-2 transformer came with."""
     return _components[transformer]
 
 
 def _folder_only(what: str) -> ModelLoadError:
-    return ModelLoadError(f"{what}: LTX-2 loads as a whole diffusers LTX2Pipeline folder from "
-                          "checkpoints/ (load/checkpoint); its single files are not supported yet")
+    return ModelLoadError(f"{what}: LTX-2 loads from checkpoints/ (load/checkpoint): a diffusers "
+                          "LTX2Pipeline folder or ComfyUI's all-in-one file with its "
+                          "<stem>.diffusers/ configs; its separate component files are not "
+                          "supported yet")
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: Any) -> Any:

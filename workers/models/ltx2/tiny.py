@@ -191,3 +191,30 @@ def write_tiny_stack(models_dir: Path) -> dict[str, str]:
     pipe: Any = LTX2Pipeline(**build_tiny_components())
     pipe.save_pretrained(models_dir / "checkpoints" / SMOKE, safe_serialization=True)
     return {"checkpoint": SMOKE}
+
+
+SMOKE_FILE = "smoke-ltx2-file"
+
+
+def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE) -> dict[str, str]:
+    """The same tiny stack as ComfyUI keeps LTX-2: `checkpoints/<name>.safetensors`, the
+    all-in-one file in the original keys (keys.to_original), and `checkpoints/<name>.diffusers/`
+    beside it (the pipeline folder's configs, scheduler, tokenizer and Gemma 3, without the
+    file's five components' weights); returns {"checkpoint": "<name>.safetensors"}."""
+    from diffusers import LTX2Pipeline
+    from safetensors.torch import save_file
+
+    from workers.models.ltx2 import keys
+    from workers.models.ltx2.loading import FROM_FILE
+
+    folder = models_dir / "checkpoints"
+    components = build_tiny_components()
+    configs = folder / f"{name}.diffusers"
+    pipe: Any = LTX2Pipeline(**components)
+    pipe.save_pretrained(configs, safe_serialization=True)
+    for component in FROM_FILE:
+        for weights in (configs / component).glob("*.safetensors"):
+            weights.unlink()
+    state = keys.to_original({c: components[c].state_dict() for c in FROM_FILE})
+    save_file(state, str(folder / f"{name}.safetensors"))
+    return {"checkpoint": f"{name}.safetensors"}
