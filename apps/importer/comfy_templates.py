@@ -177,8 +177,9 @@ def _card(name: str) -> bytes:
     image = Image.new("RGB", (320, 320), (38, 38, 42))
     draw = ImageDraw.Draw(image)
     lines = textwrap.wrap(str(titles.get(name, name)), width=26)[:6]
-    draw.multiline_text((20, 20), "\n".join(lines), fill=(225, 225, 230), spacing=6)
-    draw.text((20, 292), "ComfyUI template - runs on this farm", fill=(140, 140, 150))
+    top = 150 - 11 * len(lines)  # the editor's cards show the middle of a square thumbnail
+    draw.multiline_text((40, top), "\n".join(lines), fill=(225, 225, 230), spacing=6)
+    draw.text((40, top + 24 * len(lines) + 8), "ComfyUI template, runs here", fill=(140, 140, 150))
     out = io.BytesIO()
     image.save(out, format="WEBP", quality=80)
     return out.getvalue()

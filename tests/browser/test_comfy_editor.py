@@ -182,9 +182,12 @@ def test_an_artist_renders_zimage_in_the_editor_and_another_sees_none_of_it(
                   page.evaluate("window.app.graph.serialize()"))
     assert saved["status"] == 200 and saved["data"]["path"] == "workflows/fox.json", saved
 
-    # A first visit opens the templates browser: the farm's own, those whose nodes all run here.
-    page.wait_for_selector("[role=dialog] >> text=Z-Image Turbo", timeout=15_000)
+    # A first visit opens the templates browser: workflows that import here.
+    # ComfyUI's own shipped workflows that import here, most used first, then the farm's own.
+    page.wait_for_selector("[role=dialog] >> text=Qwen Image 2.1: Text to Image", timeout=15_000)
     a.shot("templates-browser")
+    page.click("[role=dialog] >> text=Inline Farm")
+    page.wait_for_selector("[role=dialog] >> text=Z-Image Turbo", timeout=15_000)
     a.close_dialogs()
     with page.expect_response(lambda r: r.url.endswith("/api/prompt")
                               and r.request.method == "POST") as queued:

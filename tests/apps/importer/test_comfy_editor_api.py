@@ -142,7 +142,9 @@ def test_the_templates_browser_lists_only_workflows_the_farm_runs(
     monkeypatch.setattr(comfy_templates, "FOLDER", tmp_path)
     comfy_templates.template_index.cache_clear()
     try:
-        listed = comfy_templates.template_index()[0]["templates"]
+        index = comfy_templates.template_index()
+        assert index is not None
+        listed = index[0]["templates"]
         assert [t["name"] for t in listed] == ["runs"]
         assert comfy_templates.template_file("needs_custom.json") is None
     finally:
