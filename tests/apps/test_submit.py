@@ -98,11 +98,11 @@ def _waiting_on(pid: int, event: str) -> bool:
 
 
 def test_a_submit_that_waited_for_the_owners_lock_sees_what_the_holder_committed() -> None:
-    """The owner's lock and the read after it go in one round trip (pipelined); the read's
-    snapshot is still taken after the lock was granted: a submit that waits while another
-    transaction of the owner holds the lock and inserts the same graph's run coalesces onto
-    that run once it commits (a read with an earlier snapshot would see no run, and insert a
-    second)."""
+    """The read after the owner's lock is a statement of its own, so its snapshot is taken
+    after the lock was granted: a submit that waits while another transaction of the owner
+    holds the lock and inserts the same graph's run coalesces onto that run once it commits. (A
+    lock taken inside the read's own statement reads with the snapshot from before the wait:
+    it sees no run and its insert breaks the one-in-flight constraint, as this test found.)"""
     from apps.runs.services.submit import LOCK_OWNER_SUBMIT
 
     owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")

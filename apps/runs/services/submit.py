@@ -82,16 +82,13 @@ def _run_create_or_find(
     *, assets: list[AssetRef] | None = None,
 ) -> tuple[Run, bool]:
     # One owner's submits take turns (a transaction-scoped advisory lock): the in-flight limit,
-    # coalescing and clientRunId checks below then see every earlier submit of that owner. The
-    # lock and the first read after it go to the server in one round trip (psycopg's pipeline
-    # mode): the server still runs them in order, and in READ COMMITTED each statement takes its
-    # snapshot when it starts, so the read's snapshot is taken after the lock was granted.
-    with connection.connection.pipeline():
-        advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
-        keyed = _client_run(owner, sha, target, client_run_id) if client_run_id else None
+    # coalescing and clientRunId checks below then see every earlier submit of that owner.
+    advisory_lock(LOCK_OWNER_SUBMIT, owner.pk)
+    if client_run_id:
+        keyed = _client_run(owner, sha, target, client_run_id)
         if keyed is not None:
             return keyed, False
-        state = _submit_state(owner, sha, target, graph, assets or [])
+    state = _submit_state(owner, sha, target, graph, assets or [])
     _assets_found(assets or [], state.assets)  # a miss raises: the transaction writes nothing
     if state.same is not None:
         return _coalesced(owner, sha, target, client_run_id, state.same), False
