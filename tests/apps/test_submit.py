@@ -90,6 +90,66 @@ def test_a_submit_coalesces_onto_the_same_graph_in_flight() -> None:
     assert stored.created_at == first.created_at
 
 
+def _waiting_on(pid: int, event: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == event
+
+
+def test_a_submit_that_waited_for_the_owners_lock_sees_what_the_holder_committed() -> None:
+    """The read after the owner's lock is a statement of its own, so its snapshot is taken
+    after the lock was granted: a submit that waits while another transaction of the owner
+    holds the lock and inserts the same graph's run coalesces onto that run once it commits. (A
+    lock taken inside the read's own statement reads with the snapshot from before the wait:
+    it sees no run and its insert breaks the one-in-flight constraint, as this test found.)"""
+    from apps.runs.services.submit import LOCK_OWNER_SUBMIT
+
+    owner = get_user_model().objects.create(username=f"plain-{uuid.uuid4().hex[:8]}")
+    template, _ = _run_create_or_find(owner, _graph(), _graph().sha256(), "src", None, 0,
+                                      REQUIREMENT, "cpu")
+    graph = _graph()
+    columns = [f.column for f in Run._meta.concrete_fields]
+    copied = ", ".join({"id": "%(id)s", "graph_id": "(SELECT id FROM g)"}.get(c, c)
+                       for c in columns)
+    theirs = uuid.uuid4()
+    other = psycopg.connect(database_url(connection.settings_dict))
+    other.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LOCK_OWNER_SUBMIT, owner.pk])
+    other.execute(f"WITH g AS (INSERT INTO graphs_graph (sha256, document, created_at) "
+                  f"VALUES (%(sha)s, '{{}}'::jsonb, now()) RETURNING id) "
+                  f"INSERT INTO runs_run ({', '.join(columns)}) SELECT {copied} FROM runs_run "
+                  f"WHERE id = %(template)s",
+                  {"id": theirs, "sha": graph.sha256(), "template": template.pk})  # uncommitted
+    result: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                result["pid"] = cursor.fetchone()[0]
+            result["run"] = _run_create_or_find(owner, graph, graph.sha256(), "src", None, 0,
+                                                REQUIREMENT, "cpu")
+        except Exception as exc:  # noqa: BLE001 — reported by the asserts below
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not ("pid" in result and _waiting_on(result["pid"], "advisory")):
+        assert time.monotonic() < deadline and thread.is_alive(), result
+        time.sleep(0.02)
+    other.commit()
+    thread.join(30)
+    other.close()
+
+    assert "error" not in result, result
+    run, created = result["run"]
+    assert not created and run.pk == theirs
+    assert Run.objects.filter(owner=owner).count() == 2  # the template's and theirs, no third
+
+
 def _asset(owner: Any) -> str:
     from apps.takes.models import Asset
 
