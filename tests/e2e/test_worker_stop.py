@@ -22,7 +22,8 @@ def test_a_stopping_worker_hands_its_run_back_at_once_and_another_finishes_it(
     farm.start_worker(proc="stopping", env={"INLINE_WORKER_GRACE_SECONDS": "1"})
     try:
         asset = upload(owner, png(8, 8, (90, 9, 9))).json()["id"]
-        run_id = owner.post("/v1/runs", json=delay_graph(asset, 6)).json()["runId"]
+        # long enough that a SIGTERM sent late on a loaded machine still lands mid-run
+        run_id = owner.post("/v1/runs", json=delay_graph(asset, 15)).json()["runId"]
         wait_status(owner, run_id, "running")
         stopped_at = time.monotonic()
         farm.stop("stopping", sig=signal.SIGTERM)  # returns once the process has exited

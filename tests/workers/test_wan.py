@@ -151,7 +151,9 @@ def test_image_to_video_frames_are_wan_image_to_video_pipeline_s(wan_stack, make
     ours = frames(ctx, parts["vae"], latent)
     given: dict[str, Any] = {"image": start, **({"last_image": end} if last else {})}
     theirs = reference(smoke_pipeline(i2v=True), **given)
-    assert levels(ours, theirs) == 0
+    # With a last frame, one level apart on some CPUs (AMD EPYC here, equal on the CI machine of
+    # 2026-12-03): the same math summed in another order by the kernels the CPU picks.
+    assert levels(ours, theirs) <= (1 if last else 0)
 
 
 def test_a_still_of_the_clip_and_clear_errors_name_what_is_wrong(wan_stack, make_ctx):
