@@ -7,6 +7,7 @@ from workers.runners import (  # noqa: F401 — importing registers the runners
     image,
     image_ops,
     logic,
+    textgen,
     sampling,
     upscale,
     video,
