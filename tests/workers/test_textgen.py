@@ -110,7 +110,7 @@ def test_the_nodes_tokens_are_transformers_generate_on_the_whole_checkpoint(
 def test_a_seed_gives_the_same_text_and_another_seed_another(
     stack: tuple[str, Path, str], make_ctx: Any
 ) -> None:
-    family, models_dir, name = stack
+    _, models_dir, name = stack
     encoder = load_encoder(make_ctx, models_dir, name)
     lm = language_model(models_dir, encoder)
     first, again, other = (generate(lm, encoder, PROMPT, None, node_params(SAMPLED, seed=s),
@@ -122,7 +122,7 @@ def test_a_seed_gives_the_same_text_and_another_seed_another(
 def test_a_cancel_stops_generation_between_tokens(
     stack: tuple[str, Path, str], make_ctx: Any
 ) -> None:
-    family, models_dir, name = stack
+    _, models_dir, name = stack
     encoder = load_encoder(make_ctx, models_dir, name)
     checks = []
 

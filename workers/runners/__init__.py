@@ -7,8 +7,8 @@ from workers.runners import (  # noqa: F401 — importing registers the runners
     image,
     image_ops,
     logic,
-    textgen,
     sampling,
+    textgen,
     upscale,
     video,
 )
