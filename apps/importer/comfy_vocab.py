@@ -39,6 +39,12 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LoadVideo": ("file", "upload"),
     "SaveVideo": ("filename_prefix", "format", "codec"),
     "SaveAnimatedWEBP": ("filename_prefix", "fps", "lossless", "quality", "method"),
+    # the UI format: DYNAMIC_WIDGETS; these names list its widgets in /object_info (the
+    # dynamic combo's "on" widgets flat, by their API names)
+    "TextGenerate": ("prompt", "max_length", "sampling_mode", "sampling_mode.temperature",
+                     "sampling_mode.top_k", "sampling_mode.top_p", "sampling_mode.min_p",
+                     "sampling_mode.repetition_penalty", "sampling_mode.seed", "thinking",
+                     "use_default_template"),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value

@@ -160,3 +160,13 @@ def test_a_switch_whose_both_branches_run_here_stays_a_switch():
     }
     graph = comfy_import(workflow=prompt, catalog={}).graph.model_dump()["nodes"]
     assert graph["4"]["type"] == "switch/text"
+
+
+def test_object_info_lists_text_generate_for_the_editor():
+    from apps.importer.comfy_object_info import object_info
+
+    spec = object_info(catalog={}, uploads=[])["TextGenerate"]
+    assert spec["input"]["required"]["clip"] == ["CLIP"]
+    assert spec["input"]["optional"] == {"image": ["IMAGE"]}
+    assert spec["input"]["required"]["sampling_mode"][0] == ["on", "off"]
+    assert spec["output"] == ["STRING"]
