@@ -67,7 +67,7 @@ def generation_class(encoder: TextEncoder) -> Any:
     from transformers.models.auto import modeling_auto
 
     config = getattr(encoder.model, "config", None)
-    model_type = getattr(config, "model_type", None)
+    model_type = str(getattr(config, "model_type", ""))
     name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
             or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type))
     if not _is_module(encoder.model) or name is None or not hasattr(transformers, name):

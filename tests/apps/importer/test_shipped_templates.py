@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from apps.importer.comfy_templates import shipped_file
-from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 
 
