@@ -9,6 +9,7 @@ from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
 from apps.graphs.nodes_ltx2 import LTX2
 from apps.graphs.nodes_qwen import QWEN
+from apps.graphs.nodes_textgen import TEXTGEN
 from apps.graphs.nodes_video import VIDEO
 from apps.graphs.nodes_wan import WAN
 from workers.models.families import REGISTERED
@@ -414,4 +415,4 @@ SAMPLING = (
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
                                          + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + VIDEO
-                                         + WAN + LTX2 + QWEN)
+                                         + WAN + LTX2 + QWEN + TEXTGEN)

@@ -216,13 +216,19 @@ def _settle_switches(state: _State) -> None:
                     continue
                 chosen, other = ("on_true", "on_false") if choice else ("on_false", "on_true")
                 lacking = _lacking_upstream(state, inputs.get(other))
+                # a branch given as a value (a subgraph's widget): our switch reads links only
+                valued = [b for b in ("on_false", "on_true")
+                          if inputs.get(b) is not None and not isinstance(inputs[b], Link)]
                 if inputs.get(chosen) is None or (
-                        lacking is None and _lacking_upstream(state, inputs[chosen]) is None):
+                        lacking is None and not valued
+                        and _lacking_upstream(state, inputs[chosen]) is None):
                     continue
                 state.settled[node_id] = (
                     f"its switch is {choice} in this workflow, so its readers read its {chosen} "
                     "input (ComfyUI runs only that branch" + (
-                        f"; {other} needs {lacking}, which this farm lacks)" if lacking else ")"))
+                        f"; {other} needs {lacking}, which this farm lacks)" if lacking else
+                        f"; {valued[0]} is a value, and a switch here switches linked nodes)"
+                        if valued else ")"))
                 _reread(state, node_id, inputs[chosen])
                 changed = True
         if not changed:

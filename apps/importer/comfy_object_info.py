@@ -60,6 +60,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "ComfySwitchNode": frozenset({"on_false", "on_true"}),
     "ImageCompositeMasked": frozenset({"mask"}),
     "CreateVideo": frozenset({"audio"}),
+    "TextGenerate": frozenset({"image"}),
     "ComfyMathExpression": frozenset(f"values.{n}" for n in MATH_NAMES),
 }
 ANY_TYPE: dict[str, frozenset[str]] = {

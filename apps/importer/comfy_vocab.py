@@ -39,6 +39,12 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LoadVideo": ("file", "upload"),
     "SaveVideo": ("filename_prefix", "format", "codec"),
     "SaveAnimatedWEBP": ("filename_prefix", "fps", "lossless", "quality", "method"),
+    # the UI format: DYNAMIC_WIDGETS; these names list its widgets in /object_info (the
+    # dynamic combo's "on" widgets flat, by their API names)
+    "TextGenerate": ("prompt", "max_length", "sampling_mode", "sampling_mode.temperature",
+                     "sampling_mode.top_k", "sampling_mode.top_p", "sampling_mode.min_p",
+                     "sampling_mode.repetition_penalty", "sampling_mode.seed", "thinking",
+                     "use_default_template"),
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -74,11 +80,47 @@ def _save_advanced_widgets(values: list[Any]) -> dict[str, Any]:
     return dict(zip(names, values, strict=False))
 
 
+# TextGenerate's sampling_mode "on" widgets, in order (presence_penalty: newer saves only).
+TEXTGEN_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                    "presence_penalty")
+TEXTGEN_AFTER = ("thinking", "use_default_template", "system_prompt")  # newer saves add each
+
+
+def _textgen_widgets(values: list[Any]) -> dict[str, Any]:
+    """TextGenerate: [prompt, max_length, sampling_mode, its "on" widgets…, thinking,
+    use_default_template, system_prompt]; saves of older versions stop early, and "off" adds
+    no widgets. A number after the seed is presence_penalty; booleans come after."""
+    named = dict(zip(("prompt", "max_length", "sampling_mode"), values, strict=False))
+    rest = list(values[3:])
+    if named.get("sampling_mode") == "on":
+        for name in TEXTGEN_SAMPLING:
+            if not rest or (name == "presence_penalty" and isinstance(rest[0], bool | str)):
+                break
+            named[f"sampling_mode.{name}"] = rest.pop(0)
+    named.update(zip(TEXTGEN_AFTER, rest, strict=False))
+    return named
+
+
 # Types whose widgets_values depend on a dynamic combo's option: read by these, not WIDGETS.
 DYNAMIC_WIDGETS: dict[str, Callable[[list[Any]], dict[str, Any]]] = {
     "ResizeImageMaskNode": _resize_widgets,
     "SaveImageAdvanced": _save_advanced_widgets,
+    "TextGenerate": _textgen_widgets,
 }
+
+def _textgen_warnings(values: dict[str, Any]) -> list[str]:
+    found = []
+    presence = values.get("sampling_mode.presence_penalty", values.get("presence_penalty"))
+    if values.get("sampling_mode", "on") == "on" and isinstance(presence, int | float) \
+            and not isinstance(presence, bool) and presence != 0:
+        found.append(f"presence_penalty {presence} is not applied (transformers' generate has "
+                     "none): the repetition penalty is")
+    system = values.get("system_prompt")
+    if isinstance(system, str) and system != "auto":
+        found.append(f"system_prompt {system!r} is not applied: the prompt is the user turn of "
+                     "the model's chat template, without a system turn of ComfyUI's")
+    return found
+
 
 def _switch_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
     """ComfySwitchNode → switch/<kind>, the kind of whichever branch is connected."""
@@ -254,6 +296,15 @@ VOCABULARY: dict[str, Rule] = {
         outputs=("output",), params={"switch": ParamMap("switch", bool)}, pick=_switch_pick,
     ),
     "PreviewAny": _PREVIEW,
+    "TextGenerate": Rule(  # the templates' LLM prompt enhancer; video / audio unmapped
+        "text/generate", inputs={"clip": "encoder", "image": "image"}, outputs=("text",),
+        params={"prompt": ParamMap("prompt"), "max_length": ParamMap("max_length"),
+                "sampling_mode": ParamMap("sampling"),
+                **{f"sampling_mode.{name}": ParamMap(name) for name in TEXTGEN_SAMPLING[:6]},
+                "thinking": ParamMap("thinking", bool),
+                "use_default_template": ParamMap("use_default_template", bool)},
+        warnings=(_textgen_warnings,),
+    ),
     "SaveImageAdvanced": Rule(
         "image/save", inputs={"images": "image"}, params={"filename_prefix": ParamMap("label")},
         derive=_save_format, warnings=(_save_format_warnings,),

@@ -8,6 +8,7 @@ from workers.runners import (  # noqa: F401 — importing registers the runners
     image_ops,
     logic,
     sampling,
+    textgen,
     upscale,
     video,
 )

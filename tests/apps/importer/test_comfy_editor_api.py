@@ -121,7 +121,7 @@ def test_the_templates_browser_lists_only_workflows_the_farm_runs(
     # ComfyUI's own shipped workflows follow, in its groups, those that import here only.
     shipped = {t["name"]: t for group in index[1:] for t in group["templates"]}
     assert {"image_z_image_turbo", "image_qwen_image_2_1_t2i", "video_wan2_2_14B_i2v"} <= set(shipped)
-    assert "image_krea2_turbo_t2i" not in shipped  # its prompt enhancer (TextGenerate) is on
+    assert "image_krea2_turbo_t2i" in shipped  # its prompt enhancer (TextGenerate) runs here
     assert "api_nano_banana_pro" not in shipped  # a paid API node does the work
     assert all(comfy_templates.shipped_imports()[name] is None for name in shipped)
     assert shipped["image_qwen_image_2_1_t2i"]["usage"] > 0  # ComfyUI's own metadata kept
@@ -131,7 +131,7 @@ def test_the_templates_browser_lists_only_workflows_the_farm_runs(
     card = artist.get("/comfy/templates/image_qwen_image_2_1_t2i-1.webp")
     assert card.status_code == 200 and card["Content-Type"] == "image/webp"
     assert card.content[:4] == b"RIFF" and card.content[8:12] == b"WEBP"
-    assert artist.get("/comfy/templates/image_krea2_turbo_t2i.json").status_code == 404
+    assert artist.get("/comfy/templates/image_krea2_turbo_t2i.json").status_code == 200
     assert artist.get("/comfy/templates/..%2Fcomfy_template_files%2Fx.json").status_code == 404
     french = artist.get("/comfy/templates/index.fr.json").json()
     assert {t["name"] for g in french[1:] for t in g["templates"]} == set(shipped)

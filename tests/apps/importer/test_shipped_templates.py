@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from apps.importer.comfy_templates import shipped_file
-from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 
 
@@ -42,29 +41,91 @@ def test_qwen_image_2_1_t2i_imports_with_its_prompt_enhancer_off():
     assert nodes["sample"]["params"] | {"steps": 25, "guidance": 0.0, "seed": 447606998181262} \
         == nodes["sample"]["params"]
     assert nodes["latent/empty"]["inputs"]["width"] == {"node": "13", "port": "width"}
-    assert "TextGenerate" not in {n["type"] for n in result.report.mapped}
+    # The switch is settled (its off branch is the prompt's value, and a switch here switches
+    # linked nodes): the enhancer, off, reaches no output.
+    assert "text/generate" not in nodes
     dropped = {d["type"]: d["reason"] for d in result.report.dropped}
-    assert "TextGenerate (node 459:471)" in dropped["ComfySwitchNode"]
-    assert "on_false" in dropped["ComfySwitchNode"]
+    assert "on_false is a value" in dropped["ComfySwitchNode"]
+    assert "459:471" in {d["id"] for d in result.report.dropped if d["type"] == "TextGenerate"}
     assert "speed cache" in dropped["QwenImage21Cache"]
     # The sampler reads the model straight from the loader (the cache folded away).
     assert nodes["sample"]["inputs"]["model"]["node"] == "459:451"
 
 
-def test_the_same_workflow_with_the_enhancer_on_names_the_node_it_needs():
+def test_the_same_workflow_with_the_enhancer_on_generates_the_prompt():
     workflow = shipped("image_qwen_image_2_1_t2i")
     on = copy.deepcopy(workflow)
     instance(on)["widgets_values"][1] = True  # the subgraph's `switch`: enhance the prompt
-    with pytest.raises(ImportInvalid) as refused:
-        comfy_import(workflow=on, catalog={})
-    assert refused.value.code == "unmapped_node" and "TextGenerate" in refused.value.message
+    result = comfy_import(workflow=on, catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    enhancer = nodes["459:471"]
+    assert enhancer["type"] == "text/generate"
+    # the dynamic combo's widgets as saved: on, temperature 1, top_k 20, top_p 0.95, min_p 0,
+    # repetition 1, its seed (linked from the subgraph's), thinking from the subgraph
+    assert enhancer["params"] | {"sampling": "on", "temperature": 1.0, "top_k": 20,
+                                 "top_p": 0.95, "min_p": 0.0, "repetition_penalty": 1.0,
+                                 "use_default_template": True} == enhancer["params"]
+    # the encoder reads the generated text (the switch, settled, passes its on_true on)
+    assert nodes["459:452"]["inputs"]["text"] == {"node": "459:471", "port": "text"}
+    warned = [w["message"] for w in result.report.warnings if w["type"] == "TextGenerate"]
+    assert any("presence_penalty 1.5 is not applied" in m for m in warned)
 
 
-def test_krea_2_turbo_ships_with_its_enhancer_on_and_says_so():
-    with pytest.raises(ImportInvalid) as refused:
-        comfy_import(workflow=shipped("image_krea2_turbo_t2i"), catalog={})
-    assert refused.value.code == "unmapped_node"
-    assert refused.value.node_id == "30:16" and "TextGenerate" in refused.value.message
+def test_krea_2_turbo_ships_with_its_enhancer_on_and_maps_it():
+    result = comfy_import(workflow=shipped("image_krea2_turbo_t2i"), catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["30:16"]["type"] == "text/generate"
+    assert nodes["30:21"]["type"] == "switch/text"  # both branches run here: still a switch
+    assert nodes["30:21"]["inputs"]["on_true"] == {"node": "30:16", "port": "text"}
+
+
+def test_text_generate_in_the_api_format_reads_its_dynamic_combo():
+    prompt = {
+        "1": {"class_type": "CLIPLoader",
+              "inputs": {"clip_name": "qwen3vl.safetensors", "type": "krea2"}},
+        "2": {"class_type": "TextGenerate",
+              "inputs": {"clip": ["1", 0], "prompt": "a fox", "max_length": 64,
+                         "sampling_mode": "on", "sampling_mode.temperature": 0.5,
+                         "sampling_mode.top_k": 10, "sampling_mode.top_p": 0.9,
+                         "sampling_mode.min_p": 0.1, "sampling_mode.repetition_penalty": 1.2,
+                         "sampling_mode.seed": 42, "sampling_mode.presence_penalty": 0.0,
+                         "thinking": True, "use_default_template": False}},
+        "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
+    }
+    result = comfy_import(workflow=prompt, catalog={})
+    node = result.graph.model_dump()["nodes"]["2"]
+    assert node["params"] == {"prompt": "a fox", "max_length": 64, "sampling": "on",
+                              "temperature": 0.5, "top_k": 10, "top_p": 0.9, "min_p": 0.1,
+                              "repetition_penalty": 1.2, "seed": 42, "thinking": True,
+                              "use_default_template": False}
+    assert node["inputs"] == {"encoder": {"node": "1", "port": "encoder"}}
+    assert not [w for w in result.report.warnings if w["type"] == "TextGenerate"]
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    (["", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 0, 0, True, True],
+     {"sampling": "on", "temperature": 0.7, "seed": 0, "thinking": True}),
+    (["x", 2048, "on", 0.7, 64, 0.95, 0.05, 1.05, 7],  # an older save: no presence, no flags
+     {"sampling": "on", "seed": 7, "thinking": False}),
+    (["x", 256, "off", True, False], {"sampling": "off", "thinking": True,
+                                      "use_default_template": False}),
+])
+def test_text_generate_in_the_ui_format_reads_its_widgets_by_version(values, expected):
+    from apps.importer.ui_format import widgets_by_name
+
+    named = widgets_by_name("TextGenerate", values)
+    ui = {"nodes": [
+        {"id": 1, "type": "CLIPLoader", "mode": 0, "widgets_values": ["q.safetensors", "krea2", "default"],
+         "outputs": [{"name": "CLIP", "type": "CLIP", "links": [1]}], "inputs": []},
+        {"id": 2, "type": "TextGenerate", "mode": 0, "widgets_values": values,
+         "inputs": [{"name": "clip", "type": "CLIP", "link": 1}],
+         "outputs": [{"name": "STRING", "type": "STRING", "links": [2]}]},
+        {"id": 3, "type": "PreviewAny", "mode": 0, "widgets_values": [],
+         "inputs": [{"name": "source", "type": "*", "link": 2}], "outputs": []},
+    ], "links": [[1, 1, 0, 2, 0, "CLIP"], [2, 2, 0, 3, 0, "STRING"]]}
+    params = comfy_import(workflow=ui, catalog={}).graph.model_dump()["nodes"]["2"]["params"]
+    assert params | expected == params
+    assert named["max_length"] == values[1]
 
 
 def test_a_value_preview_on_the_way_hands_its_value_on():
@@ -98,3 +159,13 @@ def test_a_switch_whose_both_branches_run_here_stays_a_switch():
     }
     graph = comfy_import(workflow=prompt, catalog={}).graph.model_dump()["nodes"]
     assert graph["4"]["type"] == "switch/text"
+
+
+def test_object_info_lists_text_generate_for_the_editor():
+    from apps.importer.comfy_object_info import object_info
+
+    spec = object_info(catalog={}, uploads=[])["TextGenerate"]
+    assert spec["input"]["required"]["clip"] == ["CLIP"]
+    assert spec["input"]["optional"] == {"image": ["IMAGE"]}
+    assert spec["input"]["required"]["sampling_mode"][0] == ["on", "off"]
+    assert spec["output"] == ["STRING"]

@@ -1,0 +1,203 @@
+"""`text/generate` (ComfyUI's TextGenerate, the templates' LLM prompt enhancer) on the tiny
+Krea 2 and Qwen-Image 2.1 stacks: its tokens are transformers' own `generate` on the same
+Qwen3-VL checkpoint (loaded whole, with its head) with the same settings and seed, greedy and
+sampled; an untied model reads its head from the file, and one without it is an error naming
+the file; a cancel stops it between tokens."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from workers.models.values import TextEncoder
+from workers.runners import RUNNERS, NodeFailed, RunCancelled
+from workers.runners.textgen import generate, language_model
+
+PROMPT = "a red fox in the snow"
+SAMPLED = {"sampling": "on", "temperature": 0.7, "top_k": 64, "top_p": 0.95, "min_p": 0.05,
+           "repetition_penalty": 1.05}
+GREEDY = {"sampling": "off", "temperature": 0.7, "top_k": 64, "top_p": 0.95, "min_p": 0.05,
+          "repetition_penalty": 1.05}
+
+
+def node_params(settings: dict[str, Any], seed: int = 11, **more: Any) -> dict[str, Any]:
+    return {"prompt": PROMPT, "max_length": 24, "seed": seed, "thinking": False,
+            "use_default_template": True, **settings, **more}
+
+
+@pytest.fixture(scope="module", params=["krea2", "qwenimage21"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[str, Path, str]:
+    """(family, models dir, the Qwen3-VL's file name) of the family's tiny stack."""
+    from workers.models.families import plugin
+
+    models_dir = tmp_path_factory.mktemp(f"{request.param}-textgen")
+    names = plugin(request.param).write_tiny_stack(models_dir)
+    return request.param, models_dir, names["text_encoder"]
+
+
+def load_encoder(make_ctx: Any, models_dir: Path, name: str) -> TextEncoder:
+    ctx = make_ctx(models_dir=models_dir)
+    return RUNNERS["load/text-encoder"](ctx, {"file": name}, {})["encoder"]
+
+
+def whole_checkpoint(path: Path) -> Any:
+    """The checkpoint as transformers loads a Qwen3-VL to chat with: the generation class,
+    head and all, from the file and its sidecar config."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    stem = path.name.removesuffix(".safetensors")
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(path.with_name(f"{stem}.config.json"), Path(folder) / "config.json")
+        (Path(folder) / "model.safetensors").symlink_to(path.resolve())
+        model = Qwen3VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    return model.eval()
+
+
+def reference_ids(model: Any, tokenizer: Any, family: str, params: dict[str, Any]) -> Any:
+    """transformers' generate on the whole checkpoint: the prompt in the tokenizer's chat
+    template (Krea 2's tiny tokenizer has none: Qwen's ChatML written out), same settings,
+    `torch.manual_seed(seed)`."""
+    from transformers import GenerationConfig
+
+    if family == "qwenimage21":
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}], tokenize=False,
+            add_generation_prompt=True)
+    else:
+        text = f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    batch = tokenizer([text], return_tensors="pt")
+    sampled = params["sampling"] == "on"
+    config = GenerationConfig(
+        max_new_tokens=params["max_length"], do_sample=sampled,
+        eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        pad_token_id=tokenizer.pad_token_id,
+        **({k: params[k] for k in ("temperature", "top_k", "top_p", "min_p",
+                                   "repetition_penalty")} if sampled else
+           {"temperature": None, "top_k": None, "top_p": None}))
+    torch.manual_seed(params["seed"])
+    with torch.no_grad():
+        out = model.generate(**batch, generation_config=config)
+    return out[0, batch["input_ids"].shape[1]:]
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_the_nodes_tokens_are_transformers_generate_on_the_whole_checkpoint(
+    stack: tuple[str, Path, str], make_ctx: Any, settings: dict[str, Any]
+) -> None:
+    family, models_dir, name = stack
+    encoder = load_encoder(make_ctx, models_dir, name)
+    tokenizer = getattr(encoder.tokenizer, "text", encoder.tokenizer)
+    params = node_params(settings)
+    lm = language_model(models_dir, encoder)
+    ids = generate(lm, encoder, PROMPT, None, params, lambda: None)
+    expected = reference_ids(whole_checkpoint(models_dir / "text_encoders" / name), tokenizer,
+                             family, params)
+    assert ids.tolist() == expected.tolist()
+    assert len(ids) > 0
+    text = RUNNERS["text/generate"](make_ctx(models_dir=models_dir), params,
+                                    {"encoder": encoder})["text"]
+    assert text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_a_seed_gives_the_same_text_and_another_seed_another(
+    stack: tuple[str, Path, str], make_ctx: Any
+) -> None:
+    _, models_dir, name = stack
+    encoder = load_encoder(make_ctx, models_dir, name)
+    lm = language_model(models_dir, encoder)
+    first, again, other = (generate(lm, encoder, PROMPT, None, node_params(SAMPLED, seed=s),
+                                    lambda: None).tolist() for s in (5, 5, 6))
+    assert first == again and first != other
+    assert language_model(models_dir, encoder) is lm  # the head is built once per encoder
+
+
+def test_a_cancel_stops_generation_between_tokens(
+    stack: tuple[str, Path, str], make_ctx: Any
+) -> None:
+    _, models_dir, name = stack
+    encoder = load_encoder(make_ctx, models_dir, name)
+    checks = []
+
+    def check() -> None:
+        checks.append(1)
+        if len(checks) == 3:
+            raise RunCancelled("cancelled by the test")
+
+    ctx = make_ctx(models_dir=models_dir)
+    ctx.check_cancelled = check
+    with pytest.raises(RunCancelled):
+        RUNNERS["text/generate"](ctx, node_params(GREEDY, max_length=200), {"encoder": encoder})
+    assert len(checks) == 3
+
+
+def untied_copy(models_dir: Path, name: str, target: Path, *, with_head: bool) -> str:
+    """The Krea 2 Qwen3-VL as a model whose head is its own (`tie_word_embeddings` false), with
+    a random `lm_head.weight` in the file or without it (as ComfyUI's files may leave it)."""
+    stem = name.removesuffix(".safetensors")
+    folder = target / "text_encoders"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((models_dir / "text_encoders" / f"{stem}.config.json").read_text())
+    config["tie_word_embeddings"] = False
+    config["text_config"]["tie_word_embeddings"] = False
+    new = f"untied-{'head' if with_head else 'headless'}"
+    (folder / f"{new}.config.json").write_text(json.dumps(config))
+    shutil.copytree(models_dir / "text_encoders" / f"{stem}.tokenizer", folder / f"{new}.tokenizer")
+    state = {k: v for k, v in load_file(models_dir / "text_encoders" / name).items()
+             if k != "lm_head.weight"}
+    if with_head:
+        embeddings = state["model.language_model.embed_tokens.weight"]
+        generator = torch.Generator().manual_seed(1)
+        state["lm_head.weight"] = torch.randn(embeddings.shape, generator=generator)
+    save_file(state, folder / f"{new}.safetensors")
+    return f"{new}.safetensors"
+
+
+def test_an_untied_model_reads_its_head_from_the_file(
+    make_ctx: Any, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from workers.models.krea2.plugin import write_tiny_stack
+
+    source = tmp_path_factory.mktemp("krea2-untied")
+    names = write_tiny_stack(source)
+    name = untied_copy(source, names["text_encoder"], tmp_path, with_head=True)
+    encoder = load_encoder(make_ctx, tmp_path, name)
+    params = node_params(GREEDY)
+    ids = generate(language_model(tmp_path, encoder), encoder, PROMPT, None, params,
+                   lambda: None)
+    whole = whole_checkpoint(tmp_path / "text_encoders" / name)
+    assert not torch.equal(whole.lm_head.weight, whole.model.language_model.embed_tokens.weight)
+    assert ids.tolist() == reference_ids(whole, encoder.tokenizer, "krea2", params).tolist()
+
+
+def test_an_untied_model_without_its_head_is_an_error_naming_the_file(
+    make_ctx: Any, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from workers.models.krea2.plugin import write_tiny_stack
+
+    source = tmp_path_factory.mktemp("krea2-headless")
+    names = write_tiny_stack(source)
+    name = untied_copy(source, names["text_encoder"], tmp_path, with_head=False)
+    encoder = load_encoder(make_ctx, tmp_path, name)
+    with pytest.raises(NodeFailed, match=f"{name} has no lm_head.weight"):
+        RUNNERS["text/generate"](make_ctx(models_dir=tmp_path), node_params(GREEDY),
+                                 {"encoder": encoder})
+
+
+def test_an_encoder_that_is_no_language_model_is_refused(make_ctx: Any, smoke_stack: Any,
+                                                         tmp_path: Path) -> None:
+    from workers.models.flux1.plugin import write_tiny_stack
+
+    names = write_tiny_stack(tmp_path)
+    ctx = make_ctx(models_dir=tmp_path)
+    encoder = RUNNERS["load/text-encoder"](
+        ctx, {"file": names["text_encoder"], "file_2": names["text_encoder_2"]}, {})["encoder"]
+    with pytest.raises(NodeFailed, match="not a language model that generates text"):
+        RUNNERS["text/generate"](ctx, node_params(GREEDY), {"encoder": encoder})

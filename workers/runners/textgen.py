@@ -1,0 +1,229 @@
+"""`text/generate`: text from a loaded text encoder's own language model (ComfyUI's
+TextGenerate, the LLM prompt enhancer of Krea 2's and Qwen-Image 2.1's templates).
+
+The families load their encoders as transformers base models (`Qwen3VLModel`, `Qwen3Model`,
+`Qwen2_5_VLModel`, …: hidden states, no output head). Generation wraps that same module, its
+weights shared, in its model type's generation class (`Qwen3VLForConditionalGeneration`,
+`Qwen3ForCausalLM`, …) with the output head: tied to the input embeddings where the config ties
+them, else `lm_head.weight` read from the encoder's file (an error naming the file when it has
+none). transformers' own `generate` then runs on it: greedy with sampling off, else its
+sampling seeded by `torch.manual_seed(seed)` inside a forked RNG state, so a seed gives the same
+text; the whole generation runs on the worker's device thread (nothing else draws from the RNG
+meanwhile) and checks for a cancel between tokens.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workers.device.thread import on_device_thread
+from workers.models.catalog import ModelFileMissing, resolve
+from workers.models.values import TextEncoder
+from workers.runners.base import NodeContext, NodeFailed, runner
+
+# base model module → its generation wrapper (the head built once per loaded encoder)
+_LANGUAGE_MODELS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+ENCODER_FOLDERS = ("text_encoders", "checkpoints")  # where a text encoder's file may sit
+NO_THINKING = "<think>\n\n</think>\n\n"  # Qwen3's template without thinking: an empty thought
+
+
+@runner("text/generate")
+def text_generate(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    encoder = inputs.get("encoder")
+    if not isinstance(encoder, TextEncoder):
+        raise NodeFailed("input 'encoder' is not a text encoder")
+    prompt = str(inputs.get("prompt", params.get("prompt", "")))
+    lm = language_model(ctx.models_dir, encoder)
+    ids = on_device_thread(lambda: generate(lm, encoder, prompt, inputs.get("image"), params,
+                                            ctx.check_cancelled))
+    tokenizer, _ = _tokenizers(encoder)
+    return {"text": str(tokenizer.decode(ids, skip_special_tokens=True))}
+
+
+def language_model(models_dir: Path, encoder: TextEncoder) -> Any:
+    """The encoder's base model inside its generation class, with its output head (cached per
+    loaded encoder)."""
+    base = encoder.model
+    found = _LANGUAGE_MODELS.get(base) if _is_module(base) else None
+    if found is None:
+        found = on_device_thread(lambda: _wrapped(models_dir, encoder))
+        _LANGUAGE_MODELS[base] = found
+    return found
+
+
+def _is_module(model: Any) -> bool:
+    import torch
+
+    return isinstance(model, torch.nn.Module)
+
+
+def generation_class(encoder: TextEncoder) -> Any:
+    """The transformers class that generates with the encoder's model type; NodeFailed when
+    the encoder is no causal language model (CLIP, T5, a family's pair of encoders)."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    config = getattr(encoder.model, "config", None)
+    model_type = str(getattr(config, "model_type", ""))
+    name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
+            or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type))
+    if not _is_module(encoder.model) or name is None or not hasattr(transformers, name):
+        kind = model_type or type(encoder.model).__name__
+        raise NodeFailed(f"text encoder {encoder.name} ({encoder.family}: {kind}) is not a "
+                         "language model that generates text: text/generate needs a causal LM "
+                         "encoder (a Qwen3-VL, Qwen2.5-VL or Qwen3)")
+    return getattr(transformers, name)
+
+
+def _wrapped(models_dir: Path, encoder: TextEncoder) -> Any:
+    import torch
+    from accelerate import init_empty_weights
+
+    cls, base = generation_class(encoder), encoder.model
+    with init_empty_weights():
+        lm = cls(base.config)
+    if not isinstance(base, type(lm.model)):
+        raise NodeFailed(f"text encoder {encoder.name} is a {type(base).__name__}, not the "
+                         f"{type(lm.model).__name__} {cls.__name__} generates with")
+    lm.model = base
+    embeddings = base.get_input_embeddings().weight  # [vocab, hidden]
+    head = torch.nn.Linear(embeddings.shape[1], embeddings.shape[0], bias=False,
+                           device=embeddings.device, dtype=embeddings.dtype)
+    if _tied(base.config):
+        head.weight = embeddings
+    else:
+        head.weight = torch.nn.Parameter(
+            lm_head_weight(models_dir, encoder).to(embeddings.device, embeddings.dtype),
+            requires_grad=False)
+    lm.lm_head = head
+    return lm.eval()
+
+
+def _tied(config: Any) -> bool:
+    """Whether the output head is the input embeddings (the config's or its text config's
+    `tie_word_embeddings`, as transformers ties them)."""
+    tied = getattr(config, "tie_word_embeddings", None)
+    if tied is None:
+        tied = getattr(config.get_text_config(), "tie_word_embeddings", False)
+    return bool(tied)
+
+
+def lm_head_weight(models_dir: Path, encoder: TextEncoder) -> Any:
+    """`lm_head.weight` [vocab, hidden] from the encoder's file (or folder); NodeFailed naming
+    the file when it has none (ComfyUI's text-encoder files may leave the head out)."""
+    from safetensors import safe_open
+
+    path = _encoder_path(models_dir, encoder.name)
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            key = next((k for k in f.keys() if k.endswith("lm_head.weight")), None)  # noqa: SIM118 (safe_open is no dict)
+            if key is not None:
+                return f.get_tensor(key)
+    raise NodeFailed(
+        f"{path.name} has no lm_head.weight: this {encoder.model.config.model_type} does not "
+        "tie its output head to its embeddings, and text/generate needs the head (use the "
+        "model's full checkpoint, which keeps it)")
+
+
+def _encoder_path(models_dir: Path, name: str) -> Path:
+    for folder in ENCODER_FOLDERS:
+        try:
+            return resolve(models_dir, folder, name)
+        except ModelFileMissing:
+            continue
+    raise NodeFailed(f"cannot find the text encoder's file {name} in "
+                     f"{' or '.join(ENCODER_FOLDERS)}/ to read its lm_head.weight")
+
+
+def _weight_files(path: Path) -> Iterator[Path]:
+    if path.is_dir():
+        yield from sorted(path.glob("*.safetensors"))
+    else:
+        yield path
+
+
+def generate(lm: Any, encoder: TextEncoder, prompt: str, image: Any, params: dict[str, Any],
+             check_cancelled: Any) -> Any:
+    """The ids [n] of the tokens `lm` generates after the prompt, as the node's params say.
+    Call on the device thread."""
+    import torch
+    from transformers import GenerationConfig, StoppingCriteria
+
+    tokenizer, processor = _tokenizers(encoder)
+    batch = prompt_inputs(lm.config, tokenizer, processor, prompt, image,
+                          thinking=bool(params["thinking"]),
+                          template=bool(params["use_default_template"]))
+    batch = batch.to(lm.device)
+
+    class Cancel(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            check_cancelled()  # raises RunCancelled once the run is not ours
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    config = GenerationConfig(**generation_settings(params, tokenizer))
+    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(lm.device)):
+        torch.manual_seed(int(params["seed"]))
+        out = lm.generate(**batch, generation_config=config, stopping_criteria=[Cancel()])
+    return out[0, batch["input_ids"].shape[1]:].cpu()
+
+
+def generation_settings(params: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """GenerationConfig's arguments for the node's params (sampling off: greedy)."""
+    eos = [t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+           if isinstance(t, int) and t != tokenizer.unk_token_id]
+    settings: dict[str, Any] = {
+        "max_new_tokens": int(params["max_length"]), "eos_token_id": sorted(set(eos)) or None,
+        "pad_token_id": tokenizer.pad_token_id, "do_sample": params["sampling"] == "on",
+    }
+    if settings["do_sample"]:
+        settings.update(
+            temperature=float(params["temperature"]), top_k=int(params["top_k"]) or None,
+            top_p=float(params["top_p"]), min_p=float(params["min_p"]) or None,
+            repetition_penalty=float(params["repetition_penalty"]) or None)
+    else:  # greedy: no sampler's cut applies (transformers warns on any set)
+        settings.update(temperature=None, top_k=None, top_p=None)
+    return settings
+
+
+def prompt_inputs(config: Any, tokenizer: Any, processor: Any, prompt: str, image: Any, *,
+                  thinking: bool, template: bool) -> Any:
+    """The model's inputs for `prompt` (+ `image`): in the tokenizer's chat template as a user
+    turn with the assistant's turn begun (Qwen's ChatML where the tokenizer has no template),
+    or the prompt's tokens as they are."""
+    vision = hasattr(config, "vision_config")
+    if image is not None and (processor is None or not vision):
+        raise NodeFailed("this text encoder reads no images: its tokenizer folder has no image "
+                         "processor (preprocessor_config.json)" if vision else
+                         "this text encoder reads no images (a text-only model)")
+    slot = "<|vision_start|><|image_pad|><|vision_end|>" if image is not None else ""
+    if not template:
+        text = slot + prompt
+    elif tokenizer.chat_template:
+        content: Any = prompt
+        if vision:
+            content = [*([{"type": "image"}] if image is not None else []),
+                       {"type": "text", "text": prompt}]
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True,
+            enable_thinking=thinking)
+    else:
+        text = f"<|im_start|>user\n{slot}{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        if not thinking and "<think>" in tokenizer.get_vocab():
+            text += NO_THINKING
+    if image is None:
+        return tokenizer([text], return_tensors="pt")
+    return processor(text=[text], images=[image.convert("RGB")], return_tensors="pt")
+
+
+def _tokenizers(encoder: TextEncoder) -> tuple[Any, Any]:
+    """(the text tokenizer, the image processor or None): a family may keep both together
+    (Qwen-Image 2.1's `Tokenizers`)."""
+    held = encoder.tokenizer
+    return getattr(held, "text", held), getattr(held, "processor", None)
+
+
+def _cuda_devices(device: Any) -> list[int]:
+    return [device.index or 0] if getattr(device, "type", "") == "cuda" else []
