@@ -9,6 +9,7 @@ from apps.graphs.descriptors import NodeDescriptor, Param, Port
 MAX_PROMPT = 8000  # as apps/graphs/nodes.py (a circular import otherwise)
 QWEN21_IMAGES = 16  # the condition images one qwenimage21/encode takes (ComfyUI's image_1…16)
 QWEN21_IMAGE_PORTS = tuple(f"image_{i}" for i in range(1, QWEN21_IMAGES + 1))
+REFERENCE_METHODS = ("auto", "index", "index_timestep_zero")  # qwenimage/reference-latent's
 
 QWEN = (
     NodeDescriptor(
@@ -38,10 +39,20 @@ QWEN = (
     ),
     NodeDescriptor(
         "qwenimage/reference-latent", "Qwen-Image reference latent", "conditioning",
-        inputs=(Port("conditioning", "conditioning"), Port("latent", "latent")),
+        inputs=(Port("conditioning", "conditioning"), Port("latent", "latent", required=False)),
         outputs=(Port("conditioning", "conditioning"),),
+        params=(
+            Param("method", "enum", "auto", choices=REFERENCE_METHODS,
+                  description="How the transformer reads the prompt's reference latents "
+                  "(ComfyUI's FluxKontextMultiReferenceLatentMethod): index_timestep_zero: at "
+                  "timestep 0 (Qwen-Image-Edit-2511); index: at the image's timestep (2509); "
+                  "auto: as the transformer's config says (`zero_cond_t`, or ComfyUI's "
+                  "`__index_timestep_zero__` marker in its file). Each reference at its own "
+                  "index, in both."),
+        ),
         description="Qwen-Image-Edit from an encoded reference (ComfyUI's ReferenceLatent after "
         "a VAEEncode): the latent appended to the prompt's reference latents as is; the "
-        "transformer reads it beside the image it denoises. Chain it for more references.",
+        "transformer reads it beside the image it denoises. Chain it for more references. "
+        "Without a latent it only sets the prompt's `method`.",
     ),
 )

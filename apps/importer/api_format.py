@@ -37,6 +37,7 @@ from apps.importer.comfy_nodes import (
     VIDEO_LATENTS,
     Rule,
     qwen_reference_latent,
+    qwen_reference_method,
 )
 from apps.importer.comfy_rules import Link
 from apps.importer.comfy_vocab import ECHOES, SWITCH
@@ -511,21 +512,60 @@ def _reference_family(state: _State, link: Any) -> str | None:
 
 
 def _reference_latents(state: _State) -> None:
-    """ReferenceLatent appends a latent to its prompt's references: the node of the prompt's
+    """ReferenceLatent appends a latent to its prompt's references, and
+    FluxKontextMultiReferenceLatentMethod says how they are read: the node of the prompt's
     family (its encoder's, else the workflow's one family); unmapped, with why, for a family
-    whose prompts take none here."""
+    (or a method) its prompts take none of here."""
     for node in list(state.mapped.values()):
-        if node.comfy_type != "ReferenceLatent":
+        if node.comfy_type not in ("ReferenceLatent", "FluxKontextMultiReferenceLatentMethod"):
             continue
-        family = _reference_family(state, state.nodes[node.id][1].get("conditioning"))
-        rule = qwen_reference_latent(family, info(family).title if family in REGISTERED
-                                     else str(family))
+        _, inputs = state.nodes[node.id]
+        family = _reference_family(state, inputs.get("conditioning"))
+        title = info(family).title if family in REGISTERED else str(family)
+        if node.comfy_type == "ReferenceLatent":
+            rule = qwen_reference_latent(family, title)
+        else:
+            family = _encoder_family_of(state, inputs.get("conditioning")) or family
+            title = info(family).title if family in REGISTERED else str(family)
+            rule = qwen_reference_method(family, title, inputs.get("reference_latents_method"))
         if isinstance(rule, str):
             del state.mapped[node.id]
             state.unmapped[node.id] = rule
             state.report.unmap(node.id, node.comfy_type, rule)
         else:
             node.rule = rule
+
+
+def _encoder_family_of(state: _State, link: Any) -> str | None:
+    """The family of the text encoder a prompt was encoded by: its nearest upstream encoder
+    loader's evidence (Qwen-Image's when named), else the loader's `type` as ComfyUI names it
+    (`longcat_image`: a model this farm does not run); None without a loader or a type. A
+    Qwen-Image-Edit prompt node says nothing here: Krea 2 and LongCat workflows use it too."""
+    loader = _first_upstream(state, link, lambda nid: state.nodes[nid][0] in CLIP_TYPE_LOADERS)
+    if loader is None:
+        return None
+    evidence = state.evidence.get(loader)
+    families = [f for f in evidence.families if f in REGISTERED] if evidence else []
+    if families:
+        return "qwenimage" if "qwenimage" in families else families[0]
+    clip_type = state.nodes[loader][1].get("type")
+    return clip_type if isinstance(clip_type, str) else None
+
+
+def _first_upstream(state: _State, link: Any, match: Callable[[str], bool]) -> str | None:
+    """The nearest node upstream of `link` (itself included, breadth first) that `match`es."""
+    if not isinstance(link, Link):
+        return None
+    seen, queue = {link.node}, deque([link.node])
+    while queue:
+        node_id = queue.popleft()
+        if match(node_id):
+            return node_id
+        for value in state.nodes[node_id][1].values():
+            if isinstance(value, Link) and value.node not in seen:
+                seen.add(value.node)
+                queue.append(value.node)
+    return None
 
 
 def _video_latent(state: _State, node_id: str) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
-from apps.graphs.nodes_qwen import QWEN21_IMAGES
+from apps.graphs.nodes_qwen import QWEN21_IMAGES, REFERENCE_METHODS
 from apps.importer import comfy_ltx2, comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 from apps.importer.comfy_rules import RESAMPLE, KindOf, ParamMap, Rule, Warn
@@ -48,6 +48,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "EmptyFlux2LatentImage": ("width", "height", "batch_size"),
     "Flux2Scheduler": ("steps", "width", "height"),
     "ReferenceLatent": (),
+    "FluxKontextMultiReferenceLatentMethod": ("reference_latents_method",),
     "TextEncodeQwenImageEdit": ("prompt",),
     "TextEncodeQwenImageEditPlus": ("prompt",),
     "TextEncodeQwenImage21": ("prompt", "negative_prompt", "resolution"),
@@ -286,6 +287,23 @@ def qwen_reference_latent(family: str | None, title: str) -> Rule | str:
             "Qwen-Image(-Edit) prompts take reference latents on this farm")
 
 
+def qwen_reference_method(family: str | None, title: str, method: Any) -> Rule | str:
+    """FluxKontextMultiReferenceLatentMethod by the family of its prompt: on Qwen-Image's, how
+    its transformer reads the references (`qwenimage/reference-latent`'s `method`: index, or
+    index_timestep_zero: Qwen-Image-Edit-2511's); else why it cannot map."""
+    named = f"FluxKontextMultiReferenceLatentMethod {method!r}"
+    if family != "qwenimage":
+        on = f" on a {title} prompt" if family is not None else ""
+        return (f"{named}{on} is not supported: only Qwen-Image(-Edit) prompts take a reference "
+                "latents method on this farm")
+    if method not in QWEN_REFERENCE_METHODS:
+        return (f"{named} is not supported on Qwen-Image: its transformer places each reference "
+                "latent at its own index (diffusers' image shapes), read at the image's "
+                "timestep ('index') or at timestep 0 ('index_timestep_zero', 2511); 'offset' "
+                "and 'uxo/uno' (references side by side in one index) are not")
+    return RULES["FluxKontextMultiReferenceLatentMethod"]
+
+
 # --- the mapping ------------------------------------------------------------------------------
 
 _SEED_AND_STEPS = {"steps": ParamMap("steps"), "cfg": ParamMap("guidance", cfg_to_guidance)}
@@ -348,6 +366,10 @@ RULES: dict[str, Rule] = {
     "ReferenceLatent": Rule(  # FLUX.2's (Klein / dev editing): the latent is a reference
         "flux2/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
         outputs=("conditioning",),
+    ),
+    "FluxKontextMultiReferenceLatentMethod": Rule(  # on a Qwen-Image prompt (api_format picks)
+        "qwenimage/reference-latent", inputs={"conditioning": "conditioning"},
+        outputs=("conditioning",), params={"reference_latents_method": ParamMap("method")},
     ),
     "TextEncodeQwenImageEdit": Rule(  # Qwen-Image-Edit: one image, shown to the VL at ~1 MP
         "qwenimage/edit", inputs={"clip": "encoder", "vae": "vae", "image": "image"},
@@ -507,6 +529,7 @@ RULES: dict[str, Rule] = {
 }
 RULES["EmptySD3LatentImage"] = RULES["EmptyLatentImage"]
 QWEN21_NUMBERS = frozenset(str(i) for i in range(1, QWEN21_IMAGES + 1))
+QWEN_REFERENCE_METHODS = frozenset(REFERENCE_METHODS) - {"auto"}  # ComfyUI's names, as ours
 # ReferenceLatent on a Qwen-Image prompt (api_format picks it by the prompt's family)
 QWEN_REFERENCE_LATENT = Rule(
     "qwenimage/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},

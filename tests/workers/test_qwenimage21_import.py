@@ -2,7 +2,8 @@
 QwenImage21Pipeline's image mode (also with five images, and at resolution 0: each image at its
 own size); a UI-format Qwen-Image 2.1 edit workflow imports and renders
 through the real executor; a Qwen-Image-Edit workflow with two references written the ComfyUI
-way (ReferenceLatent of a VAEEncode per image) renders what the edit node with its VAE renders."""
+way (ReferenceLatent of a VAEEncode per image) renders what the edit node with its VAE renders;
+ComfyUI's shipped 2.1 text-to-image and Qwen-Image-Edit-2511 templates render on the tiny stacks."""
 
 from __future__ import annotations
 
@@ -299,3 +300,51 @@ def test_comfyuis_shipped_2_1_text_to_image_template_renders(q21, settings, tmp_
     assert outcome.status == "succeeded", outcome.error
     width, height = _take(done).size
     assert width == height and abs(width * height - 100_000) < 20_000
+
+
+@pytest.mark.django_db
+def test_comfyuis_shipped_2511_edit_template_renders_its_references_at_timestep_zero(
+        settings, tmp_path):
+    """The workflow ComfyUI ships for Qwen-Image-Edit-2511 (image_qwen_image_edit_2511_int8: a
+    subgraph, its Lightning switch off, FluxKontextMultiReferenceLatentMethod
+    "index_timestep_zero" on both prompts) with the tiny stack's files and its LoadImage bound
+    to an uploaded asset: it imports and renders, at 2 steps and a small size; the same graph
+    with the 2509 reading ("index") renders another image (the method reaches the sampler)."""
+    from apps.importer.comfy_templates import shipped_file
+    from workers.models.qwenimage.plugin import write_tiny_stack
+
+    models_dir = tmp_path / "models"
+    held = write_tiny_stack(models_dir)
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    workflow = json.loads(shipped_file("image_qwen_image_edit_2511_int8.json") or b"{}")
+    files = {"UNETLoader": held["model"], "CLIPLoader": held["text_encoder"],
+             "VAELoader": held["vae"], "LoraLoaderModelOnly": held["lora"]}
+    for node in workflow["definitions"]["subgraphs"][0]["nodes"]:
+        if node["type"] in files:
+            node["widgets_values"][0] = files[node["type"]]
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]], "loras": [held["lora"]]}
+    kinds = {("diffusion_models", held["model"]): ("qwenimage",),
+             ("text_encoders", held["text_encoder"]): ("qwenimage",),
+             ("vae", held["vae"]): ("qwenimage",)}
+    assets = {"lily_girl_blue.png": asset_of(noise_image(96, 80, seed=4))}
+    result = comfy_import(workflow=workflow, catalog=catalog, files=kinds,
+                          resolve_asset=assets.get)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["41"]["params"]["asset"] == assets["lily_girl_blue.png"]
+    assert [nodes[n]["params"]["method"] for n in ("170:147", "170:148")] == \
+        ["index_timestep_zero"] * 2
+    nodes["170:169"]["params"] |= {"steps": STEPS, "guidance": 3.0}  # the template's cfg 4
+    nodes["170:160"]["params"]["megapixels"] = 0.01  # the image (and latent): ~96² px
+    for edit in ("170:149", "170:151"):
+        nodes[edit]["params"]["megapixels"] = 0.004  # the reference latents: ~64² px
+    outcome, done = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    image = np.asarray(_take(done))
+    assert image.shape[:2] == (96, 112)  # 96×80 scaled to ~0.01 MP in steps of 16
+    for n in ("170:147", "170:148"):
+        nodes[n]["params"]["method"] = "index"
+    outcome, as_2509 = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    assert not np.array_equal(image, np.asarray(_take(as_2509)))

@@ -3,7 +3,8 @@
 Jobs that cannot share a forward run apart in the same step: each job's progress `batch` is the
 size of the forward that served it, and the worker's heartbeat counts why, per `Layout` field
 that differed (`apart_latent_size`, `apart_references`, `apart_prompt_tokens`,
-`apart_image_slots`: steps whose jobs ran in more than one forward for that reason).
+`apart_image_slots`, `apart_timestep_zero`: steps whose jobs ran in more than one forward for
+that reason).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Layout(NamedTuple):
     references: tuple[tuple[int, ...], ...] = ()  # each reference latent's shape
     prompt_tokens: tuple[int, ...] = ()  # each prompt row's token count (unpadded families)
     image_slots: tuple[Any, ...] = ()  # where each prompt row's image tokens sit
+    timestep_zero: bool = False  # references read at timestep 0 (Qwen-Image-Edit-2511's)
 
 
 def apart_reasons(layouts: list[Hashable]) -> list[str]:

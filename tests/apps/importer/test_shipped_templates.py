@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from apps.importer.comfy_templates import shipped_file
+from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 
 
@@ -169,3 +170,64 @@ def test_object_info_lists_text_generate_for_the_editor():
     assert spec["input"]["optional"] == {"image": ["IMAGE"]}
     assert spec["input"]["required"]["sampling_mode"][0] == ["on", "off"]
     assert spec["output"] == ["STRING"]
+
+
+def _with_method(workflow: dict[str, Any], method: str) -> dict[str, Any]:
+    changed = copy.deepcopy(workflow)
+    for node in changed["definitions"]["subgraphs"][0]["nodes"]:
+        if node["type"] == "FluxKontextMultiReferenceLatentMethod":
+            node["widgets_values"] = [method]
+    return changed
+
+
+def test_qwen_image_edit_2511_reads_its_references_at_timestep_zero():
+    """The 2511 template's FluxKontextMultiReferenceLatentMethod ("index_timestep_zero" on both
+    prompts) becomes the reference-latent node's `method` on each edit prompt the sampler
+    reads."""
+    result = comfy_import(workflow=shipped("image_qwen_image_edit_2511_int8"), catalog={})
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    sampler = next(n for n in nodes.values() if n["type"] == "sample")
+    for port in ("positive", "negative"):
+        method = nodes[sampler["inputs"][port]["node"]]
+        assert method["type"] == "qwenimage/reference-latent"
+        assert method["params"] == {"method": "index_timestep_zero"}
+        assert nodes[method["inputs"]["conditioning"]["node"]]["type"] == "qwenimage/edit"
+    mapped = {m["id"]: m["as"] for m in result.report.mapped}
+    assert mapped["170:147"] == mapped["170:148"] == "qwenimage/reference-latent"
+
+
+def test_the_index_method_maps_and_offset_is_refused_naming_the_method():
+    workflow = shipped("image_qwen_image_edit_2511_int8")
+    index = comfy_import(workflow=_with_method(workflow, "index"), catalog={})
+    assert index.graph.model_dump()["nodes"]["170:147"]["params"] == {"method": "index"}
+    for method in ("offset", "uxo/uno"):
+        with pytest.raises(ImportInvalid) as refused:
+            comfy_import(workflow=_with_method(workflow, method), catalog={})
+        assert refused.value.code == "unmapped_node"
+        assert refused.value.node_id in ("170:147", "170:148")
+        assert f"FluxKontextMultiReferenceLatentMethod {method!r} is not supported on " \
+               "Qwen-Image" in refused.value.message
+
+
+def test_a_reference_latents_method_on_a_flux1_prompt_is_refused_naming_the_method():
+    with pytest.raises(ImportInvalid) as refused:
+        comfy_import(workflow=shipped("flux1_dev_uso_reference_image_gen"), catalog={})
+    assert refused.value.code == "unmapped_node"
+    assert "FluxKontextMultiReferenceLatentMethod 'uxo/uno'" in refused.value.message
+    assert "only Qwen-Image(-Edit) prompts take a reference latents method" in \
+        refused.value.message
+
+
+def test_the_method_on_a_krea_2_or_longcat_prompt_is_refused_though_a_qwen_edit_node_encodes_it():
+    """Krea 2's style reference and LongCat's edit template encode with ComfyUI's Qwen-Image-Edit
+    prompt nodes: the prompt's family is its text encoder's (the loader's type), not the
+    prompt node's."""
+    for name, node, on in (("image_krea2_turbo_int8_image_style_reference", "30:53",
+                            "on a Krea 2 prompt"),
+                           ("image_longcat_image_edit", "22:15", "on a longcat_image prompt")):
+        with pytest.raises(ImportInvalid) as refused:
+            comfy_import(workflow=shipped(name), catalog={})
+        assert refused.value.node_id == node
+        assert "FluxKontextMultiReferenceLatentMethod" in refused.value.message
+        assert on in refused.value.message

@@ -84,22 +84,33 @@ def _processor(encoder: TextEncoder) -> Any:
 def qwenimage_reference_latent(ctx: NodeContext, params: dict[str, Any],
                                inputs: dict[str, Any]):
     """ComfyUI's ReferenceLatent on a Qwen-Image prompt: `latent` (Qwen-Image's [1, 16, h, w],
-    e.g. a `vae/encode` of the reference image) appended to the prompt's reference latents."""
-    from workers.models.qwenimage import LATENT
+    e.g. a `vae/encode` of the reference image) appended to the prompt's reference latents;
+    and ComfyUI's FluxKontextMultiReferenceLatentMethod: `method` other than auto sets whether
+    the transformer reads the prompt's references at timestep 0."""
     from workers.models.qwenimage.engine import QwenPrompt
 
     conditioning = expect(inputs, "conditioning", Conditioning)
-    latent = expect(inputs, "latent", Latent)
     if conditioning.encoder.family != FAMILY:
         raise NodeFailed(f"input 'conditioning' is {conditioning.encoder.name}'s "
                          f"({conditioning.encoder.family}); qwenimage/reference-latent conditions "
                          "Qwen-Image prompts")
+    prompt = conditioning.embeds
+    if not isinstance(prompt, QwenPrompt):
+        prompt = QwenPrompt(prompt)
+    if inputs.get("latent") is not None:
+        prompt = prompt._replace(references=(*prompt.references, _reference(inputs)))
+    method = str(params.get("method", "auto"))
+    if method != "auto":
+        prompt = prompt._replace(timestep_zero=method == "index_timestep_zero")
+    return {"conditioning": replace(conditioning, embeds=prompt)}
+
+
+def _reference(inputs: dict[str, Any]) -> Any:
+    from workers.models.qwenimage import LATENT
+
+    latent = expect(inputs, "latent", Latent)
     samples = latent.samples
     if latent.empty or samples.ndim != 4 or samples.shape[1] != LATENT.channels:
         raise NodeFailed(f"input 'latent' must be a Qwen-Image latent [1, {LATENT.channels}, h, w] "
                          f"(a Qwen-Image VAE's encode), got {tuple(samples.shape)}")
-    prompt = conditioning.embeds
-    if not isinstance(prompt, QwenPrompt):
-        prompt = QwenPrompt(prompt)
-    prompt = QwenPrompt(prompt.embeds, (*prompt.references, samples.float()))
-    return {"conditioning": replace(conditioning, embeds=prompt)}
+    return samples.float()

@@ -22,6 +22,8 @@ other than the pipeline's default 512.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -100,14 +102,18 @@ pack, unpack = flow.pack_2x2, flow.unpack_2x2
 class QwenPrompt(NamedTuple):
     """An edit prompt's conditioning (the `qwenimage/edit` node's): its embeddings [L, D],
     encoded with its images by the Qwen2.5-VL, and the reference latents the transformer reads
-    beside the image it denoises (each [1, 16, h, w], normalised). A text prompt's
-    conditioning is the bare embeddings tensor."""
+    beside the image it denoises (each [1, 16, h, w], normalised). `timestep_zero`: whether the
+    transformer reads the references at timestep 0 (Qwen-Image-Edit-2511; diffusers'
+    `zero_cond_t`, ComfyUI's "index_timestep_zero"); None: as its config says. A text
+    prompt's conditioning is the bare embeddings tensor."""
 
     embeds: torch.Tensor
     references: tuple[torch.Tensor, ...] = ()
+    timestep_zero: bool | None = None
 
     def to(self, device: Any) -> QwenPrompt:
-        return QwenPrompt(self.embeds.to(device), tuple(r.to(device) for r in self.references))
+        return self._replace(embeds=self.embeds.to(device),
+                             references=tuple(r.to(device) for r in self.references))
 
 
 def embeds_of(prompt: Any) -> torch.Tensor:
@@ -121,18 +127,46 @@ def references_of(job: SampleJob) -> tuple[torch.Tensor, ...]:
     return job.positive.references if isinstance(job.positive, QwenPrompt) else ()
 
 
-def layout(job: SampleJob) -> Layout:
+def timestep_zero(transformer: Any, job: SampleJob) -> bool:
+    """Whether `job`'s references are read at timestep 0: its positive prompt's choice, else the
+    transformer's config (`zero_cond_t`: Qwen-Image-Edit-2511's, or ComfyUI's marker)."""
+    chosen = job.positive.timestep_zero if isinstance(job.positive, QwenPrompt) else None
+    return bool(transformer.config.get("zero_cond_t", False)) if chosen is None else chosen
+
+
+def layout(transformer: Any, job: SampleJob) -> Layout:
     """What must match for jobs to share a forward: the latent's shape and each reference's
-    (the transformer's rotary table is one set of image shapes for its whole batch)."""
-    return Layout(tuple(job.latents.shape), tuple(tuple(r.shape) for r in references_of(job)))
+    (the transformer's rotary table is one set of image shapes for its whole batch), and
+    whether the references are read at timestep 0 (one switch per forward)."""
+    return Layout(tuple(job.latents.shape), tuple(tuple(r.shape) for r in references_of(job)),
+                  timestep_zero=timestep_zero(transformer, job))
 
 
 @torch.no_grad()
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     """Each job's guided velocity [1, C, h, w]: one transformer forward per `layout` (latent
-    size and reference sizes) over every job of it, a CFG job's conditional and unconditional
-    rows side by side; jobs of other layouts run apart (their progress `batch` says so)."""
-    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
+    size, reference sizes, timestep zero) over every job of it, a CFG job's conditional and
+    unconditional rows side by side; jobs of other layouts run apart (their progress `batch`
+    says so)."""
+    return forward_by_layout(jobs, lambda job: layout(transformer, job),
+                             lambda group: _forward(transformer, group))
+
+
+@contextmanager
+def _zero_cond_t(transformer: Any, on: bool) -> Iterator[None]:
+    """The transformer (and each block) reading the references at timestep 0 or not for one
+    forward: diffusers keeps `zero_cond_t` as a plain attribute of the model and its blocks (no
+    weights), so one loaded transformer serves 2509 and 2511 prompts. Call from the thread that
+    owns the denoiser (the step batcher's): the switch is the model's for the forward."""
+    modules = [transformer, *transformer.transformer_blocks]
+    before = [module.zero_cond_t for module in modules]
+    for module in modules:
+        module.zero_cond_t = on
+    try:
+        yield
+    finally:
+        for module, value in zip(modules, before, strict=True):
+            module.zero_cond_t = value
 
 
 def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
@@ -147,7 +181,8 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
                    for job, _ in rows]).to(dtype)  # [R, S + refs' tokens, 4C]
     t = torch.stack([job.timesteps[job.step] for job, _ in rows]).to(dtype)  # [R]
     shapes = [(1, h // 2, w // 2), *((1, r.shape[-2] // 2, r.shape[-1] // 2) for r in refs)]
-    with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
+    with (lora_rows([job.loras for job, _ in rows]),  # a CFG job's two rows carry its LoRAs
+          _zero_cond_t(transformer, timestep_zero(transformer, jobs[0]))):
         pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
                            encoder_hidden_states_mask=mask, img_shapes=[shapes] * len(rows),
                            return_dict=False)[0]  # [R, S + refs' tokens, 4C]

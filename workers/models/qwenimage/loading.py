@@ -2,7 +2,10 @@
 
 - transformer `diffusion_models/<name>`: a single file (diffusers' names, which ComfyUI keeps,
   with or without `model.diffusion_model.`) or a diffusers folder; its config is the sidecar
-  `<stem>.config.json`, else the shipped Qwen-Image one (`configs/transformer/`).
+  `<stem>.config.json`, else the shipped Qwen-Image one (`configs/transformer/`). A config
+  with `zero_cond_t` (Qwen-Image-Edit-2511's), or ComfyUI's `__index_timestep_zero__` marker
+  in the file (its 2511 files), reads reference latents at timestep 0 unless a prompt says
+  otherwise (`qwenimage/reference-latent`'s `method`).
 - VAE `vae/<name>`: AutoencoderKLQwenImage in the original (Wan) keys ComfyUI ships or
   diffusers', or a folder; config as above.
 - text encoder `text_encoders/<name>`: Qwen2.5-VL, a transformers folder with its tokenizer, or
@@ -38,6 +41,7 @@ from workers.models.weights import (
 FAMILY = "qwenimage"
 CONFIGS = Path(__file__).parent / "configs"
 ENCODER_CLASS = "Qwen2_5_VLForConditionalGeneration"
+TIMESTEP_ZERO_MARKER = "__index_timestep_zero__"  # an empty tensor in ComfyUI's 2511 files
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: DevicePolicy) -> DiffusionModel:
@@ -104,9 +108,12 @@ def _from_file(cls: Any, path: Path, config_path: Path, placement: Placement, pr
     state = {k.removeprefix(prefix) if prefix else k: v for k, v in load_file(str(path)).items()}
     if keys.is_original(state):  # a VAE in the original (Wan) layout
         state = keys.from_original(state)
+    config = cls.load_config(str(config_path))
+    if state.pop(TIMESTEP_ZERO_MARKER, None) is not None:  # ComfyUI's word for zero_cond_t
+        config = {**config, "zero_cond_t": True}
     # computed tables such as the rotary frequencies stay real (buffers off the meta device)
     with init_empty_weights(include_buffers=False):
-        model = cls.from_config(cls.load_config(str(config_path)))
+        model = cls.from_config(config)
     result = model.load_state_dict(state, strict=False, assign=True)
     if result.missing_keys or result.unexpected_keys:
         raise ModelLoadError(

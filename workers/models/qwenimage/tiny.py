@@ -75,8 +75,9 @@ def text_encoder_config(tokenizer: Any) -> Any:
         **ids)
 
 
-def build_tiny_components(seed: int = 0) -> dict[str, Any]:
-    """Fresh random modules (float32, CPU, eval) under QwenImagePipeline's component names."""
+def build_tiny_components(seed: int = 0, zero_cond_t: bool = False) -> dict[str, Any]:
+    """Fresh random modules (float32, CPU, eval) under QwenImagePipeline's component names;
+    `zero_cond_t`: the transformer's config as Qwen-Image-Edit-2511's (the same weights)."""
     from diffusers import (
         AutoencoderKLQwenImage,
         FlowMatchEulerDiscreteScheduler,
@@ -88,7 +89,7 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
 
     tokenizer = tiny_tokenizer()
     torch.manual_seed(seed)
-    transformer: Any = QwenImageTransformer2DModel(**TRANSFORMER_CONFIG)
+    transformer: Any = QwenImageTransformer2DModel(**TRANSFORMER_CONFIG, zero_cond_t=zero_cond_t)
     vae: Any = AutoencoderKLQwenImage(**VAE_CONFIG)
     text_encoder: Any = Qwen2_5_VLForConditionalGeneration(text_encoder_config(tokenizer))
     return {
@@ -155,12 +156,13 @@ def tiny_processor(tokenizer: Any) -> Any:
     return ImageTextProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
 
 
-def smoke_edit_pipeline(variant: str = "plus", seed: int = 0) -> Any:
+def smoke_edit_pipeline(variant: str = "plus", seed: int = 0, zero_cond_t: bool = False) -> Any:
     """The reference `QwenImageEditPlusPipeline` (variant plus) or `QwenImageEditPipeline`
-    (edit) built from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves."""
+    (edit) built from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves;
+    `zero_cond_t`: its transformer configured as Qwen-Image-Edit-2511's."""
     from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
 
-    parts = build_tiny_components(seed)
+    parts = build_tiny_components(seed, zero_cond_t=zero_cond_t)
     cls = QwenImageEditPlusPipeline if variant == "plus" else QwenImageEditPipeline
     pipe: Any = cls(processor=tiny_processor(parts["tokenizer"]), **parts)
     pipe.set_progress_bar_config(disable=True)
