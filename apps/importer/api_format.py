@@ -198,13 +198,14 @@ def _classify(state: _State, node_id: str) -> None:
 
 
 def _settle_switches(state: _State) -> None:
-    """Switches whose choice the workflow fixes (its `switch` a value, or a PrimitiveBoolean's)
-    and one of whose branches needs a node this farm lacks (an LLM prompt enhancer, say):
+    """Switches whose choice the workflow fixes (its `switch` a value, or a PrimitiveBoolean's):
     ComfyUI evaluates only the chosen branch, so the switch's readers read that branch directly
-    and the switch is reported left out (a chosen branch that cannot run is then refused naming
-    the node it lacks). A switch whose both branches run here stays a switch/<kind>
-    (the choice can then change per run). Readers of an echoing output (PreviewAny's) read its
-    input, so a value shown on its way reaches its readers whatever the switch settles to."""
+    and the switch is reported left out. So a branch that needs a node this farm lacks (an LLM
+    prompt enhancer switched off) costs nothing, a chosen one that cannot run is refused naming
+    its node, and a chosen value (steps, cfg, a LoRA'd model on its way to ModelSampling*)
+    reaches its reader's params as ComfyUI's would. A switch decided at run time (a math
+    expression's bool) stays a switch/<kind>. Readers of an echoing output (PreviewAny's) read
+    its input, so a value shown on its way reaches its readers whatever a switch settles to."""
     for _ in range(len(state.nodes) + 1):
         changed = False
         for node_id in sorted(state.nodes, key=id_order):
@@ -213,23 +214,14 @@ def _settle_switches(state: _State) -> None:
                 changed |= _reread(state, node_id, inputs.get(ECHOES[comfy_type]))
             elif comfy_type == SWITCH and node_id not in state.settled:
                 choice = _fixed_bool(state, inputs.get("switch"))
-                if choice is None:
-                    continue
                 chosen, other = ("on_true", "on_false") if choice else ("on_false", "on_true")
-                lacking = _lacking_upstream(state, inputs.get(other))
-                # a branch given as a value (a subgraph's widget): our switch reads links only
-                valued = [b for b in ("on_false", "on_true")
-                          if inputs.get(b) is not None and not isinstance(inputs[b], Link)]
-                if inputs.get(chosen) is None or (
-                        lacking is None and not valued
-                        and _lacking_upstream(state, inputs[chosen]) is None):
+                if choice is None or inputs.get(chosen) is None:
                     continue
+                lacking = _lacking_upstream(state, inputs.get(other))
                 state.settled[node_id] = (
                     f"its switch is {choice} in this workflow, so its readers read its {chosen} "
                     "input (ComfyUI runs only that branch" + (
-                        f"; {other} needs {lacking}, which this farm lacks)" if lacking else
-                        f"; {valued[0]} is a value, and a switch here switches linked nodes)"
-                        if valued else ")"))
+                        f"; {other} needs {lacking}, which this farm lacks)" if lacking else ")"))
                 _reread(state, node_id, inputs[chosen])
                 changed = True
         if not changed:

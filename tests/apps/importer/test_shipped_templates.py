@@ -46,7 +46,7 @@ def test_qwen_image_2_1_t2i_imports_with_its_prompt_enhancer_off():
     # linked nodes): the enhancer, off, reaches no output.
     assert "text/generate" not in nodes
     dropped = {d["type"]: d["reason"] for d in result.report.dropped}
-    assert "on_false is a value" in dropped["ComfySwitchNode"]
+    assert "its switch is False" in dropped["ComfySwitchNode"]
     assert "459:471" in {d["id"] for d in result.report.dropped if d["type"] == "TextGenerate"}
     assert "speed cache" in dropped["QwenImage21Cache"]
     # The sampler reads the model straight from the loader (the cache folded away).
@@ -76,8 +76,10 @@ def test_krea_2_turbo_ships_with_its_enhancer_on_and_maps_it():
     result = comfy_import(workflow=shipped("image_krea2_turbo_t2i"), catalog={})
     nodes = result.graph.model_dump()["nodes"]
     assert nodes["30:16"]["type"] == "text/generate"
-    assert nodes["30:21"]["type"] == "switch/text"  # both branches run here: still a switch
-    assert nodes["30:21"]["inputs"]["on_true"] == {"node": "30:16", "port": "text"}
+    # Its switch is on (the template's PrimitiveBoolean): settled to the generated text.
+    assert "30:21" not in nodes
+    assert any(d["id"] == "30:21" and "its switch is True" in d["reason"]
+               for d in result.report.dropped)
 
 
 def test_text_generate_in_the_api_format_reads_its_dynamic_combo():
@@ -147,19 +149,22 @@ def test_a_value_preview_on_the_way_hands_its_value_on():
                           "inputs": {"source": {"node": "2", "port": "text"}}}
 
 
-def test_a_switch_whose_both_branches_run_here_stays_a_switch():
-    """Settling at import is only for a branch the farm cannot run: otherwise the choice stays
-    in the graph, so a run can flip it."""
+def test_a_switch_decided_at_run_time_stays_a_switch():
+    """Settling at import is for a choice the workflow fixes; one a math expression computes
+    stays in the graph, lazy."""
     prompt = {
         "1": {"class_type": "PrimitiveStringMultiline", "inputs": {"value": "yes"}},
         "2": {"class_type": "PrimitiveStringMultiline", "inputs": {"value": "no"}},
-        "3": {"class_type": "PrimitiveBoolean", "inputs": {"value": False}},
-        "4": {"class_type": "ComfySwitchNode",
-              "inputs": {"switch": ["3", 0], "on_true": ["1", 0], "on_false": ["2", 0]}},
-        "5": {"class_type": "PreviewAny", "inputs": {"source": ["4", 0]}},
+        "3": {"class_type": "PrimitiveInt", "inputs": {"value": 5}},
+        "4": {"class_type": "ComfyMathExpression",
+              "inputs": {"expression": "a > 3", "values.a": ["3", 0]}},
+        "5": {"class_type": "ComfySwitchNode",
+              "inputs": {"switch": ["4", 2], "on_true": ["1", 0], "on_false": ["2", 0]}},
+        "6": {"class_type": "PreviewAny", "inputs": {"source": ["5", 0]}},
     }
     graph = comfy_import(workflow=prompt, catalog={}).graph.model_dump()["nodes"]
-    assert graph["4"]["type"] == "switch/text"
+    assert graph["5"]["type"] == "switch/text"
+    assert graph["5"]["inputs"]["switch"] == {"node": "4", "port": "bool"}
 
 
 def test_object_info_lists_text_generate_for_the_editor():

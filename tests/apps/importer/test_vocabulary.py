@@ -28,13 +28,14 @@ def test_a_switch_in_a_subgraph_and_a_math_derived_size_import_alike_from_both_f
     ui, api = imported(switch_ui().doc()), imported(switch_api())
     assert ui.graph == api.graph and ui.target == api.target == "10"
     graph = nodes(ui)
-    assert graph["20:3"] == {"type": "switch/image", "params": {"switch": False}, "inputs": {
-        "switch": {"node": "13", "port": "value"},
-        "on_false": {"node": "20:2", "port": "image"},
-        "on_true": {"node": "20:1", "port": "image"}}}
+    # The PrimitiveBoolean (13) fixes the switch: settled at import, as ComfyUI runs only
+    # the chosen branch (ImageScaleBy); a switch decided at run time stays one (test_shipped_…).
+    assert "20:3" not in graph and "20:2" not in graph and "13" not in graph
+    assert graph["10"]["inputs"]["image"] == {"node": "20:1", "port": "image"}
+    assert any(d["id"] == "20:3" and "its switch is True" in d["reason"]
+               for d in ui.report.dropped)
     assert graph["7"]["inputs"] == {"width": {"node": "12", "port": "int"}}
     assert graph["12"]["inputs"] == {"a": {"node": "11", "port": "value"}}
-    assert graph["13"]["params"] == {"value": True}
     assert graph["20:1"]["params"] == {"scale_by": 0.5, "method": "nearest"}
     assert graph["21"] == {"type": "util/preview", "params": {},
                            "inputs": {"source": {"node": "12", "port": "int"}}}
