@@ -88,15 +88,16 @@ TEXTGEN_AFTER = ("thinking", "use_default_template", "system_prompt")  # newer s
 
 def _textgen_widgets(values: list[Any]) -> dict[str, Any]:
     """TextGenerate: [prompt, max_length, sampling_mode, its "on" widgets…, thinking,
-    use_default_template, system_prompt]; saves of older versions stop early, and "off" adds
-    no widgets. A number after the seed is presence_penalty; booleans come after."""
+    use_default_template, system_prompt]; saves of older versions stop early, and ComfyUI's
+    "off" adds no widgets. The sampling widgets are the numbers after the mode, in order (the
+    farm's /object_info lists them as plain widgets, so the editor saves them for "off" too);
+    booleans come after."""
     named = dict(zip(("prompt", "max_length", "sampling_mode"), values, strict=False))
     rest = list(values[3:])
-    if named.get("sampling_mode") == "on":
-        for name in TEXTGEN_SAMPLING:
-            if not rest or (name == "presence_penalty" and isinstance(rest[0], bool | str)):
-                break
-            named[f"sampling_mode.{name}"] = rest.pop(0)
+    for name in TEXTGEN_SAMPLING:
+        if not rest or isinstance(rest[0], bool) or not isinstance(rest[0], int | float):
+            break
+        named[f"sampling_mode.{name}"] = rest.pop(0)
     named.update(zip(TEXTGEN_AFTER, rest, strict=False))
     return named
 

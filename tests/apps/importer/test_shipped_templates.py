@@ -112,6 +112,9 @@ def test_text_generate_in_the_api_format_reads_its_dynamic_combo():
      {"sampling": "on", "seed": 7, "thinking": False}),
     (["x", 256, "off", True, False], {"sampling": "off", "thinking": True,
                                       "use_default_template": False}),
+    # saved by the editor from the farm's /object_info (plain widgets): "off" keeps the numbers
+    (["x", 256, "off", 0.7, 64, 0.95, 0.05, 1.05, 3, 0.0, True, False],
+     {"sampling": "off", "seed": 3, "thinking": True, "use_default_template": False}),
 ])
 def test_text_generate_in_the_ui_format_reads_its_widgets_by_version(values, expected):
     from apps.importer.ui_format import widgets_by_name
