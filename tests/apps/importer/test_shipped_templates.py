@@ -239,3 +239,23 @@ def test_the_method_on_a_krea_2_or_longcat_prompt_is_refused_though_a_qwen_edit_
         assert refused.value.node_id == node
         assert "FluxKontextMultiReferenceLatentMethod" in refused.value.message
         assert on in refused.value.message
+
+
+MOST_USED_THAT_RUN_HERE = (
+    "image_z_image_turbo", "image_qwen_image_2_1_image_edit", "video_wan2_2_14B_i2v",
+    "image_krea2_turbo_t2i", "image_qwen_image_2_1_t2i", "image_qwen_image_edit_2509",
+    "image_flux2", "image_qwen_image_2_1_turbo_image_edit", "image_qwen_image_edit_2511_int8",
+    "image_flux2_klein_image_edit_9b_base", "video_wan2_2_14B_flf2v", "video_wan2_2_14B_t2v",
+    "video_wan2_2_5B_ti2v", "image_sdxl_simple", "flux_dev_checkpoint_example",
+)
+
+
+def test_the_most_used_shipped_workflows_of_the_farms_families_import():
+    """A guard on `./farm manage farm_templates`: ComfyUI's most used workflows for the families
+    this farm runs import, and the share of all shipped use that imports does not fall below
+    this session's (2026-12-04: 34.0%)."""
+    from apps.importer.comfy_templates import shipped_coverage, shipped_imports
+
+    why_not = {name: shipped_imports().get(name, "not shipped") for name in MOST_USED_THAT_RUN_HERE}
+    assert {name: why for name, why in why_not.items() if why is not None} == {}
+    assert shipped_coverage()["share"] >= 0.3399
