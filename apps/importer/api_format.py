@@ -78,6 +78,7 @@ class _State:
     param_into: dict[str, list[str]] = field(default_factory=dict)  # FluxGuidance… → samplers
     ltx2: Rewrite = field(default_factory=Rewrite)  # an LTX-2 workflow's settled nodes
     settled: dict[str, str] = field(default_factory=dict)  # switch id → why it is left out
+    settled_cut: dict[str, str] = field(default_factory=dict)  # cut like CUT's, and why
 
 
 def prompt_to_graph(
@@ -92,6 +93,7 @@ def prompt_to_graph(
     state = _State(_read_prompt(prompt), catalog, report, resolve_asset=resolve_asset,
                    files=files or {})
     _settle_switches(state)
+    _cut_zeroed_references(state)
     state.ltx2 = rewrite(state.nodes)
     _families_check(state)
     for node_id, new_inputs in state.ltx2.inputs.items():
@@ -172,6 +174,8 @@ def _classify(state: _State, node_id: str) -> None:
         state.report.drop(node_id, comfy_type, state.ltx2.folded[node_id])
     elif node_id in state.settled:
         state.report.drop(node_id, comfy_type, state.settled[node_id])
+    elif node_id in state.settled_cut:
+        state.report.drop(node_id, comfy_type, state.settled_cut[node_id])
     elif rule is not None and rule.refuse is not None and (why := rule.refuse(inputs)):
         state.unmapped[node_id] = why
     elif rule is not None:
@@ -223,6 +227,26 @@ def _settle_switches(state: _State) -> None:
                     "input (ComfyUI runs only that branch" + (
                         f"; {other} needs {lacking}, which this farm lacks)" if lacking else ")"))
                 _reread(state, node_id, inputs[chosen])
+                changed = True
+        if not changed:
+            return
+
+
+def _cut_zeroed_references(state: _State) -> None:
+    """A ReferenceLatent on a ConditioningZeroOut (FLUX.2 Klein's edit templates build their
+    negative so) is cut with it: the sampler builds its own negative (unused at cfg 1, as those
+    templates run), so its readers get the input unwired too. Chains of them are followed."""
+    for _ in range(len(state.nodes) + 1):
+        changed = False
+        for node_id, (comfy_type, inputs) in state.nodes.items():
+            read = inputs.get("conditioning")
+            if comfy_type != "ReferenceLatent" or node_id in state.settled_cut \
+                    or not isinstance(read, Link):
+                continue
+            if state.nodes[read.node][0] in CUT or read.node in state.settled_cut:
+                state.settled_cut[node_id] = (
+                    "a reference on a zeroed-out negative: the sampler builds its own negative "
+                    "(unused at cfg 1), so it is left unwired with its ConditioningZeroOut")
                 changed = True
         if not changed:
             return
@@ -618,7 +642,7 @@ def _resolve(state: _State, link: Link) -> Link | None:
     """Follow folded nodes to the real upstream output; None for a cut one."""
     for _ in range(len(state.nodes) + 1):
         comfy_type, inputs = state.nodes[link.node]
-        if comfy_type in CUT or comfy_type in NOTE_TYPES:
+        if comfy_type in CUT or comfy_type in NOTE_TYPES or link.node in state.settled_cut:
             return None
         passed = state.ltx2.passed.get(link.node, PASSED.get(comfy_type, {}).get(link.slot))
         if passed is not None:  # an output that is one of the node's inputs, unchanged

@@ -253,9 +253,23 @@ MOST_USED_THAT_RUN_HERE = (
 def test_the_most_used_shipped_workflows_of_the_farms_families_import():
     """A guard on `./farm manage farm_templates`: ComfyUI's most used workflows for the families
     this farm runs import, and the share of all shipped use that imports does not fall below
-    this session's (2026-12-04: 34.0%)."""
+    this session's (2026-12-04: 34.2%)."""
     from apps.importer.comfy_templates import shipped_coverage, shipped_imports
 
     why_not = {name: shipped_imports().get(name, "not shipped") for name in MOST_USED_THAT_RUN_HERE}
     assert {name: why for name, why in why_not.items() if why is not None} == {}
-    assert shipped_coverage()["share"] >= 0.3399
+    assert shipped_coverage()["share"] >= 0.342
+
+
+def test_a_reference_on_a_zeroed_negative_is_cut_with_it():
+    """FLUX.2 Klein's distilled edit template builds its negative as ReferenceLatent of
+    ConditioningZeroOut (at cfg 1, unused): both are cut, the guider's negative left unwired,
+    the positive keeps its reference."""
+    result = comfy_import(workflow=shipped("image_flux2_klein_image_edit_4b_distilled"),
+                         catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    guider = nodes["75:63"]
+    assert guider["type"] == "sampling/cfg-guider" and "negative" not in guider["inputs"]
+    assert nodes[guider["inputs"]["positive"]["node"]]["type"] == "flux2/reference-latent"
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    assert "zeroed-out negative" in dropped["75:121"]
