@@ -84,3 +84,34 @@ def test_a_diffusers_lora_of_joint_blocks_is_flux_s_unless_it_has_qwen_image_s_m
     assert identify(lora("flux.safetensors", attention), "loras").family == "flux1"
     qwen = identify(lora("qwen.safetensors", [*attention, "img_mlp.net.2"]), "loras")
     assert (qwen.role, qwen.family) == ("lora", "qwenimage")
+
+
+def test_a_lora_of_single_stream_blocks_is_qwen_image_2_1_s_by_its_mlp_or_its_width(tmp_path):
+    """Qwen-Image 2.1 kept Qwen-Image's `transformer_blocks.N.img_mlp` but its SwiGLU modules
+    are its own (`gate_layer`, `proj`, `out`: Qwen-Image's is `net.0.proj`); attention alone
+    with no joint `add_q_proj` is 2.1's at its 4096 width, nobody's at 3072."""
+    import torch
+    from safetensors.torch import save_file
+
+    def lora(name: str, modules: list[str], width: int = 4) -> Path:
+        path = tmp_path / name
+        save_file({f"diffusion_model.transformer_blocks.0.{m}.lora_{ab}.weight":
+                   torch.zeros((4, width) if ab == "A" else (width, 4))
+                   for m in modules for ab in "AB"}, str(path))
+        return path
+
+    def found(path: Path) -> tuple[str, tuple[str, ...]]:
+        identity = identify(path, "loras")
+        return identity.role, identity.families
+
+    attention = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"]
+    assert found(lora("gate.safetensors", [*attention, "img_mlp.gate_layer"])) == \
+        ("lora", ("qwenimage21",))
+    assert found(lora("mlp.safetensors", ["img_mlp.proj", "img_mlp.out"])) == \
+        ("lora", ("qwenimage21",))
+    assert found(lora("qwen.safetensors", ["attn.to_q", "img_mlp.net.0.proj"])) == \
+        ("lora", ("qwenimage",))
+    assert found(lora("wide.safetensors", attention, width=4096)) == ("lora", ("qwenimage21",))
+    assert found(lora("narrow.safetensors", attention, width=3072)) == ("", ())
+    assert found(lora("joint.safetensors", [*attention, "attn.add_q_proj"], width=4096)) == \
+        ("lora", ("flux1",))

@@ -1,6 +1,6 @@
 """Qwen-Image 2.1 through the family seam: the tiny stack recognised from its contents, the
-generic nodes against diffusers' QwenImage21Pipeline (text-to-image, CFG, condition images),
-runs batching in one forward, and a text encoder without its tokenizer."""
+generic nodes against diffusers' QwenImage21Pipeline (text-to-image, CFG, condition images, a
+LoRA), runs batching in one forward, and a text encoder without its tokenizer."""
 
 from __future__ import annotations
 
@@ -41,9 +41,12 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 
 def chain(ctx: Any, names: dict[str, str], *, seed: int = 7, prompt: str = PROMPT,
-          guidance: float = 0.0, negative: str | None = None) -> Any:
-    """load ×3 → encode (+ a negative) → empty → sample → decode; (latent, image)."""
+          guidance: float = 0.0, negative: str | None = None, lora: float | None = None) -> Any:
+    """load ×3 (+ load/lora) → encode (+ a negative) → empty → sample → decode; (latent, image)."""
     model = run(ctx, "load/diffusion-model", {"file": names["model"]})["model"]
+    if lora is not None:
+        model = run(ctx, "load/lora", {"lora": names["lora"], "strength": lora},
+                    {"model": model})["model"]
     vae = run(ctx, "load/vae", {"file": names["vae"]})["vae"]
     encoder = run(ctx, "load/text-encoder", {"file": names["text_encoder"],
                                                 "family": "qwenimage21"})["encoder"]
@@ -63,11 +66,17 @@ def reference(pipe: Any, *, seed: int = 7, prompt: str = PROMPT, **kwargs: Any) 
                 generator=torch.Generator("cpu").manual_seed(seed), **kwargs).images[0].convert("RGB")
 
 
+def max_diff(a: Any, b: Any) -> int:
+    pixels = [np.asarray(i.convert("RGB")).astype(int) for i in (a, b)]
+    return int(np.abs(pixels[0] - pixels[1]).max())
+
+
 def test_the_tiny_stack_is_recognised_from_its_contents(q21_stack):
     models_dir, names = q21_stack
     entries = {(e["folder"], e["name"]): e for e in scan(models_dir)}
     for folder, role, key in (("diffusion_models", "transformer", "model"), ("vae", "vae", "vae"),
-                              ("text_encoders", "text_encoder", "text_encoder")):
+                              ("text_encoders", "text_encoder", "text_encoder"),
+                              ("loras", "lora", "lora")):
         entry = entries[(folder, names[key])]
         # Krea 2 reads the same Qwen3-VL (registered first: load/text-encoder's `family` picks)
         owners = ["krea2", "qwenimage21"] if key == "text_encoder" else ["qwenimage21"]
@@ -85,6 +94,19 @@ def test_the_generic_nodes_paint_exactly_what_the_2_1_pipeline_paints(q21_stack,
     theirs = reference(q21_pipeline, negative_prompt="blurry", true_cfg_scale=3.0)
     assert png_bytes(guided) == png_bytes(theirs)
     assert png_bytes(guided) != png_bytes(image)
+
+
+def test_a_lora_render_is_what_the_pipeline_paints_with_the_lora_loaded(q21_stack, make_ctx):
+    from workers.models.qwenimage21.tiny import smoke_pipeline
+
+    models_dir, names = q21_stack
+    _, ours = chain(make_ctx(models_dir=models_dir), names, lora=0.8)
+    pipe = smoke_pipeline()
+    pipe.load_lora_weights(str(models_dir / "loras" / names["lora"]), adapter_name="a0")
+    pipe.set_adapters(["a0"], adapter_weights=[0.8])
+    assert max_diff(ours, reference(pipe)) <= 1
+    _, plain = chain(make_ctx(models_dir=models_dir), names)
+    assert max_diff(ours, plain) > 4  # the LoRA does change the image
 
 
 def test_runs_of_one_prompt_length_share_a_forward_each_as_its_solo_run(q21_stack, make_ctx):

@@ -1,8 +1,9 @@
 """Marks that tell apart the files of families whose key names overlap. TORCH-FREE.
 
 FLUX.2 kept FLUX.1's `double_blocks.*.img_attn` names and LoRA module names, so FLUX.1's
-`recognise` must refuse FLUX.2's files; both families read these marks from here (a family
-package never imports another's)."""
+`recognise` must refuse FLUX.2's files; Qwen-Image 2.1 kept Qwen-Image's
+`transformer_blocks.N.img_mlp`, so Qwen-Image's must refuse 2.1's LoRAs. The families read these
+marks from here (a family package never imports another's)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,28 @@ def is_flux2_lora(header: ModelHeader) -> bool:
 def is_flux2_transformer(header: ModelHeader) -> bool:
     """A FLUX.2 transformer, in any layout (its shared `*_stream_modulation` layers)."""
     return header.class_name == "Flux2Transformer2DModel" or header.has("single_stream_modulation.")
+
+
+QWEN21_MLP = ("img_mlp.gate_layer", "img_mlp.proj.", "img_mlp.out.",  # diffusers / ComfyUI
+              "img_mlp_gate_layer", "img_mlp_proj", "img_mlp_out")  # kohya
+QWEN_JOINT = ("add_q_proj", "add_k_proj", "add_v_proj", "img_mlp.net", "img_mlp_net", "txt_mlp",
+              "img_mod", "txt_mod")  # Qwen-Image's (and FLUX.1's) double-stream modules
+QWEN21_WIDTH = 4096  # 32 heads of 128 (Qwen-Image's and FLUX.1's blocks are 3072 wide)
+
+
+def is_qwen21_lora(header: ModelHeader) -> bool:
+    """A LoRA of Qwen-Image 2.1's single-stream blocks: its SwiGLU `img_mlp` (`proj` / `gate_layer`
+    / `out`; Qwen-Image's is `img_mlp.net.0.proj` / `.net.2`), or attention projections alone
+    (`transformer_blocks.N.attn.to_q`, no joint `add_q_proj`) 4096 wide. Qwen-Image's
+    `recognise` refuses these (both have `transformer_blocks.N.img_mlp`)."""
+    if any(header.has("transformer_blocks", part) for part in QWEN21_MLP):
+        return True
+    if any(header.has(joint) for joint in QWEN_JOINT):
+        return False  # joint (double-stream) blocks: FLUX.1's or Qwen-Image's
+    widths = [shape[-1] for key, shape in header.shapes.items()
+              if "transformer_blocks" in key and any(q in key for q in (".attn.to_q.", "_attn_to_q."))
+              and any(down in key for down in ("lora_A.", "lora_down."))]  # LTX-2's are attn1
+    return bool(widths) and all(w == QWEN21_WIDTH for w in widths)
 
 
 QWEN3_VL = ("Qwen3VLModel", "Qwen3VLForConditionalGeneration")

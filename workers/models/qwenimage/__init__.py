@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_qwen21_lora
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # packed 2×2 into 64-wide tokens
 QWEN25_VL = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel")
@@ -43,9 +44,10 @@ def recognise(header: ModelHeader) -> str | None:
 
 def is_qwen_lora(header: ModelHeader) -> bool:
     """A LoRA of Qwen-Image's blocks: diffusers / ComfyUI (`transformer_blocks.0.img_mlp.`,
-    `.txt_mlp.`, `.img_mod.`) or kohya (`lora_unet_transformer_blocks_0_img_mlp_`) names."""
+    `.txt_mlp.`, `.img_mod.`) or kohya (`lora_unet_transformer_blocks_0_img_mlp_`) names; not
+    Qwen-Image 2.1's (its SwiGLU `img_mlp.gate_layer`, …: lookalikes.is_qwen21_lora)."""
     return any(header.has("transformer_blocks", part)  # FLUX.1's `double_blocks` have img_mlp
-               for part in ("img_mlp", "txt_mlp", "img_mod", "txt_mod"))
+               for part in ("img_mlp", "txt_mlp", "img_mod", "txt_mod")) and not is_qwen21_lora(header)
 
 
 def is_qwen_vae(header: ModelHeader) -> bool:

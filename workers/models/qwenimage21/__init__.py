@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_qwen21_lora
 
 # 64 channels at 1/16; the transformer reads each latent pixel as a token, but the text
 # encoder's image slots (and so the image sides) come in 2×2 groups: sides are multiples of 32
@@ -27,9 +28,10 @@ DIFFUSION_PREFIX = "model.diffusion_model."  # ComfyUI's saved-model prefix
 def recognise(header: ModelHeader) -> str | None:
     """transformer: one shared `modulation` with `txt_in` and SwiGLU blocks; text_encoder: a
     Qwen3-VL (a Qwen3 language model with q/k norms and a vision tower with deepstack
-    mergers); vae: a 64-channel RGBA VAE. No LoRA support yet."""
+    mergers); vae: a 64-channel RGBA VAE; lora: a LoRA of its transformer
+    (lookalikes.is_qwen21_lora: its SwiGLU MLP's names, or attention alone 4096 wide)."""
     if header.is_lora():
-        return None
+        return "lora" if is_qwen21_lora(header) else None
     name = header.class_name
     if name == "QwenImage21Transformer2DModel" or (
         header.has("modulation.1.weight") and header.has("txt_in.in_layer.")

@@ -34,6 +34,7 @@ from transformers import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
 from workers.models import flow
+from workers.models.lora import rows as lora_rows
 from workers.models.qwenimage21 import LATENT
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
@@ -274,9 +275,10 @@ def _rows(transformer: Any, rows: list[tuple[SampleJob, Prompt21]]) -> list[torc
     mask = torch.cat([first.image_mask.bool(),
                       first.image_mask.new_ones(h * w // SLOT, dtype=torch.bool)])
     mask = mask.to(x.device).expand(len(rows), -1)
-    pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
-                       encoder_hidden_states_mask=None, img_shapes=[shapes] * len(rows),
-                       img_mask=mask, return_dict=False)[0]  # [R, S, C]
+    with lora_rows([job.loras for job, _ in rows]):  # a CFG job's two rows carry its LoRAs
+        pred = transformer(hidden_states=x, timestep=t / 1000, encoder_hidden_states=embeds,
+                           encoder_hidden_states_mask=None, img_shapes=[shapes] * len(rows),
+                           img_mask=mask, return_dict=False)[0]  # [R, S, C]
     pred = pred[:, -h * w:]
     return [unpack(pred[i : i + 1], h, w) for i in range(len(rows))]
 

@@ -25,11 +25,22 @@ SHIFT = 1.15  # ComfyUI's discrete flow shift for Qwen-Image models
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
-    return tiny.write_smoke_stack(models_dir)
+    return {**tiny.write_smoke_stack(models_dir), "lora": tiny.write_tiny_lora(models_dir)}
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
-    raise ValueError("Qwen-Image 2.1 LoRAs are not supported yet")
+    """{transformer module: (A, B, scale)} of a Qwen-Image 2.1 LoRA file in any format
+    QwenImage21Pipeline.lora_state_dict reads (ComfyUI / AI-Toolkit `diffusion_model.`, kohya,
+    diffusers / PEFT): its converters, alphas as diffusers applies them. Text-encoder weights
+    are left out."""
+    from diffusers import QwenImage21Pipeline
+
+    from workers.models.lora import peft_modules
+
+    state = QwenImage21Pipeline.lora_state_dict(str(path), local_files_only=True)
+    if not any(k.startswith("transformer.") for k in state):
+        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
+    return peft_modules(state, None, "transformer.")
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:

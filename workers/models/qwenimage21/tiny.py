@@ -6,6 +6,7 @@
     text_encoders/smoke-qwenimage21-qwen3vl.safetensors  Qwen3-VL in its checkpoint keys
                                                           (+ .config.json, .tokenizer/ with the
                                                           Qwen2-VL image processor's files)
+    loras/smoke-qwenimage21-lora.safetensors             a random LoRA (`write_tiny_lora`)
 
 Sizes: 2 single-stream blocks of 2 heads of 16 (rope axes 4+6+6), a 2-layer Qwen3-VL of width
 16 (= context_in_dim) with a 2-block vision tower (16-px patches merged 2×2: one slot per 32 px,
@@ -144,3 +145,28 @@ def _config(path: Path, class_name: str, config: dict[str, Any]) -> None:
     stem = path.name.removesuffix(".safetensors")
     path.with_name(f"{stem}.config.json").write_text(
         json.dumps({"_class_name": class_name, **config}, indent=2) + "\n")
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4) -> str:
+    """A random LoRA of the tiny transformer in diffusers / PEFT keys
+    (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`, `.lora_B.weight`) on block 0's
+    attention projections and block 1's SwiGLU gate (2.1's own name: what tells the file from a
+    Qwen-Image or FLUX.1 LoRA at this width), under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
+    targets = {  # module: (in, out); the MLP is 3× wide (mlp_ratio)
+        "transformer_blocks.0.attn.to_q": (d, d), "transformer_blocks.0.attn.to_k": (d, d),
+        "transformer_blocks.0.attn.to_v": (d, d), "transformer_blocks.0.attn.to_out.0": (d, d),
+        "transformer_blocks.1.img_mlp.gate_layer": (d, 3 * d),
+    }
+    generator = torch.Generator("cpu").manual_seed(3000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"transformer.{module}"
+        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator)
+        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
