@@ -308,6 +308,17 @@ def encoder_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None, pre
     return out
 
 
+def pipeline_lora_modules(pipeline: Any, path: Path) -> dict[str, tuple[Tensor, Tensor, float]]:
+    """{transformer module: (A, B, scale)} of a LoRA file in any format the diffusers
+    `pipeline` class's `lora_state_dict` reads (its converters: ComfyUI `diffusion_model.`,
+    kohya, AI-Toolkit, diffusers / PEFT; alphas as diffusers applies them), local files only.
+    Text-encoder weights are left out. The families whose LoRAs diffusers reads share this."""
+    state = pipeline.lora_state_dict(str(path), local_files_only=True)
+    if not any(k.startswith("transformer.") for k in state):
+        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
+    return peft_modules(state, None, "transformer.")
+
+
 def peft_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None,
                  prefix: str) -> dict[str, tuple[Tensor, Tensor, float]]:
     """{module: (A, B, alpha / r)} of a diffusers/PEFT state dict (`<prefix><module>.lora_A.

@@ -41,12 +41,9 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     its converters. Text-encoder weights are left out."""
     from diffusers import Flux2KleinPipeline
 
-    from workers.models.lora import peft_modules
+    from workers.models.lora import pipeline_lora_modules
 
-    state = Flux2KleinPipeline.lora_state_dict(str(path), local_files_only=True)
-    if not any(k.startswith("transformer.") for k in state):
-        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
-    return peft_modules(state, None, "transformer.")
+    return pipeline_lora_modules(Flux2KleinPipeline, path)
 
 
 def model_sampling(width: int, height: int, shift: float | None = None) -> Any:

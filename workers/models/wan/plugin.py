@@ -45,12 +45,9 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     are left out."""
     from diffusers import WanPipeline
 
-    from workers.models.lora import peft_modules
+    from workers.models.lora import pipeline_lora_modules
 
-    state = WanPipeline.lora_state_dict(str(path), local_files_only=True)
-    if not any(k.startswith("transformer.") for k in state):
-        state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
-    return peft_modules(state, None, "transformer.")
+    return pipeline_lora_modules(WanPipeline, path)
 
 
 def to_denoised(job: Any, output: Any) -> Any:
