@@ -39,6 +39,25 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
     return RUNNERS[node_type](ctx, params, inputs)
 
 
+def held_by_fleet(held: dict[str, str], family: str, encoder: tuple[str, ...] | None = None
+                  ) -> tuple[dict[str, list[str]], dict[tuple[str, str], tuple[str, ...]]]:
+    """(catalog, files) of a fleet holding the stack's model, encoder and VAE, each file
+    recognised as `family`'s (the encoder as `encoder`'s families when given)."""
+    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
+               "vae": [held["vae"]]}
+    files = {("diffusion_models", held["model"]): (family,),
+             ("text_encoders", held["text_encoder"]): encoder or (family,),
+             ("vae", held["vae"]): (family,)}
+    return catalog, files
+
+
+def sample_and_decode(ctx: Any, model: Any, vae: Any, out: dict[str, Any]) -> Any:
+    """The encode node's prompt and latent sampled without CFG, then decoded: the image."""
+    latent = run(ctx, "sample", {"seed": SEED, "steps": STEPS, "guidance": 0.0, "denoise": 1.0},
+                 {"model": model, "positive": out["positive"], "latent": out["latent"]})["latent"]
+    return run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+
+
 def test_the_2_1_prompt_node_paints_the_pipeline_s_image_mode(q21, make_ctx):
     from workers.models.qwenimage21.tiny import smoke_pipeline
 
@@ -53,9 +72,7 @@ def test_the_2_1_prompt_node_paints_the_pipeline_s_image_mode(q21, make_ctx):
               {"encoder": encoder, "vae": vae, "image_1": IMAGES[0], "image_2": IMAGES[1]})
     assert out["latent"].empty and out["latent"].pixel_size == (64, 128)
     assert len(out["negative"].embeds.references) == 2
-    latent = run(ctx, "sample", {"seed": SEED, "steps": STEPS, "guidance": 0.0, "denoise": 1.0},
-                 {"model": model, "positive": out["positive"], "latent": out["latent"]})["latent"]
-    ours = run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+    ours = sample_and_decode(ctx, model, vae, out)
     theirs = smoke_pipeline()("make it blue", image=IMAGES, output_resolution=96,
                               num_inference_steps=STEPS, use_kv_cache=False,
                               generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
@@ -100,9 +117,7 @@ def test_five_images_at_resolution_0_paint_the_pipeline_s_image_mode(q21, make_c
               {"encoder": encoder, "vae": vae,
                **{f"image_{i}": image for i, image in enumerate(images, 1)}})
     assert len(out["positive"].embeds.references) == 5
-    latent = run(ctx, "sample", {"seed": SEED, "steps": STEPS, "guidance": 0.0, "denoise": 1.0},
-                 {"model": model, "positive": out["positive"], "latent": out["latent"]})["latent"]
-    ours = run(ctx, "vae/decode", {}, {"vae": vae, "latent": latent})["image"]
+    ours = sample_and_decode(ctx, model, vae, out)
     theirs = smoke_pipeline()("make it blue", image=images, output_resolution=78,
                               num_inference_steps=STEPS, use_kv_cache=False,
                               generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
@@ -153,11 +168,7 @@ def test_a_comfyui_2_1_edit_workflow_imports_and_renders(q21, settings, tmp_path
     models_dir, held = q21
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
     assets = _assets()
-    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
-               "vae": [held["vae"]]}
-    files = {("diffusion_models", held["model"]): ("qwenimage21",),
-             ("text_encoders", held["text_encoder"]): ("krea2", "qwenimage21"),
-             ("vae", held["vae"]): ("qwenimage21",)}
+    catalog, files = held_by_fleet(held, "qwenimage21", encoder=("krea2", "qwenimage21"))
     result = comfy_import(workflow=qwen21_ui(held), catalog=catalog, files=files,
                           resolve_asset=assets.get)
     assert result.report.unmapped == []
@@ -177,11 +188,7 @@ def test_a_2_1_workflow_with_five_images_at_resolution_0_imports_and_renders(q21
     models_dir, held = q21
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
     assets = _assets()
-    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
-               "vae": [held["vae"]]}
-    files = {("diffusion_models", held["model"]): ("qwenimage21",),
-             ("text_encoders", held["text_encoder"]): ("qwenimage21",),
-             ("vae", held["vae"]): ("qwenimage21",)}
+    catalog, files = held_by_fleet(held, "qwenimage21")
     result = comfy_import(workflow=qwen21_ui(held, resolution=0, images=5), catalog=catalog,
                           files=files, resolve_asset=assets.get)
     assert result.report.unmapped == []
@@ -245,11 +252,7 @@ def test_a_qwen_image_edit_workflow_with_reference_latents_renders_the_edit_node
         assets = _assets()
     finally:
         IMAGES = saved
-    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
-               "vae": [held["vae"]]}
-    files = {("diffusion_models", held["model"]): ("qwenimage",),
-             ("text_encoders", held["text_encoder"]): ("qwenimage",),
-             ("vae", held["vae"]): ("qwenimage",)}
+    catalog, files = held_by_fleet(held, "qwenimage")
     result = comfy_import(workflow=edit_ui(held), catalog=catalog, files=files,
                           resolve_asset=assets.get)
     assert result.report.unmapped == []
@@ -287,11 +290,7 @@ def test_comfyuis_shipped_2_1_text_to_image_template_renders(q21, settings, tmp_
         STEPS, held["model"], held["text_encoder"], held["vae"])
     size = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
     size["widgets_values"][1] = 0.1  # megapixels: its least (a 1:1 of 0.1 MP)
-    catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
-               "vae": [held["vae"]]}
-    files = {("diffusion_models", held["model"]): ("qwenimage21",),
-             ("text_encoders", held["text_encoder"]): ("krea2", "qwenimage21"),
-             ("vae", held["vae"]): ("qwenimage21",)}
+    catalog, files = held_by_fleet(held, "qwenimage21", encoder=("krea2", "qwenimage21"))
     result = comfy_import(workflow=workflow, catalog=catalog, files=files)
     nodes = result.graph.model_dump()["nodes"]
     assert nodes["459:453"]["params"]["family"] == "qwenimage21"
