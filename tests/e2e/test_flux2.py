@@ -29,6 +29,10 @@ PROMPT = "a glasshouse in the snow"
 
 @pytest.fixture(scope="module")
 def flux2(farm, data_dirs, personas) -> dict[str, str]:
+    return flux2_stack_reported(farm, data_dirs, personas)
+
+
+def flux2_stack_reported(farm, data_dirs, personas) -> dict[str, str]:
     """The tiny FLUX.2 Klein stack in the worker's models dir, once its heartbeat reports it."""
     from workers.models.flux2.tiny import write_smoke_stack
 

@@ -1,4 +1,4 @@
-"""The two all-gathers the split denoisers share (Z-Image's split.py, Wan's split_wan.py)."""
+"""The all-gathers the split denoisers share (split.py, split_wan.py, split_family.py)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,22 @@ def all_gather(tensor: torch.Tensor, group: Any, size: int, *, dim: int) -> torc
     parts = [torch.empty_like(tensor) for _ in range(size)]
     dist.all_gather(parts, tensor.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
+
+
+def all_gather_uneven(tensor: torch.Tensor, group: Any, size: int, *, dim: int) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along `dim` in rank order, where the ranks' lengths
+    along `dim` may differ (gloo's all-gather wants equal shapes: each part is padded to the
+    longest and trimmed back)."""
+    length = torch.tensor([tensor.shape[dim]], device=tensor.device)
+    lengths = [torch.empty_like(length) for _ in range(size)]
+    dist.all_gather(lengths, length, group=group)
+    sizes = [int(n) for n in lengths]
+    longest = max(sizes)
+    if tensor.shape[dim] < longest:
+        shape = list(tensor.shape)
+        shape[dim] = longest - tensor.shape[dim]
+        tensor = torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.cat([part.narrow(dim, 0, n) for part, n in zip(parts, sizes, strict=True)],
+                     dim=dim)

@@ -39,7 +39,7 @@ from typing import Any
 
 from workers.parallel.config import Degrees
 from workers.parallel.protocol import Forward, ModelRef, StepItem, receive, send
-from workers.sampling.batcher import StepBatcher
+from workers.sampling.batcher import FORWARD_JOBS, StepBatcher
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,9 @@ class WorkerGroup:
             raise ValueError(f"degrees {degrees} need {degrees.world} ranks; this group has "
                              f"{self.world}")
         items = [StepItem(latents=job.latents.cpu(), timestep=job.timesteps[job.step].cpu(),
-                          positive=job.positive.cpu(),
-                          negative=None if job.negative is None else job.negative.cpu(),
-                          guidance=job.guidance, condition=_condition(job), keep=_keep(job))
+                          positive=job.positive.to("cpu"),
+                          negative=None if job.negative is None else job.negative.to("cpu"),
+                          guidance=job.guidance, extra=_portable(job.extra))
                  for job in jobs]
         with self._lock:
             self._ensure(degrees)
@@ -131,6 +131,9 @@ class WorkerGroup:
                 self.close(polite=False)
                 raise GroupFault(f"worker group answered {message[0]!r} to a forward")
             self.last_report, self.forwards = message[2], self.forwards + 1
+        for job, shared in zip(jobs, message[3], strict=True):
+            if shared is not None:  # the family's predict ran this job's layout apart
+                job.extra[FORWARD_JOBS] = shared
         return [v.to(job.latents.device) for v, job in zip(message[1], jobs, strict=True)]
 
     def _receive(self, what: str) -> tuple[Any, ...]:
@@ -215,16 +218,15 @@ class WorkerGroup:
         self._store = None
 
 
-def _condition(job: Any) -> Any:
-    """A Wan I2V job's condition video latents on CPU (None for every other job)."""
-    condition = job.extra.get("condition")
-    return None if condition is None else condition.cpu()
+def _portable(extra: dict[str, Any]) -> dict[str, Any]:
+    """A job's own denoiser inputs as they travel to the ranks: tensors (and tuples of them) on
+    CPU, plain values as they are; the step batcher's bookkeeping stays here."""
+    def cpu(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(cpu(v) for v in value)
+        return value.cpu() if hasattr(value, "cpu") else value
 
-
-def _keep(job: Any) -> Any:
-    """A TI2V image-to-video job's kept start frame (samples, mask) on CPU, else None."""
-    keep = job.extra.get("keep")
-    return None if keep is None else (keep[0].cpu(), keep[1].cpu())
+    return {k: cpu(v) for k, v in extra.items() if k != FORWARD_JOBS and not callable(v)}
 
 
 def _wait(proc: subprocess.Popen[bytes], seconds: float) -> None:

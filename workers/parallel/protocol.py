@@ -1,7 +1,8 @@
 """What travels between the Celery process and rank 0 of a group (a local pipe, pickled bytes).
 
     parent → rank 0:  ("forward", Forward)  ("quit",)
-    rank 0 → parent:  ("ready",)  ("velocities", [one per item], split report)
+    rank 0 → parent:  ("ready",)  ("velocities", [one per item], split report,
+                                    [jobs of the forward that served each item, or None])
 
 One message pair per denoiser forward: the group is the *predict* function of a step batcher
 (workers/sampling/batcher.py) in the Celery process, so jobs of several runs share each forward,
@@ -18,7 +19,7 @@ pickle, not shared memory: nothing outlives a message).
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,19 +40,37 @@ class ModelRef:
 
 @dataclass
 class StepItem:
-    """One job's share of a forward: latents [1, C, h, w] (a video's [1, C, F', h, w]) float32
-    at its current step, that step's timestep (0-d), caption embeds [L, D] (negative when
-    guidance > 0), a Wan I2V job's condition [1, 20, F', h, w], a TI2V image-to-video job's
-    kept start frame (`keep`: samples [1, 48, F', h, w] and mask [1, 1, F', h, w]), all on
-    CPU."""
+    """One job's share of a forward, all on CPU: latents [1, C, h, w] (a video's
+    [1, C, F', h, w]) float32 at its current step, that step's timestep (0-d), the positive and
+    (when guidance > 0) negative conditioning — caption embeds [L, D] (Z-Image, Wan) or the
+    family's prompt (FLUX's, Qwen-Image's: a tuple of tensors with `.to(device)`) — and the job's
+    own denoiser inputs (`extra`: FLUX's distilled `guidance`, a Wan I2V job's `condition`
+    [1, 20, F', h, w], a TI2V image-to-video job's kept start frame `keep`: samples and mask)."""
 
     latents: Tensor
     timestep: Tensor
-    positive: Tensor
-    negative: Tensor | None
+    positive: Any
+    negative: Any | None
     guidance: float
-    condition: Tensor | None = None
-    keep: tuple[Tensor, Tensor] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def condition(self) -> Tensor | None:
+        return self.extra.get("condition")
+
+    @property
+    def keep(self) -> tuple[Tensor, Tensor] | None:
+        return self.extra.get("keep")
+
+    def job(self) -> Any:
+        """A SampleJob at this step, for the family's own predict on a rank."""
+        import torch
+
+        from workers.sampling.job import SampleJob
+
+        return SampleJob(latents=self.latents, sigmas=torch.zeros(2),
+                         timesteps=self.timestep.reshape(1), positive=self.positive,
+                         negative=self.negative, guidance=self.guidance, extra=dict(self.extra))
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 
 from workers.parallel.config import Degrees
 from workers.parallel.protocol import Forward, ModelRef, receive, send
+from workers.sampling.batcher import FORWARD_JOBS
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def _serve(rank: int, world: int, port: int, degrees: Degrees, backend: str,
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if backend == "xfuser" else "gloo", store=store, rank=rank,
                             world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    split = _split(backend, degrees, rank, world)
-    models: dict[ModelRef, Any] = {}
+    split = _split(backend, degrees, rank, world, torch.device(device))
+    models: dict[ModelRef, tuple[Any, Any]] = {}  # the prepared transformer, its predict
     dist.barrier()
     if conn is not None:
         send(conn, "ready")
@@ -74,21 +75,25 @@ def _serve(rank: int, world: int, port: int, degrees: Degrees, backend: str,
         if message[0] == "forward":
             forward: Forward = message[1]
             if forward.model not in models:
-                models[forward.model] = split.prepare(_load(forward.model, device))
-            velocities = split.velocities(models[forward.model], _on(forward.items, device))
+                transformer, predict = _load(forward.model, device)
+                models[forward.model] = split.prepare(transformer), predict
+            transformer, predict = models[forward.model]
+            items = _on(forward.items, device)
+            velocities = split.velocities(transformer, items, predict)
             if conn is not None:
-                send(conn, "velocities", [v.cpu() for v in velocities], split.report())
+                shared = [item.extra.get(FORWARD_JOBS) for item in items]
+                send(conn, "velocities", [v.cpu() for v in velocities], split.report(), shared)
     dist.destroy_process_group()
 
 
-def _split(backend: str, degrees: Degrees, rank: int, world: int) -> Any:
+def _split(backend: str, degrees: Degrees, rank: int, world: int, device: Any) -> Any:
     if backend == "xfuser":
         from workers.parallel.xfuser_backend import XfuserSplit
 
         return XfuserSplit(degrees, rank, world)
     from workers.parallel.split import CpuSplit
 
-    return CpuSplit(degrees, rank)
+    return CpuSplit(degrees, rank, device)
 
 
 def _next_message(conn: Connection | None) -> tuple[Any, ...]:
@@ -102,7 +107,8 @@ def _next_message(conn: Connection | None) -> tuple[Any, ...]:
     return tuple(box[0])
 
 
-def _load(model: ModelRef, device: str) -> Any:
+def _load(model: ModelRef, device: str) -> tuple[Any, Any]:
+    """The model's transformer on this rank's device, and its family's predict."""
     from workers.device.policy import DevicePolicy
     from workers.models.catalog import resolve
     from workers.models.families import loader_family, plugin
@@ -112,19 +118,23 @@ def _load(model: ModelRef, device: str) -> Any:
                           attention=model.attention)
     models_dir = Path(model.models_dir)
     family = loader_family(resolve(models_dir, "diffusion_models", model.name), "diffusion_models")
-    return plugin(family).load_diffusion_model(models_dir, model.name, policy).transformer
+    family_plugin = plugin(family)
+    transformer = family_plugin.load_diffusion_model(models_dir, model.name, policy).transformer
+    return transformer, family_plugin.predict
 
 
 def _on(items: list[Any], device: str) -> list[Any]:
     """The forward's items with their tensors on this rank's device."""
     from dataclasses import replace
 
+    def moved(value: Any) -> Any:
+        if isinstance(value, tuple) and not hasattr(value, "to"):
+            return tuple(moved(v) for v in value)
+        return value.to(device) if hasattr(value, "to") else value
+
     return [replace(item, latents=item.latents.to(device), timestep=item.timestep.to(device),
-                    positive=item.positive.to(device),
-                    negative=None if item.negative is None else item.negative.to(device),
-                    condition=None if item.condition is None else item.condition.to(device),
-                    keep=None if item.keep is None else (item.keep[0].to(device),
-                                                         item.keep[1].to(device)))
+                    positive=moved(item.positive), negative=moved(item.negative),
+                    extra={k: moved(v) for k, v in item.extra.items()})
             for item in items]
 
 

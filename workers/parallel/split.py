@@ -47,9 +47,12 @@ class CpuSplit:
     """The split denoiser of one rank; build it on every rank in the same order (it creates the
     process subgroups, a collective call)."""
 
-    def __init__(self, degrees: Degrees, rank: int) -> None:
+    def __init__(self, degrees: Degrees, rank: int, device: Any = None) -> None:
+        from workers.parallel.split_family import FamilySplit
+
         self.degrees, self.rank = degrees, rank
         self.shards = _Shards()  # the last forward's main-layer split (what rank 0 reports)
+        self.last: Any = self  # which split served the last forward
         self.cfg_rank, self.sp_rank = divmod(rank, degrees.sp)
         self.sp_group = self.cfg_group = None
         for c in range(degrees.cfg):  # every rank creates every group, in the same order
@@ -60,12 +63,17 @@ class CpuSplit:
             group = _new_group([c * degrees.sp + s for c in range(degrees.cfg)], degrees.world)
             if s == self.sp_rank:
                 self.cfg_group = group
+        # FLUX.1, FLUX.2, Qwen-Image, Krea 2: their own predict, split on the transformer
+        self.family = FamilySplit(degrees, rank, torch.device("cpu") if device is None else device)
 
     def prepare(self, transformer: Any) -> Any:
         """Install the sequence split on `transformer`'s main layers (once per loaded model):
-        Z-Image's here, Wan's in split_wan.py."""
-        from workers.parallel import split_wan
+        Z-Image's here, Wan's in split_wan.py, the other families' in split_family.py."""
+        from workers.parallel import split_family, split_wan
 
+        if split_family.handles(transformer):
+            self.last = self.family
+            return self.family.prepare(transformer)
         if self.degrees.sp > 1:
             install = (split_wan.install_sequence_split if split_wan.is_wan(transformer)
                        else _install_sequence_split)
@@ -74,14 +82,22 @@ class CpuSplit:
 
     def report(self) -> dict[str, int]:
         """What the last forward split: the main layers' tokens, and this rank's share."""
+        if self.last is self.family:
+            return self.family.report()
         return {"tokens": self.shards.length, "local_tokens": self.shards.local}
 
     @torch.no_grad()
-    def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
+    def velocities(self, transformer: Any, items: list[Any],
+                   predict: Any = None) -> list[torch.Tensor]:
         """The guided velocity [1, C, H, W] float32 of every StepItem of one forward (every
-        rank calls it with the same items); a Wan model's, shaped as its video latents."""
-        from workers.parallel import split_wan
+        rank calls it with the same items); a Wan model's, shaped as its video latents; a
+        split_family model's from its family's `predict`, as on one device."""
+        from workers.parallel import split_family, split_wan
 
+        if split_family.handles(transformer):
+            self.last = self.family
+            return self.family.velocities(transformer, items, predict)
+        self.last = self
         if split_wan.is_wan(transformer):
             return split_wan.velocities(self, transformer, items)
         dtype = transformer.dtype

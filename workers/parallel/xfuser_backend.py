@@ -41,16 +41,15 @@ class XfuserSplit:
             ring_degree=degrees.ring,
         )
         self.degrees = degrees
-        # Wan: xfuser 0.7's wrappers are not used; the torch.distributed split that the CPU
-        # tests prove (split_wan.py, its process groups built here on NCCL) runs it on the GPUs.
+        # Wan, FLUX.1, FLUX.2, Qwen-Image, Krea 2: xfuser 0.7's wrappers are not used; the
+        # torch.distributed splits that the CPU tests prove (split_wan.py, split_family.py: its
+        # process groups and device mesh built here on NCCL) run them on the GPUs.
         from workers.parallel.split import CpuSplit
 
-        self.torch_split = CpuSplit(degrees, rank)
+        self.torch_split = CpuSplit(degrees, rank, torch.device("cuda", rank))
 
     def prepare(self, transformer: Any) -> Any:
-        from workers.parallel.split_wan import is_wan
-
-        if is_wan(transformer):
+        if _torch_split(transformer):
             return self.torch_split.prepare(transformer)
         from xfuser.model_executor.models.transformers.transformer_z_image import (
             xFuserZImageTransformer2DWrapper,
@@ -62,18 +61,18 @@ class XfuserSplit:
         return wrapper
 
     def report(self) -> dict[str, int]:
-        return self.torch_split.report() if self.torch_split.shards.length else {}
+        split = self.torch_split
+        return split.report() if split.shards.length or split.last is split.family else {}
 
-    def velocities(self, transformer: Any, items: list[Any]) -> list[torch.Tensor]:
+    def velocities(self, transformer: Any, items: list[Any],
+                   predict: Any = None) -> list[torch.Tensor]:
         """As CpuSplit.velocities, but one wrapper forward per item: xfuser 0.7's wrapper splits
         a forward's item list over the cfg group itself, and whether it does so for several
         jobs' items at once has not been checked on GPUs. Jobs still join, leave, report and
         cancel per step through the step batcher; only the forward is not shared. Wan: the
-        torch split's shared forward."""
-        from workers.parallel.split_wan import is_wan
-
-        if is_wan(transformer):
-            return self.torch_split.velocities(transformer, items)
+        torch split's shared forward; FLUX / Qwen-Image / Krea 2: their own predict on it."""
+        if _torch_split(transformer):
+            return self.torch_split.velocities(transformer, items, predict)
         return [self._velocity(transformer, item) for item in items]
 
     @torch.no_grad()
@@ -92,6 +91,14 @@ class XfuserSplit:
         if guided:
             pred = pred + item.guidance * (pred - outs[1].float())
         return -pred.unsqueeze(0).squeeze(2)
+
+
+def _torch_split(transformer: Any) -> bool:
+    """Whether the torch.distributed split (not xfuser's wrapper) runs `transformer`."""
+    from workers.parallel import split_family
+    from workers.parallel.split_wan import is_wan
+
+    return is_wan(transformer) or split_family.handles(transformer)
 
 
 class _DeclaredKwargsOnly:

@@ -1,5 +1,6 @@
 """A live farm with a group worker: a run asking for `parallel: "2"` lands on the worker serving
-`xfuser.2` (2 gloo ranks) and renders what a single worker renders; runs on the group's slots
+`xfuser.2` (2 gloo ranks) and renders what a single worker renders (Z-Image; FLUX.2 Klein:
+diffusers' pipeline's image); runs on the group's slots
 share its forwards; a rank SIGKILLed mid-run restarts the group and the run finishes once;
 asking for a group nobody serves waits with a reason; a bad INLINE_PARALLEL stops a worker at
 its start.
@@ -20,6 +21,8 @@ from PIL import Image
 
 from tests.conftest import smoke_stack_reported
 from tests.e2e.recovery_helpers import wait_until
+from tests.e2e.test_flux2 import flux2_stack_reported, klein_reference
+from tests.e2e.test_flux2 import graph as flux2_graph
 
 pytestmark = pytest.mark.e2e
 
@@ -75,6 +78,26 @@ def test_a_run_asking_for_two_renders_on_the_xfuser_2_group(
     assert workers == {group_worker}
     assert len(split["takes"]) == 1
     assert np.abs(pixels(owner, split) - pixels(owner, alone)).max() <= 1
+
+
+@pytest.fixture(scope="module")
+def flux2(farm: Any, data_dirs: Any, personas: Any) -> dict[str, str]:
+    return flux2_stack_reported(farm, data_dirs, personas)
+
+
+def test_a_flux2_klein_run_split_on_the_group_is_the_diffusers_pipeline_s_image(
+        owner: Any, flux2: dict[str, str], group_worker: str, db_access: None) -> None:
+    """A FLUX.2 Klein run with CFG and `parallel: "2"`: its tokens split over the group's two
+    ranks by diffusers' context parallelism, the family's own predict on each
+    (workers/parallel/split_family.py) — Flux2KleinPipeline's image within one level."""
+    from apps.runs.models import Run
+
+    body = flux2_graph(flux2, seed=5, guidance=3.0)
+    body["graph"]["nodes"]["sample"]["params"]["parallel"] = "2"
+    run = owner.wait_run(owner.post("/v1/runs", json=body).json()["runId"], timeout=180)
+    assert run["status"] == "succeeded", run
+    assert Run.objects.get(pk=run["id"]).queue == "xfuser.2"
+    assert np.abs(pixels(owner, run) - klein_reference(5, 3.0)).max() <= 1
 
 
 def test_farm_check_gpu_wants_a_real_card_and_compares_the_served_split_with_one_device(

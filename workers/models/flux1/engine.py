@@ -24,6 +24,7 @@ from workers.models.flux1 import LATENT
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
+from workers.sampling.layouts import Layout, forward_by_layout
 
 CONFIGS = Path(__file__).parent / "configs"
 MAX_SEQUENCE_LENGTH = 512  # the pipeline's T5 padding
@@ -96,16 +97,11 @@ def image_ids(h: int, w: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     """Each job's velocity [1, C, h, w]: one transformer forward per latent size over every job
     of that size (FLUX's transformer takes a [B, S, 64] batch; sizes do not mix). A job's
-    distilled guidance is `job.extra["guidance"]`."""
-    out: dict[int, torch.Tensor] = {}
-    sizes: dict[tuple[int, ...], list[int]] = {}
-    for index, job in enumerate(jobs):
-        sizes.setdefault(tuple(job.latents.shape), []).append(index)
-    for shape, members in sizes.items():
-        group = [jobs[i] for i in members]
-        for i, velocity in zip(members, _forward(transformer, group, shape), strict=True):
-            out[i] = velocity
-    return [out[i] for i in range(len(jobs))]
+    distilled guidance is `job.extra["guidance"]`. Jobs of other sizes run apart (their
+    progress `batch` says so: workers/sampling/layouts.py)."""
+    return forward_by_layout(jobs, lambda job: Layout(tuple(job.latents.shape)),
+                             lambda group: _forward(transformer, group,
+                                                    tuple(group[0].latents.shape)))
 
 
 def _forward(transformer: Any, jobs: list[SampleJob], shape: tuple[int, ...]) -> list[torch.Tensor]:

@@ -93,7 +93,7 @@ FAMILY = FamilyInfo(
     title="FLUX.2",
     latent=LATENT,
     recognise=recognise,
-    splits=False,
+    splits=True,  # one image's tokens / CFG rows across a GPU group (workers/parallel/split_family.py)
     nodes=("edit", "scheduler"),
     # Klein 4B–9B and dev 32B at 1 MP: the text sequence (512) and reference tokens dominate.
     activation_gb=2.0,

@@ -1,0 +1,191 @@
+"""A family's own denoiser forward split over a torch.distributed group: FLUX.1, FLUX.2,
+Qwen-Image (and its edit models) on the ranks run the family's `predict` unchanged
+(workers/models/<family>/engine.py: the same rows, guidance and layouts as on one device); the
+split lives on the transformer:
+
+- **Sequence parallel** (`ulysses` × `ring` = sp): diffusers' own context parallelism
+  (`_cp_plan` on its FLUX.1, FLUX.2 and Qwen-Image transformers, xDiT's Ulysses attention built
+  into diffusers): every sp rank holds 1/sp of the image and text tokens from the first block
+  on, all-to-alls heads ↔ tokens around each attention, and the output is all-gathered back
+  (by this module: the ranks' shares differ by a token when sp does not divide the tokens).
+  It runs as Ulysses of degree sp in "anything" mode (any token and head count); Ring attention
+  needs a backend that returns the log-sum-exp, which torch's native SDPA on CPU does not, so
+  a ring degree splits as Ulysses here — the same tokens per rank.
+- **CFG-parallel** (`cfg=2`): the rows of every transformer call (a guided job's conditional and
+  unconditional rows, other jobs' rows) are divided between the cfg ranks, padded to an even
+  count with a copy of the last row, and the outputs all-gathered back in order. A guided job
+  alone is exactly CFG-parallel (its two rows on two ranks); a forward of several jobs is
+  divided by rows, whichever job they belong to.
+
+Every rank ends a forward holding every row's output (the gathers make it so); the family's
+predict then mixes guidance as it always does. Rank layout: rank = cfg_rank · sp + sp_rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workers.parallel.collectives import all_gather, all_gather_uneven
+from workers.parallel.config import Degrees
+
+# The forward arguments that hold one entry per batch row, per transformer class (the rows the
+# cfg ranks divide); every other argument (positions, ids) is shared by the rows.
+ROW_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "FluxTransformer2DModel": ("hidden_states", "encoder_hidden_states", "pooled_projections",
+                               "timestep", "guidance"),
+    "Flux2Transformer2DModel": ("hidden_states", "encoder_hidden_states", "timestep",
+                                "guidance"),
+    "QwenImageTransformer2DModel": ("hidden_states", "encoder_hidden_states",
+                                    "encoder_hidden_states_mask", "timestep", "img_shapes",
+                                    "guidance", "additional_t_cond"),
+    "Krea2Transformer2DModel": ("hidden_states", "encoder_hidden_states", "timestep",
+                                "encoder_attention_mask"),
+}
+
+
+def handles(transformer: Any) -> bool:
+    """Whether this module splits `transformer` (FLUX.1, FLUX.2, Qwen-Image, Krea 2)."""
+    return type(transformer).__name__ in ROW_ARGUMENTS
+
+
+def plan(transformer: Any) -> dict[str, Any] | None:
+    """The transformer's context-parallel plan for the arguments the farm's predicts pass, None
+    when this module does not split its class.
+
+    - FLUX.1, Qwen-Image: diffusers' own.
+    - FLUX.2: diffusers' splits batched ids [B, S, 4]; the farm passes the rows' shared ids
+      [S, 4] (the transformer takes either), split on their first dimension as FLUX.1's are.
+    - Krea 2 (none in diffusers 0.42): its single-stream blocks run over [text; image]; the
+      first block's input and the rotary table are split by tokens, the last block's output is
+      gathered before the image tokens are sliced off; the key mask stays whole (Ulysses
+      attention sees every token)."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    name = type(transformer).__name__
+    if name not in ROW_ARGUMENTS:
+        return None
+    tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)
+    if name == "Krea2Transformer2DModel":
+        last = len(transformer.transformer_blocks) - 1
+        table = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
+        return {"transformer_blocks.0": {"hidden_states": tokens},
+                "rotary_emb": {0: table, 1: table},
+                f"transformer_blocks.{last}": ContextParallelOutput(gather_dim=1,
+                                                                    expected_dims=3)}
+    own = dict(transformer._cp_plan)
+    if name == "Flux2Transformer2DModel":
+        ids = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
+        own[""] = {**own[""], "img_ids": ids, "txt_ids": ids}
+    return own
+
+
+class FamilySplit:
+    """The split of one rank for the families above; build it on every rank in the same order
+    (it creates the device mesh, a collective call)."""
+
+    def __init__(self, degrees: Degrees, rank: int, device: torch.device) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.degrees, self.rank, self.device = degrees, rank, device
+        self.cfg_rank = rank // degrees.sp
+        # rank = cfg_rank · sp + sp_rank, sp as (ring = 1, ulysses = sp): see the module
+        self.mesh = init_device_mesh(device.type, (degrees.cfg, 1, degrees.sp),
+                                     mesh_dim_names=("cfg", "ring", "ulysses"))
+        self.cfg_group = self.mesh["cfg"].get_group() if degrees.cfg > 1 else None
+        self.rows = 0  # the last forward's rows (what rank 0 reports)
+        self.tokens = 0  # and its tokens per row before the sequence split
+
+    def prepare(self, transformer: Any) -> Any:
+        if self.degrees.sp > 1:
+            self._context_parallel(transformer)
+        self._row_split(transformer)
+        return transformer
+
+    @torch.no_grad()
+    def velocities(self, transformer: Any, items: list[Any], predict: Any) -> list[torch.Tensor]:
+        """Each StepItem's velocity from the family's `predict` over the forward's jobs (every
+        rank calls it with the same items); each item's `extra` learns how many jobs shared
+        its forward (the family's layouts: FORWARD_JOBS)."""
+        from workers.sampling.batcher import FORWARD_JOBS
+
+        jobs = [item.job() for item in items]
+        velocities = predict(transformer, jobs)
+        for item, job in zip(items, jobs, strict=True):
+            if FORWARD_JOBS in job.extra:
+                item.extra[FORWARD_JOBS] = job.extra[FORWARD_JOBS]
+        return list(velocities)
+
+    def report(self) -> dict[str, int]:
+        """What the last forward split: tokens per row, this rank's share of them, its rows."""
+        sp, cfg = self.degrees.sp, self.degrees.cfg
+        return {"tokens": self.tokens, "local_tokens": -(-self.tokens // sp),
+                "rows": self.rows, "local_rows": -(-self.rows // cfg)}
+
+    def _context_parallel(self, transformer: Any) -> None:
+        """diffusers' `enable_parallelism` for context parallelism, with this rank's device:
+        its own call derives the device from the accelerator count, which is 0 on CPU."""
+        from diffusers.hooks.context_parallel import apply_context_parallel
+        from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+
+        cp = ContextParallelConfig(ulysses_degree=self.degrees.sp, ulysses_anything=True)
+        config = ParallelConfig(context_parallel_config=cp)
+        config.setup(self.rank, self.degrees.world, self.device,
+                     mesh=self.mesh["ring", "ulysses"])
+        transformer._parallel_config = config
+        for module in transformer.modules():
+            processor = getattr(module, "processor", None)
+            if processor is not None and hasattr(processor, "_parallel_config"):
+                processor._parallel_config = config
+        own = plan(transformer)
+        assert own is not None
+        inputs = {name: entry for name, entry in own.items() if isinstance(entry, dict)}
+        apply_context_parallel(transformer, cp, inputs)
+        group, size = self.mesh["ulysses"].get_group(), self.degrees.sp
+        for name, entry in own.items():  # the gathers, uneven-safe (diffusers' need equal parts)
+            if not isinstance(entry, dict):
+                transformer.get_submodule(name).register_forward_hook(
+                    lambda _m, _a, out, dim=entry.gather_dim: all_gather_uneven(
+                        out, group, size, dim=dim))
+
+    def _row_split(self, transformer: Any) -> None:
+        names = ROW_ARGUMENTS[type(transformer).__name__]
+        size, rank, split = self.degrees.cfg, self.cfg_rank, self
+
+        def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            hidden = kwargs["hidden_states"]  # the families' predicts pass keywords
+            split.rows, split.tokens = hidden.shape[0], hidden.shape[1]
+            if size == 1:
+                return None
+            pad = (-split.rows) % size
+            per = (split.rows + pad) // size
+            for name in names:
+                value = kwargs.get(name)
+                if value is not None:
+                    kwargs[name] = _rows(value, pad, rank * per, per)
+            return args, kwargs
+
+        def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+            if size == 1:
+                return out
+            first = out[0] if isinstance(out, tuple) else out.sample
+            whole = all_gather(first, split.cfg_group, size, dim=0)[: split.rows]
+            if isinstance(out, tuple):
+                return (whole, *out[1:])
+            out.sample = whole
+            return out
+
+        transformer.register_forward_pre_hook(before, with_kwargs=True)
+        transformer.register_forward_hook(after, with_kwargs=True)
+
+
+def _rows(value: Any, pad: int, start: int, count: int) -> Any:
+    """Rows start … start + count of a per-row argument (a tensor's first dimension or a list),
+    after padding it with `pad` copies of its last row."""
+    if isinstance(value, torch.Tensor):
+        if pad:
+            value = torch.cat([value, value[-1:].expand(pad, *value.shape[1:])])
+        return value[start: start + count]
+    value = list(value) + [value[-1]] * pad
+    return value[start: start + count]
