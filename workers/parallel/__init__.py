@@ -7,8 +7,8 @@
   (`GroupFault`, a worker fault: the run is retried).
 - `rank`: one rank process (torch.distributed: gloo on CPU, NCCL + xfuser on GPUs).
 - `split`: the CPU split (CFG-parallel, sequence-parallel attention) over gloo: Z-Image's;
-  Wan's in `split_wan`; FLUX.1 / FLUX.2 / Qwen-Image / Krea 2 in `split_family` (their own
-  predict, diffusers' context parallelism, CFG rows across the pair).
+  FLUX.1 / FLUX.2 / Qwen-Image / Krea 2 / Wan in `split_family` (their own predict, diffusers'
+  context parallelism, CFG rows across the pair).
 - `xfuser_backend`: the GPU split (the only module that imports xfuser).
 - `worker`: the Celery worker's start check and the denoise hook.
 

@@ -1,4 +1,4 @@
-"""The all-gathers the split denoisers share (split.py, split_wan.py, split_family.py)."""
+"""The all-gathers the split denoisers share (split.py, split_family.py)."""
 
 from __future__ import annotations
 

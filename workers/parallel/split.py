@@ -68,16 +68,15 @@ class CpuSplit:
 
     def prepare(self, transformer: Any) -> Any:
         """Install the sequence split on `transformer`'s main layers (once per loaded model):
-        Z-Image's here, Wan's in split_wan.py, the other families' in split_family.py."""
-        from workers.parallel import split_family, split_wan
+        Z-Image's here, every other family's in split_family.py."""
+        from workers.parallel import split_family
 
         if split_family.handles(transformer):
             self.last = self.family
             return self.family.prepare(transformer)
         if self.degrees.sp > 1:
-            install = (split_wan.install_sequence_split if split_wan.is_wan(transformer)
-                       else _install_sequence_split)
-            install(transformer, self.sp_group, self.sp_rank, self.degrees.sp, self.shards)
+            _install_sequence_split(transformer, self.sp_group, self.sp_rank, self.degrees.sp,
+                                    self.shards)
         return transformer
 
     def report(self) -> dict[str, int]:
@@ -90,16 +89,14 @@ class CpuSplit:
     def velocities(self, transformer: Any, items: list[Any],
                    predict: Any = None) -> list[torch.Tensor]:
         """The guided velocity [1, C, H, W] float32 of every StepItem of one forward (every
-        rank calls it with the same items); a Wan model's, shaped as its video latents; a
-        split_family model's from its family's `predict`, as on one device."""
-        from workers.parallel import split_family, split_wan
+        rank calls it with the same items); a split_family model's from its family's
+        `predict`, shaped as its latents, as on one device."""
+        from workers.parallel import split_family
 
         if split_family.handles(transformer):
             self.last = self.family
             return self.family.velocities(transformer, items, predict)
         self.last = self
-        if split_wan.is_wan(transformer):
-            return split_wan.velocities(self, transformer, items)
         dtype = transformer.dtype
         if self.degrees.cfg == 1:  # one forward over every item, both halves of a guided one
             xs, ts, caps = [], [], []

@@ -1,12 +1,12 @@
 """A family's own denoiser forward split over a torch.distributed group: FLUX.1, FLUX.2,
-Qwen-Image (and its edit models) on the ranks run the family's `predict` unchanged
-(workers/models/<family>/engine.py: the same rows, guidance and layouts as on one device); the
-split lives on the transformer:
+Qwen-Image (and its edit models), Krea 2 and Wan on the ranks run the family's `predict`
+unchanged (workers/models/<family>/engine.py: the same rows, guidance, layouts, I2V conditions
+and TI2V per-token steps as on one device); the split lives on the transformer:
 
 - **Sequence parallel** (`ulysses` × `ring` = sp): diffusers' own context parallelism
-  (`_cp_plan` on its FLUX.1, FLUX.2 and Qwen-Image transformers, xDiT's Ulysses attention built
-  into diffusers): every sp rank holds 1/sp of the image and text tokens from the first block
-  on, all-to-alls heads ↔ tokens around each attention, and the output is all-gathered back
+  (`_cp_plan` on its FLUX.1, FLUX.2, Qwen-Image and Wan transformers, xDiT's Ulysses attention
+  built into diffusers; ours for Krea 2): every sp rank holds 1/sp of the tokens from the first
+  block on, all-to-alls heads ↔ tokens around each attention, and the output is all-gathered back
   (by this module: the ranks' shares differ by a token when sp does not divide the tokens).
   It runs as Ulysses of degree sp in "anything" mode (any token and head count); Ring attention
   needs a backend that returns the log-sum-exp, which torch's native SDPA on CPU does not, so
@@ -42,11 +42,13 @@ ROW_ARGUMENTS: dict[str, tuple[str, ...]] = {
                                     "guidance", "additional_t_cond"),
     "Krea2Transformer2DModel": ("hidden_states", "encoder_hidden_states", "timestep",
                                 "encoder_attention_mask"),
+    "WanTransformer3DModel": ("hidden_states", "encoder_hidden_states", "timestep",
+                              "encoder_hidden_states_image"),
 }
 
 
 def handles(transformer: Any) -> bool:
-    """Whether this module splits `transformer` (FLUX.1, FLUX.2, Qwen-Image, Krea 2)."""
+    """Whether this module splits `transformer` (FLUX.1, FLUX.2, Qwen-Image, Krea 2, Wan)."""
     return type(transformer).__name__ in ROW_ARGUMENTS
 
 
@@ -54,7 +56,8 @@ def plan(transformer: Any) -> dict[str, Any] | None:
     """The transformer's context-parallel plan for the arguments the farm's predicts pass, None
     when this module does not split its class.
 
-    - FLUX.1, Qwen-Image: diffusers' own.
+    - FLUX.1, Qwen-Image, Wan: diffusers' own (Wan's splits TI2V's per-token timesteps
+      with the tokens).
     - FLUX.2: diffusers' splits batched ids [B, S, 4]; the farm passes the rows' shared ids
       [S, 4] (the transformer takes either), split on their first dimension as FLUX.1's are.
     - Krea 2 (none in diffusers 0.42): its single-stream blocks run over [text; image]; the
@@ -101,6 +104,7 @@ class FamilySplit:
         if self.degrees.sp > 1:
             self._context_parallel(transformer)
         self._row_split(transformer)
+        self._count_tokens(transformer)
         return transformer
 
     @torch.no_grad()
@@ -149,13 +153,28 @@ class FamilySplit:
                     lambda _m, _a, out, dim=entry.gather_dim: all_gather_uneven(
                         out, group, size, dim=dim))
 
+    def _count_tokens(self, transformer: Any) -> None:
+        """The report's tokens: the hidden states' where the plan starts the sequence split
+        (a torch pre-hook runs before diffusers' split of the same module)."""
+        own = plan(transformer)
+        assert own is not None
+        name = next(key for key, entry in own.items()
+                    if isinstance(entry, dict) and "hidden_states" in entry)
+        split = self
+
+        def count(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            split.tokens = hidden.shape[1]
+
+        transformer.get_submodule(name).register_forward_pre_hook(count, with_kwargs=True)
+
     def _row_split(self, transformer: Any) -> None:
         names = ROW_ARGUMENTS[type(transformer).__name__]
         size, rank, split = self.degrees.cfg, self.cfg_rank, self
 
         def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             hidden = kwargs["hidden_states"]  # the families' predicts pass keywords
-            split.rows, split.tokens = hidden.shape[0], hidden.shape[1]
+            split.rows = hidden.shape[0]
             if size == 1:
                 return None
             pad = (-split.rows) % size

@@ -41,8 +41,8 @@ class XfuserSplit:
             ring_degree=degrees.ring,
         )
         self.degrees = degrees
-        # Wan, FLUX.1, FLUX.2, Qwen-Image, Krea 2: xfuser 0.7's wrappers are not used; the
-        # torch.distributed splits that the CPU tests prove (split_wan.py, split_family.py: its
+        # FLUX.1, FLUX.2, Qwen-Image, Krea 2, Wan: xfuser 0.7's wrappers are not used; the
+        # torch.distributed splits that the CPU tests prove (split_family.py: its
         # process groups and device mesh built here on NCCL) run them on the GPUs.
         from workers.parallel.split import CpuSplit
 
@@ -69,8 +69,8 @@ class XfuserSplit:
         """As CpuSplit.velocities, but one wrapper forward per item: xfuser 0.7's wrapper splits
         a forward's item list over the cfg group itself, and whether it does so for several
         jobs' items at once has not been checked on GPUs. Jobs still join, leave, report and
-        cancel per step through the step batcher; only the forward is not shared. Wan: the
-        torch split's shared forward; FLUX / Qwen-Image / Krea 2: their own predict on it."""
+        cancel per step through the step batcher; only the forward is not shared. Every other
+        family (split_family.py): its own predict on the torch split, one shared forward."""
         if _torch_split(transformer):
             return self.torch_split.velocities(transformer, items, predict)
         return [self._velocity(transformer, item) for item in items]
@@ -96,9 +96,8 @@ class XfuserSplit:
 def _torch_split(transformer: Any) -> bool:
     """Whether the torch.distributed split (not xfuser's wrapper) runs `transformer`."""
     from workers.parallel import split_family
-    from workers.parallel.split_wan import is_wan
 
-    return is_wan(transformer) or split_family.handles(transformer)
+    return split_family.handles(transformer)
 
 
 class _DeclaredKwargsOnly:
