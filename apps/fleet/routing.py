@@ -11,7 +11,9 @@ Multi-GPU groups (`xfuser.<n>`, workers/parallel/): a run whose graph asks for a
 (`parallel: "n"` on a sampler) goes to `xfuser.<n>` whether or not a worker serves it yet (it then
 waits, and its wait reason says no live worker serves xfuser.<n>); with `parallel: "auto"` it goes
 to a group only when no single live GPU holding its files can hold it but a group can — every
-rank holds all the weights, the split divides only the activations; `off` never splits.
+rank holds all the weights, the split divides only the activations; `off` never splits. A family
+that cannot split (FamilyInfo.splits: SDXL, Qwen-Image 2.1, LTX-2) never goes to a group: asking
+for one is a 422 that says so.
 """
 
 from __future__ import annotations
@@ -104,7 +106,12 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
     RunCannotFit when workers hold the files but none could ever fit the run (nor a group, with
     `parallel` auto). A requested split (`parallel` "n") goes to `xfuser.<n>`."""
     parallel = str(requirement.get("parallel") or "auto")
+    unsplit = _unsplit_families(requirement)
     if parallel.isdigit():
+        if unsplit:
+            raise RunCannotFit(f"the run asks for parallel \"{parallel}\" but its "
+                               f"{' and '.join(unsplit)} model cannot be split across GPUs: set "
+                               "parallel \"off\" (or \"auto\")")
         return f"xfuser.{parallel}"
     if not requirement.get("models"):
         return "cpu"
@@ -114,7 +121,7 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
                if needed <= {(m["folder"], m["name"]) for m in w.model_files}]
     fitting = [w for w in holders if worker_fits(w.device, need)]
     if holders and not fitting:
-        group = _group_queue(need, holders) if parallel == "auto" else None
+        group = _group_queue(need, holders) if parallel == "auto" and not unsplit else None
         if group is None:
             raise RunCannotFit(_why_not(need, holders))
         return group
@@ -128,6 +135,13 @@ def route(requirement: dict[str, Any], workers: list[Any]) -> str:
 
 
 _GROUP = re.compile(r"^xfuser\.(\d+)$")
+
+
+def _unsplit_families(requirement: dict[str, Any]) -> list[str]:
+    """The run's model families whose denoise cannot split across a GPU group (`splits`)."""
+    from workers.models.families import REGISTERED, info
+
+    return [f for f in requirement.get("families") or () if f in REGISTERED and not info(f).splits]
 
 
 def _group_queue(need: dict[str, Any], holders: list[Any]) -> str | None:

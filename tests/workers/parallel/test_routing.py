@@ -57,3 +57,17 @@ def test_auto_splits_only_what_no_single_gpu_can_hold() -> None:
         route(requirement("off", weights=20, activations=40), fleet)
     with pytest.raises(RunCannotFit):  # every rank holds all the weights: a split cannot help
         route(requirement(weights=50, activations=2), fleet)
+
+
+def test_a_family_that_cannot_split_never_goes_to_a_group() -> None:
+    """SDXL (FamilyInfo.splits False): asking for a group is a refusal that says what to set;
+    in auto mode a run no single GPU holds is refused, not sent to a group that would fail it."""
+    fleet = [Live("one", ["gpu.48g"], gpu(48)), Live("pair", ["xfuser.2"], gpu(48))]
+    with pytest.raises(RunCannotFit, match=r'its sdxl model cannot be split across GPUs: set '
+                                           r'parallel "off"'):
+        route({**requirement("2"), "families": ["sdxl"]}, fleet)
+    with pytest.raises(RunCannotFit):
+        route({**requirement(weights=20, activations=40), "families": ["sdxl"]}, fleet)
+    # FLUX.2 splits: the same run goes to the pair
+    assert route({**requirement(weights=20, activations=40), "families": ["flux2"]},
+                 fleet) == "xfuser.2"
