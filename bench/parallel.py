@@ -18,7 +18,12 @@ Video row: the tiny random Wan transformer (workers/models/wan/tiny.py) on a 33-
 (ulysses=2, both CFG halves in one forward on each) and CFG-parallel (cfg=2), against one
 process; `--video` runs only these rows.
 
-    .venv/bin/python bench/parallel.py [--steps 8] [--video]
+Family rows (`--family flux1|flux2|qwenimage|krea2`, only those rows): the family's tiny random
+stack (workers/models/<family>/tiny.py) at 512², guidance 3 (FLUX.1: its distilled guidance, no
+CFG rows), its own predict on every rank (workers/parallel/split_family.py): tokens by diffusers'
+context parallelism (ulysses=2) and CFG rows across the pair (cfg=2), against one process.
+
+    .venv/bin/python bench/parallel.py [--steps 8] [--video] [--family flux2]
 """
 
 from __future__ import annotations
@@ -87,9 +92,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--video", action="store_true", help="only the Wan video rows")
+    parser.add_argument("--family", choices=("flux1", "flux2", "qwenimage", "krea2"),
+                        help="only this family's rows")
     args = parser.parse_args()
     if args.video:
         video_rows(args.steps)
+        return
+    if args.family:
+        family_rows(args.family, args.steps)
         return
     models_dir = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
     models = {"tiny": write_smoke_stack(models_dir)["model"], "mid": write_mid(models_dir, MID_NAME)}
@@ -179,6 +189,63 @@ def video_rows(steps: int) -> None:
             group.close()
         print(f"{'wan':6} {frames:>3}×{VIDEO_SIDE}×{VIDEO_SIDE} {degrees!s:10} "
               f"{alone * 1e3:>8.1f} ms {split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms "
+              f"{float((got - expected).abs().max()):>9.1e}")
+
+
+FAMILY_SIDE, FAMILY_GUIDANCE = 512, 3.0
+
+
+def family_rows(family: str, steps: int) -> None:
+    """A family's tiny transformer on one 512² image: one process vs a group of 2, per split."""
+    import importlib
+
+    from workers.device.policy import DevicePolicy
+    from workers.models.families import plugin
+    from workers.parallel.config import Degrees
+    from workers.parallel.group import WorkerGroup
+    from workers.parallel.protocol import ModelRef
+    from workers.sampling import SampleJob
+
+    family_plugin, policy = plugin(family), DevicePolicy(profile="cpu")
+    models_dir = Path(tempfile.mkdtemp(prefix=f"bench-parallel-{family}-"))
+    names = family_plugin.write_tiny_stack(models_dir)
+    encoder = family_plugin.load_text_encoder(
+        models_dir, [names[k] for k in ("text_encoder", "text_encoder_2") if k in names], policy)
+    positive, negative = family_plugin.encode_prompts(encoder, ["a lighthouse at dusk", ""])
+    single = family_plugin.load_diffusion_model(models_dir, names["model"], policy)
+    ref = ModelRef(str(models_dir), names["model"], "float32")
+    latent = importlib.import_module(f"workers.models.{family}").FAMILY.latent
+    guidance = 0.0 if family == "flux1" else FAMILY_GUIDANCE
+
+    def make(count: int) -> Any:
+        sigmas, timesteps = family_plugin.schedule(count, FAMILY_SIDE, FAMILY_SIDE, 1.0)
+        generator = torch.Generator("cpu").manual_seed(3)
+        return SampleJob(latents=torch.randn(latent.shape(FAMILY_SIDE, FAMILY_SIDE),
+                                             generator=generator),
+                         sigmas=sigmas, timesteps=timesteps, positive=positive,
+                         negative=negative if guidance else None, guidance=guidance,
+                         extra={"guidance": 3.5})
+
+    def timed(run: Any) -> tuple[float, Any]:
+        run(make(1))
+        best, out = float("inf"), None
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            out = run(make(steps))
+            best = min(best, (time.perf_counter() - start) / steps)
+        return best, out
+
+    print(f"{'family':9} {'side':>5} {'method':10} {'1 process':>11} {'group of 2':>11} "
+          f"{'overhead':>10} {'max |Δ|':>9}")
+    alone, expected = timed(single.batcher.run)
+    for degrees in (Degrees(ulysses=2), Degrees(cfg=2)):
+        group = WorkerGroup(2)
+        try:
+            split, got = timed(lambda job, g=group, d=degrees: g.run(job, ref, d))
+        finally:
+            group.close()
+        print(f"{family:9} {FAMILY_SIDE:>5} {degrees!s:10} {alone * 1e3:>8.1f} ms "
+              f"{split * 1e3:>8.1f} ms {(split - alone) * 1e3:>+7.1f} ms "
               f"{float((got - expected).abs().max()):>9.1e}")
 
 
