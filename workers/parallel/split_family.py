@@ -23,12 +23,15 @@ predict then mixes guidance as it always does. Rank layout: rank = cfg_rank · s
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from workers.parallel.collectives import all_gather, all_gather_uneven
 from workers.parallel.config import Degrees
+
+log = logging.getLogger(__name__)
 
 # The forward arguments that hold one entry per batch row, per transformer class (the rows the
 # cfg ranks divide); every other argument (positions, ids) is shared by the rows.
@@ -133,6 +136,7 @@ class FamilySplit:
         from diffusers.hooks.context_parallel import apply_context_parallel
         from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
 
+        _context_parallel_backend(transformer)
         cp = ContextParallelConfig(ulysses_degree=self.degrees.sp, ulysses_anything=True)
         config = ParallelConfig(context_parallel_config=cp)
         config.setup(self.rank, self.degrees.world, self.device,
@@ -197,6 +201,25 @@ class FamilySplit:
 
         transformer.register_forward_pre_hook(before, with_kwargs=True)
         transformer.register_forward_hook(after, with_kwargs=True)
+
+
+def _context_parallel_backend(transformer: Any) -> None:
+    """Keep the attention backend the policy chose (INLINE_ATTENTION) when diffusers' context
+    parallelism supports it (native, cuDNN, flash, sage); else torch SDPA for this split, said
+    in the log."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is None or not hasattr(processor, "_attention_backend"):
+            continue
+        chosen = processor._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
+        if not _AttentionBackendRegistry._is_context_parallel_available(
+                AttentionBackendName(chosen)):
+            log.warning("attention backend %s cannot split tokens across ranks; this group "
+                        "uses native (torch SDPA)", AttentionBackendName(chosen).value)
+            transformer.set_attention_backend("native")
+        return
 
 
 def _rows(value: Any, pad: int, start: int, count: int) -> Any:
