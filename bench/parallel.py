@@ -60,15 +60,20 @@ def make_job(steps: int, side: int, guidance: float) -> Any:
         guidance=guidance)
 
 
-def per_step(run: Any, steps: int, side: int, guidance: float) -> tuple[float, Any]:
-    """The best of REPEATS timed jobs (this box is shared) after one untimed 1-step job."""
-    run(make_job(1, side, guidance))
+def best_per_step(run: Any, make: Any, steps: int) -> tuple[float, Any]:
+    """Seconds per step of the best of REPEATS timed jobs `make(steps)` (this box is shared)
+    after one untimed 1-step job, and the last job's latents."""
+    run(make(1))
     best, out = float("inf"), None
     for _ in range(REPEATS):
         start = time.perf_counter()
-        out = run(make_job(steps, side, guidance))
+        out = run(make(steps))
         best = min(best, (time.perf_counter() - start) / steps)
     return best, out
+
+
+def per_step(run: Any, steps: int, side: int, guidance: float) -> tuple[float, Any]:
+    return best_per_step(run, lambda n: make_job(n, side, guidance), steps)
 
 
 def constant(degrees: Any) -> Any:
@@ -154,13 +159,7 @@ def make_video_job(steps: int) -> Any:
 
 
 def video_per_step(run: Any, steps: int) -> tuple[float, Any]:
-    run(make_video_job(1))
-    best, out = float("inf"), None
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        out = run(make_video_job(steps))
-        best = min(best, (time.perf_counter() - start) / steps)
-    return best, out
+    return best_per_step(run, make_video_job, steps)
 
 
 def video_rows(steps: int) -> None:
@@ -226,22 +225,14 @@ def family_rows(family: str, steps: int) -> None:
                          negative=negative if guidance else None, guidance=guidance,
                          extra={"guidance": 3.5})
 
-    def timed(run: Any) -> tuple[float, Any]:
-        run(make(1))
-        best, out = float("inf"), None
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            out = run(make(steps))
-            best = min(best, (time.perf_counter() - start) / steps)
-        return best, out
-
     print(f"{'family':9} {'side':>5} {'method':10} {'1 process':>11} {'group of 2':>11} "
           f"{'overhead':>10} {'max |Δ|':>9}")
-    alone, expected = timed(single.batcher.run)
+    alone, expected = best_per_step(single.batcher.run, make, steps)
     for degrees in (Degrees(ulysses=2), Degrees(cfg=2)):
         group = WorkerGroup(2)
         try:
-            split, got = timed(lambda job, g=group, d=degrees: g.run(job, ref, d))
+            split, got = best_per_step(lambda job, g=group, d=degrees: g.run(job, ref, d),
+                                       make, steps)
         finally:
             group.close()
         print(f"{family:9} {FAMILY_SIDE:>5} {degrees!s:10} {alone * 1e3:>8.1f} ms "
