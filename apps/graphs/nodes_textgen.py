@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 
-MAX_PROMPT = 8000  # as apps/graphs/nodes.py (a circular import otherwise)
-MAX_SYSTEM = 32000  # system prompts run long (ComfyUI's LTX-2 ones: 4-5k characters)
+MAX_PROMPT = 32000  # as apps/graphs/nodes.py (a circular import otherwise)
 MAX_SEED = 2**53 - 1  # as apps/graphs/nodes.py
 MAX_NEW_TOKENS = 32768  # ComfyUI's max_length limit
 
@@ -41,7 +40,7 @@ TEXTGEN = (
             Param("use_default_template", "bool", True,
                   description="Wrap the prompt in the model's chat template (a user turn and "
                   "the assistant's start); off: the prompt's tokens as they are."),
-            Param("system", "string", "", input="system", max_length=MAX_SYSTEM,
+            Param("system", "string", "", input="system", max_length=MAX_PROMPT,
                   description="A system turn before the prompt in the chat template (empty: "
                   "none; not used with the template off)."),
             Param("template", "enum", "model", choices=("model", "ltx2"),
