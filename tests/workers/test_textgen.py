@@ -2,7 +2,8 @@
 Krea 2 and Qwen-Image 2.1 stacks: its tokens are transformers' own `generate` on the same
 Qwen3-VL checkpoint (loaded whole, with its head) with the same settings and seed, greedy and
 sampled; an untied model reads its head from the file, and one without it is an error naming
-the file; a cancel stops it between tokens. A system prompt is the template's system turn, the
+the file; a cancel stops it between chunks of tokens, and other runs' device work runs between
+those chunks without changing a token. A system prompt is the template's system turn, the
 presence penalty lowers the generated tokens' logits as a hand-written processor does, an image
 goes in through the encoder's processor, and ComfyUI's LTX-2 turns generate on the tiny LTX-2
 stack's Gemma 3."""
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +141,7 @@ def test_a_seed_gives_the_same_text_and_another_seed_another(
     assert language_model(models_dir, encoder) is lm  # the head is built once per encoder
 
 
-def test_a_cancel_stops_generation_between_tokens(
+def test_a_cancel_stops_generation_between_chunks(
     stack: tuple[str, Path, str], make_ctx: Any
 ) -> None:
     _, models_dir, name = stack
@@ -389,3 +391,42 @@ def test_an_image_into_an_encoder_without_an_image_processor_is_refused(
                                          "processor"):
         RUNNERS["text/generate"](ctx, node_params(GREEDY, template="ltx2"),
                                  {"encoder": encoder, "image": Image.new("RGB", (16, 16))})
+
+
+def test_other_runs_device_work_runs_between_chunks_and_changes_no_token(
+    stack: tuple[str, Path, str], whole: Any, make_ctx: Any
+) -> None:
+    """Between the generation's chunks another run's work gets the device thread: a forward
+    of the same encoder module (which resets Qwen-VL's position state) and draws from the
+    global RNG, as a denoise step's noise would. The sampled tokens stay those of one
+    transformers `generate` call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.device.thread import THREAD_PREFIX, on_device_thread
+    from workers.runners.textgen import causal_module
+
+    family, models_dir, name = stack
+    encoder = load_encoder(make_ctx, models_dir, name)
+    tokenizer = getattr(encoder.tokenizer, "text", encoder.tokenizer)
+    lm = language_model(models_dir, encoder)
+    ran: list[str] = []
+
+    def other_run() -> None:
+        ran.append(threading.current_thread().name)
+        torch.rand(100)
+        with torch.no_grad():
+            causal_module(encoder)(**tokenizer(["another run's prompt"], return_tensors="pt"))
+
+    checks: list[int] = []
+
+    def between_chunks() -> None:
+        checks.append(1)
+        if len(checks) == 2:  # the first chunk done, the second not begun
+            with ThreadPoolExecutor(1) as another_runs_thread:  # its job waits for the thread
+                another_runs_thread.submit(on_device_thread, other_run).result(timeout=120)
+
+    params = node_params(SAMPLED, max_length=40)
+    ids = generate(lm, encoder, PROMPT, None, params, between_chunks).tolist()
+    assert len(ran) == 1 and ran[0].startswith(THREAD_PREFIX)
+    assert len(checks) == 3  # 40 tokens: chunks of 16, 16 and 8
+    assert ids == reference_ids(whole, tokenizer, family, params).tolist()

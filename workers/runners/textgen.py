@@ -8,8 +8,8 @@ weights shared, in its model type's generation class (`Qwen3VLForConditionalGene
 them, else `lm_head.weight` read from the encoder's file (an error naming the file when it has
 none). transformers' own `generate` then runs on it: greedy with sampling off, else its
 sampling seeded by `torch.manual_seed(seed)` inside a forked RNG state, so a seed gives the same
-text; the whole generation runs on the worker's device thread (nothing else draws from the RNG
-meanwhile) and checks for a cancel between tokens. A family whose text encoder is a pipeline's
+text. It runs on the worker's device thread a chunk of tokens at a time, giving the thread back
+(and checking for a cancel) between chunks (textgen_chunks.py). A family whose text encoder is a pipeline's
 components (LTX-2's Gemma 3) generates with its `text_encoder`, a generation class already.
 
 The prompt goes in as ComfyUI's TextGenerate puts it: a user turn of the model's chat template
@@ -21,7 +21,7 @@ the logits of the tokens generated so far, as ComfyUI's sampler does (textgen_pe
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from workers.device.thread import on_device_thread
 from workers.models.catalog import ModelFileMissing, resolve
 from workers.models.values import TextEncoder
 from workers.runners.base import NodeContext, NodeFailed, runner
+from workers.runners.textgen_chunks import Generation, generate_in_chunks, seeded_rng
 from workers.runners.textgen_penalty import presence_processors
 
 # base model module → its generation wrapper (the head built once per loaded encoder)
@@ -52,8 +53,7 @@ def text_generate(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, An
         raise NodeFailed("input 'encoder' is not a text encoder")
     prompt = str(inputs.get("prompt", params.get("prompt", "")))
     lm = language_model(ctx.models_dir, encoder)
-    ids = on_device_thread(lambda: generate(lm, encoder, prompt, inputs.get("image"), params,
-                                            ctx.check_cancelled))
+    ids = generate(lm, encoder, prompt, inputs.get("image"), params, ctx.check_cancelled)
     tokenizer, _ = _tokenizers(encoder)
     return {"text": str(tokenizer.decode(ids, skip_special_tokens=True))}
 
@@ -171,28 +171,20 @@ def _weight_files(path: Path) -> Iterator[Path]:
 
 
 def generate(lm: Any, encoder: TextEncoder, prompt: str, image: Any, params: dict[str, Any],
-             check_cancelled: Any) -> Any:
-    """The ids [n] of the tokens `lm` generates after the prompt, as the node's params say.
-    Call on the device thread."""
+             check_cancelled: Callable[[], None]) -> Any:
+    """The ids [n] of the tokens `lm` generates after the prompt, as the node's params say, a
+    chunk at a time on the device thread; `check_cancelled()` between chunks (on this thread)."""
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
+    from transformers import GenerationConfig
 
     tokenizer, processor = _tokenizers(encoder)
     text = chat_text(lm.config, tokenizer, prompt, image is not None, params)
     batch = model_inputs(lm.config, tokenizer, processor, text, image).to(lm.device)
-
-    class Cancel(StoppingCriteria):
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            check_cancelled()  # raises RunCancelled once the run is not ours
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    config = GenerationConfig(**generation_settings(params, tokenizer))
-    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(lm.device)):
-        torch.manual_seed(int(params["seed"]))
-        out = lm.generate(**batch, generation_config=config, stopping_criteria=[Cancel()],
-                          logits_processor=LogitsProcessorList(
-                              presence_processors(params, batch["input_ids"])))
-    return out[0, batch["input_ids"].shape[1]:].cpu()
+    generation = Generation(
+        inputs=dict(batch), config=GenerationConfig(**generation_settings(params, tokenizer)),
+        processors=presence_processors(params, batch["input_ids"]),
+        rng=seeded_rng(int(params["seed"]), lm.device))
+    return torch.tensor(generate_in_chunks(lm, generation, check_cancelled), dtype=torch.long)
 
 
 def generation_settings(params: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
@@ -261,7 +253,3 @@ def _tokenizers(encoder: TextEncoder) -> tuple[Any, Any]:
     (Qwen-Image 2.1's `Tokenizers`)."""
     held = encoder.tokenizer
     return getattr(held, "text", held), getattr(held, "processor", None)
-
-
-def _cuda_devices(device: Any) -> list[int]:
-    return [device.index or 0] if getattr(device, "type", "") == "cuda" else []
