@@ -114,9 +114,11 @@ def _textgen_widgets(values: list[Any]) -> dict[str, Any]:
             name = f"sampling_mode.{number}" if number else None
         elif isinstance(value, str) and value in MTP_OPTIONS:
             name = "mtp"
-        elif value not in CONTROL_VALUES and value is not None:
+        elif not (value is None or (isinstance(value, str) and value in CONTROL_VALUES)):
             name = "unread"  # a value no save of ComfyUI's has here: the warnings name it
-        if name is not None:
+        if name == "unread":  # as text: a list here would read as a link
+            named.setdefault(name, str(value)[:80])
+        elif name is not None:
             named.setdefault(name, value)
     return named
 
@@ -128,6 +130,7 @@ DYNAMIC_WIDGETS: dict[str, Callable[[list[Any]], dict[str, Any]]] = {
     "TextGenerate": _textgen_widgets,
     "TextGenerateLTX2Prompt": _textgen_widgets,
 }
+
 
 def _textgen_warnings(values: dict[str, Any]) -> list[str]:
     found = []

@@ -179,14 +179,15 @@ def test_text_generate_in_the_ui_format_reads_every_save_comfyui_writes(values, 
     assert not [w for w in result.report.warnings if w["type"] == "TextGenerate"]
 
 
-def test_a_pinned_mtp_and_an_unknown_value_are_named():
-    values = ["x", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 9, 0.0, "surprise", True, True, "3"]
+@pytest.mark.parametrize("odd", ["surprise", {"a": [1]}, [2, 3]])
+def test_a_pinned_mtp_and_an_unknown_value_are_named(odd):
+    values = ["x", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 9, 0.0, odd, True, True, "3"]
     result = comfy_import(workflow=ui_text_generate(values), catalog={})
     params = result.graph.model_dump()["nodes"]["2"]["params"]
     assert params | {"seed": 9, "thinking": True, "use_default_template": True} == params
     warned = [w["message"] for w in result.report.warnings if w["type"] == "TextGenerate"]
     assert any("mtp 3 is ignored" in m for m in warned)
-    assert any("'surprise'" in m for m in warned)
+    assert any(f"{str(odd)!r} after the sampling mode" in m for m in warned)
 
 
 def test_ltx_2s_prompt_enhancer_imports_as_text_generate_with_its_turns():
