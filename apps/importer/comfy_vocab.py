@@ -157,7 +157,7 @@ def _textgen_rule(*, ltx2: bool) -> Rule:
     return Rule(
         "text/generate",
         inputs={"clip": "encoder", "image": "image", "system_prompt": "system"},
-        outputs=("text",),
+        outputs=("text", "thinking"),
         params={"prompt": ParamMap("prompt"), "max_length": ParamMap("max_length"),
                 "sampling_mode": ParamMap("sampling"),
                 **{f"sampling_mode.{name}": ParamMap(name) for name in TEXTGEN_SAMPLING},

@@ -126,7 +126,7 @@ def test_the_nodes_tokens_are_transformers_generate_on_the_whole_checkpoint(
     assert len(ids) > 0
     text = RUNNERS["text/generate"](make_ctx(models_dir=models_dir), params,
                                     {"encoder": encoder})["text"]
-    assert text == tokenizer.decode(expected, skip_special_tokens=True)
+    assert text == tokenizer.decode(expected, skip_special_tokens=True).strip()
 
 
 def test_a_seed_gives_the_same_text_and_another_seed_another(
@@ -376,7 +376,7 @@ def test_comfyuis_ltx_2_turns_generate_on_the_tiny_ltx_2_gemma(ltx2: tuple[Path,
     expected = generated(gemma, tokenizer([turns], return_tensors="pt"), tokenizer, params,
                          eos=[tokenizer.eos_token_id])
     assert len(expected) > 0
-    assert text == tokenizer.decode(expected, skip_special_tokens=True)
+    assert text == tokenizer.decode(expected, skip_special_tokens=True).strip()
 
 
 def test_an_image_into_an_encoder_without_an_image_processor_is_refused(
@@ -430,3 +430,27 @@ def test_other_runs_device_work_runs_between_chunks_and_changes_no_token(
     assert len(ran) == 1 and ran[0].startswith(THREAD_PREFIX)
     assert len(checks) == 3  # 40 tokens: chunks of 16, 16 and 8
     assert ids == reference_ids(whole, tokenizer, family, params).tolist()
+
+
+@pytest.mark.parametrize(("generated", "prompt", "text", "thinking"), [
+    ("<think>\nA fox, then.\n</think>\n\nA red fox. ", "a fox", "A red fox.", "A fox, then."),
+    ("  A red fox.\n", "a fox", "A red fox.", ""),
+    ("<think>cut short by max_length", "a fox", "", "cut short by max_length"),
+    ("musing</think> A fox.", "a fox <think>", "A fox.", "musing"),  # thinking begun in the prompt
+    ("no opening</think> A fox.", "a fox", "no opening</think> A fox.", ""),
+])
+def test_the_reasoning_is_split_off_as_comfyui_splits_it(generated, prompt, text, thinking):
+    from workers.runners.textgen import node_outputs
+
+    params = node_params(GREEDY)
+    assert node_outputs(generated, prompt, params) == {"text": text, "thinking": thinking}
+
+
+def test_ltx_2s_turns_answer_the_prompt_itself_when_nothing_is_left():
+    from workers.runners.textgen import node_outputs
+
+    params = node_params(GREEDY, template="ltx2")
+    assert node_outputs("<think>only thoughts", "a fox", params)["text"] == "a fox"
+    assert node_outputs("  ", "a fox", params)["text"] == "a fox"
+    assert node_outputs("A red fox.", "a fox", params)["text"] == "A red fox."
+    assert node_outputs("", "a fox", node_params(GREEDY))["text"] == ""

@@ -55,7 +55,22 @@ def text_generate(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, An
     lm = language_model(ctx.models_dir, encoder)
     ids = generate(lm, encoder, prompt, inputs.get("image"), params, ctx.check_cancelled)
     tokenizer, _ = _tokenizers(encoder)
-    return {"text": str(tokenizer.decode(ids, skip_special_tokens=True))}
+    return node_outputs(str(tokenizer.decode(ids, skip_special_tokens=True)), prompt, params)
+
+
+def node_outputs(generated: str, prompt: str, params: dict[str, Any]) -> dict[str, str]:
+    """`text` and `thinking` of the generated text, as ComfyUI's TextGenerate splits them: the
+    reasoning is what comes before `</think>` where the text opens with `<think>` (or the raw
+    prompt ends with it); cut short by max_length it has no close, and all is reasoning. The
+    LTX-2 turns answer the prompt itself when nothing is left (ComfyUI's
+    TextGenerateLTX2Prompt: an empty prompt conditions on nothing)."""
+    reasoning, _, text = generated.partition("</think>")
+    if not reasoning.lstrip().startswith("<think>") and not prompt.rstrip().endswith("<think>"):
+        reasoning, text = "", generated
+    answer = text.strip()
+    if params.get("template") == "ltx2":
+        answer = answer or prompt
+    return {"text": answer, "thinking": reasoning.replace("<think>", "", 1).strip()}
 
 
 def language_model(models_dir: Path, encoder: TextEncoder) -> Any:

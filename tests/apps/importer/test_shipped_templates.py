@@ -270,7 +270,7 @@ def test_object_info_lists_text_generate_for_the_editor():
     assert spec["input"]["optional"] == {"image": ["IMAGE"], "system_prompt": ["STRING"]}
     assert spec["input"]["required"]["mtp"][0] == ["auto", "off", "2", "3", "4", "5"]
     assert spec["input"]["required"]["sampling_mode"][0] == ["on", "off"]
-    assert spec["output"] == ["STRING"]
+    assert spec["output"] == ["STRING", "STRING"]  # generated_text, thinking
 
 
 def _with_method(workflow: dict[str, Any], method: str) -> dict[str, Any]:
