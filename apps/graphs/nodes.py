@@ -16,7 +16,9 @@ from workers.models.families import REGISTERED
 
 MAX_SEED = 2**53 - 1  # the largest integer a JSON client (JavaScript) holds exactly
 SAVE_FORMATS = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
-MAX_PROMPT = 8000  # characters of a prompt or any text fed to the text encoder
+# characters of a prompt or any text fed to the text encoder (system prompts included: the
+# shipped templates' run to 28,000)
+MAX_PROMPT = 32000
 MAX_LABEL = 200  # characters of a take's label (copied into every take and run listing)
 
 _width = Param("width", "int", 1024, min=16, max=MAX_SIDE, multiple_of=16,

@@ -11,7 +11,7 @@ from apps.graphs.descriptors import PORT_KINDS, VALUE_KINDS, NodeDescriptor, Par
 from apps.graphs.mathexpr import MAX_LENGTH as MAX_EXPRESSION
 from apps.graphs.mathexpr import NAMES as MATH_NAMES
 
-MAX_TEXT = 8000  # as a prompt (apps/graphs/nodes.py MAX_PROMPT): text feeds text encoders
+MAX_TEXT = 32000  # as a prompt (apps/graphs/nodes.py MAX_PROMPT): text feeds text encoders
 
 # ComfyUI's ResolutionSelector presets (comfy_extras/nodes_resolution.py): label → ratio.
 ASPECT_RATIOS: dict[str, tuple[int, int]] = {

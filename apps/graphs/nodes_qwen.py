@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
 
-MAX_PROMPT = 8000  # as apps/graphs/nodes.py (a circular import otherwise)
+MAX_PROMPT = 32000  # as apps/graphs/nodes.py (a circular import otherwise)
 QWEN21_IMAGES = 16  # the condition images one qwenimage21/encode takes (ComfyUI's image_1…16)
 QWEN21_IMAGE_PORTS = tuple(f"image_{i}" for i in range(1, QWEN21_IMAGES + 1))
 REFERENCE_METHODS = ("auto", "index", "index_timestep_zero")  # qwenimage/reference-latent's

@@ -23,15 +23,13 @@ from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
 from apps.graphs.nodes_qwen import QWEN21_IMAGES, REFERENCE_METHODS
 from apps.importer import comfy_ltx2, comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
-from apps.importer.comfy_rules import RESAMPLE, KindOf, ParamMap, Rule, Warn
+from apps.importer.comfy_rules import CONTROL, CONTROL_VALUES, RESAMPLE, KindOf, ParamMap, Rule, Warn
 from apps.importer.comfy_rules import area_warning as _area
 from apps.importer.comfy_rules import resample as _resample
 from apps.importer.comfy_vocab import DYNAMIC_WIDGETS
 
-__all__ = ["DYNAMIC_WIDGETS", "RESAMPLE", "ParamMap", "Rule"]  # read from here by the importer
-
-CONTROL = "control_after_generate"
-CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
+# read from here by the importer
+__all__ = ["CONTROL", "CONTROL_VALUES", "DYNAMIC_WIDGETS", "RESAMPLE", "ParamMap", "Rule"]
 
 WIDGETS: dict[str, tuple[str, ...]] = {
     "CheckpointLoaderSimple": ("ckpt_name",),

@@ -16,6 +16,7 @@ from apps.graphs.nodes import SAMPLERS, SCHEDULERS
 from apps.graphs.registry import descriptor_get
 from apps.importer.comfy_families import CLIP_TYPES
 from apps.importer.comfy_nodes import CONTROL, RESAMPLE, RULES, WIDGETS, Rule
+from apps.importer.comfy_vocab import MTP_OPTIONS
 
 KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning": "CONDITIONING",
          "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
@@ -53,6 +54,9 @@ TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares o
     ("LTXVImgToVideoInplace", "bypass"): ["BOOLEAN", {"default": False}],
     ("EmptyLTXVLatentVideo", "length"): ["INT", {"default": 97, "min": 1, "max": 16384,
                                                  "step": 8}],
+    # TextGenerate's speculative decoding: accepted as ComfyUI declares it, and ignored
+    **{(name, "mtp"): [list(MTP_OPTIONS), {"default": "auto"}]
+       for name in ("TextGenerate", "TextGenerateLTX2Prompt")},
 }
 # Inputs ComfyUI declares optional, and those of any type ("*": a switch's branches, what a
 # PreviewAny shows); the math node's inputs are listed once, by their API names.
@@ -60,7 +64,8 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "ComfySwitchNode": frozenset({"on_false", "on_true"}),
     "ImageCompositeMasked": frozenset({"mask"}),
     "CreateVideo": frozenset({"audio"}),
-    "TextGenerate": frozenset({"image"}),
+    "TextGenerate": frozenset({"image", "system_prompt"}),
+    "TextGenerateLTX2Prompt": frozenset({"image", "system_prompt"}),
     "ComfyMathExpression": frozenset(f"values.{n}" for n in MATH_NAMES),
 }
 ANY_TYPE: dict[str, frozenset[str]] = {

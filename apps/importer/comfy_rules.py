@@ -14,6 +14,8 @@ class Link:
     node: str
     slot: int
 
+CONTROL = "control_after_generate"  # the widget the editor adds after a seed (WIDGETS marks it)
+CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
 RESAMPLE = {"nearest-exact": "nearest", "bilinear": "bilinear", "area": "bilinear",
             "bicubic": "bicubic", "lanczos": "lanczos"}
 

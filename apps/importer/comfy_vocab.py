@@ -13,7 +13,24 @@ from typing import Any
 
 from apps.graphs.descriptors import VALUE_KINDS
 from apps.graphs.mathexpr import NAMES as MATH_NAMES
-from apps.importer.comfy_rules import KindOf, ParamMap, Rule, area_warning, resample
+from apps.importer.comfy_rules import (
+    CONTROL_VALUES,
+    KindOf,
+    ParamMap,
+    Rule,
+    area_warning,
+    resample,
+)
+
+# TextGenerate's sampling_mode "on" widgets, in order (presence_penalty: newer saves only).
+TEXTGEN_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                    "presence_penalty")
+TEXTGEN_FLAGS = ("thinking", "use_default_template")  # booleans, in order; newer saves add each
+# ComfyUI's speculative decoding (the newest saves' last widget): the farm has none, and without
+# a checkpoint's multi-token-prediction weights it changes nothing in ComfyUI either
+MTP_OPTIONS = ("auto", "off", "2", "3", "4", "5")
+TEXTGEN_WIDGETS = ("prompt", "max_length", "sampling_mode",
+                   *(f"sampling_mode.{name}" for name in TEXTGEN_SAMPLING), *TEXTGEN_FLAGS, "mtp")
 
 WIDGETS: dict[str, tuple[str, ...]] = {
     "PrimitiveBoolean": ("value",),
@@ -39,12 +56,10 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LoadVideo": ("file", "upload"),
     "SaveVideo": ("filename_prefix", "format", "codec"),
     "SaveAnimatedWEBP": ("filename_prefix", "fps", "lossless", "quality", "method"),
-    # the UI format: DYNAMIC_WIDGETS; these names list its widgets in /object_info (the
+    # the UI format: DYNAMIC_WIDGETS; TEXTGEN_WIDGETS list its widgets in /object_info (the
     # dynamic combo's "on" widgets flat, by their API names)
-    "TextGenerate": ("prompt", "max_length", "sampling_mode", "sampling_mode.temperature",
-                     "sampling_mode.top_k", "sampling_mode.top_p", "sampling_mode.min_p",
-                     "sampling_mode.repetition_penalty", "sampling_mode.seed", "thinking",
-                     "use_default_template"),
+    "TextGenerate": TEXTGEN_WIDGETS,
+    "TextGenerateLTX2Prompt": TEXTGEN_WIDGETS,
 }
 
 # Options of ComfyUI's dynamic combos: the widgets each option adds after the combo's own value
@@ -80,25 +95,31 @@ def _save_advanced_widgets(values: list[Any]) -> dict[str, Any]:
     return dict(zip(names, values, strict=False))
 
 
-# TextGenerate's sampling_mode "on" widgets, in order (presence_penalty: newer saves only).
-TEXTGEN_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                    "presence_penalty")
-TEXTGEN_AFTER = ("thinking", "use_default_template", "system_prompt")  # newer saves add each
-
-
 def _textgen_widgets(values: list[Any]) -> dict[str, Any]:
-    """TextGenerate: [prompt, max_length, sampling_mode, its "on" widgets…, thinking,
-    use_default_template, system_prompt]; saves of older versions stop early, and ComfyUI's
-    "off" adds no widgets. The sampling widgets are the numbers after the mode, in order (the
-    farm's /object_info lists them as plain widgets, so the editor saves them for "off" too);
-    booleans come after."""
+    """TextGenerate (and TextGenerateLTX2Prompt): [prompt, max_length, sampling_mode, its "on"
+    widgets…, thinking, use_default_template, mtp], read by kind after the mode so that every
+    save ComfyUI writes reads right: numbers are the sampling widgets in order (6 before
+    presence_penalty existed; none where ComfyUI saved "off", while the farm's /object_info
+    lists them plain, so its editor keeps them for "off" too), a seed's control_after_generate
+    word is skipped, booleans are the flags in order (older saves stop early), and one of
+    ComfyUI's mtp options is mtp."""
     named = dict(zip(("prompt", "max_length", "sampling_mode"), values, strict=False))
-    rest = list(values[3:])
-    for name in TEXTGEN_SAMPLING:
-        if not rest or isinstance(rest[0], bool) or not isinstance(rest[0], int | float):
-            break
-        named[f"sampling_mode.{name}"] = rest.pop(0)
-    named.update(zip(TEXTGEN_AFTER, rest, strict=False))
+    numbers, flags = iter(TEXTGEN_SAMPLING), iter(TEXTGEN_FLAGS)
+    for value in values[3:]:
+        name: str | None = None
+        if isinstance(value, bool):
+            name = next(flags, None)
+        elif isinstance(value, int | float):
+            number = next(numbers, None)
+            name = f"sampling_mode.{number}" if number else None
+        elif isinstance(value, str) and value in MTP_OPTIONS:
+            name = "mtp"
+        elif not (value is None or (isinstance(value, str) and value in CONTROL_VALUES)):
+            name = "unread"  # a value no save of ComfyUI's has here: the warnings name it
+        if name == "unread":  # as text: a list here would read as a link
+            named.setdefault(name, str(value)[:80])
+        elif name is not None:
+            named.setdefault(name, value)
     return named
 
 
@@ -107,20 +128,44 @@ DYNAMIC_WIDGETS: dict[str, Callable[[list[Any]], dict[str, Any]]] = {
     "ResizeImageMaskNode": _resize_widgets,
     "SaveImageAdvanced": _save_advanced_widgets,
     "TextGenerate": _textgen_widgets,
+    "TextGenerateLTX2Prompt": _textgen_widgets,
 }
+
 
 def _textgen_warnings(values: dict[str, Any]) -> list[str]:
     found = []
-    presence = values.get("sampling_mode.presence_penalty", values.get("presence_penalty"))
-    if values.get("sampling_mode", "on") == "on" and isinstance(presence, int | float) \
-            and not isinstance(presence, bool) and presence != 0:
-        found.append(f"presence_penalty {presence} is not applied (transformers' generate has "
-                     "none): the repetition penalty is")
-    system = values.get("system_prompt")
-    if isinstance(system, str) and system != "auto":
-        found.append(f"system_prompt {system!r} is not applied: the prompt is the user turn of "
-                     "the model's chat template, without a system turn of ComfyUI's")
+    mtp = values.get("mtp")
+    if isinstance(mtp, str) and mtp.isdigit():
+        found.append(f"mtp {mtp} is ignored: the farm generates one token at a time (the same "
+                     "text ComfyUI gives without multi-token prediction)")
+    if "unread" in values:
+        found.append(f"the widget value {values['unread']!r} after the sampling mode is not one "
+                     "TextGenerate saves: it is ignored")
     return found
+
+
+def _ltx2_prompt_warnings(values: dict[str, Any]) -> list[str]:
+    return [*_textgen_warnings(values),
+            "TextGenerateLTX2Prompt's own LTX-2 system prompt (ComfyUI's text, in its "
+            "comfy_extras/nodes_textgen.py) is not carried: the system turn is what its "
+            "system_prompt input (or the node's `system` param) gives, empty otherwise"]
+
+
+def _textgen_rule(*, ltx2: bool) -> Rule:
+    """TextGenerate → text/generate; TextGenerateLTX2Prompt, the same with ComfyUI's LTX-2
+    turns (`template: ltx2`). Video and audio inputs are not mapped."""
+    return Rule(
+        "text/generate",
+        inputs={"clip": "encoder", "image": "image", "system_prompt": "system"},
+        outputs=("text", "thinking"),
+        params={"prompt": ParamMap("prompt"), "max_length": ParamMap("max_length"),
+                "sampling_mode": ParamMap("sampling"),
+                **{f"sampling_mode.{name}": ParamMap(name) for name in TEXTGEN_SAMPLING},
+                "thinking": ParamMap("thinking", bool),
+                "use_default_template": ParamMap("use_default_template", bool)},
+        derive=(lambda values: {"template": "ltx2"}) if ltx2 else None,
+        warnings=(_ltx2_prompt_warnings if ltx2 else _textgen_warnings,),
+    )
 
 
 def _switch_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
@@ -297,15 +342,8 @@ VOCABULARY: dict[str, Rule] = {
         outputs=("output",), params={"switch": ParamMap("switch", bool)}, pick=_switch_pick,
     ),
     "PreviewAny": _PREVIEW,
-    "TextGenerate": Rule(  # the templates' LLM prompt enhancer; video / audio unmapped
-        "text/generate", inputs={"clip": "encoder", "image": "image"}, outputs=("text",),
-        params={"prompt": ParamMap("prompt"), "max_length": ParamMap("max_length"),
-                "sampling_mode": ParamMap("sampling"),
-                **{f"sampling_mode.{name}": ParamMap(name) for name in TEXTGEN_SAMPLING[:6]},
-                "thinking": ParamMap("thinking", bool),
-                "use_default_template": ParamMap("use_default_template", bool)},
-        warnings=(_textgen_warnings,),
-    ),
+    "TextGenerate": _textgen_rule(ltx2=False),  # the templates' LLM prompt enhancer
+    "TextGenerateLTX2Prompt": _textgen_rule(ltx2=True),  # LTX-2's (its templates')
     "SaveImageAdvanced": Rule(
         "image/save", inputs={"images": "image"}, params={"filename_prefix": ParamMap("label")},
         derive=_save_format, warnings=(_save_format_warnings,),

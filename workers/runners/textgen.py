@@ -8,14 +8,20 @@ weights shared, in its model type's generation class (`Qwen3VLForConditionalGene
 them, else `lm_head.weight` read from the encoder's file (an error naming the file when it has
 none). transformers' own `generate` then runs on it: greedy with sampling off, else its
 sampling seeded by `torch.manual_seed(seed)` inside a forked RNG state, so a seed gives the same
-text; the whole generation runs on the worker's device thread (nothing else draws from the RNG
-meanwhile) and checks for a cancel between tokens.
+text. It runs on the worker's device thread a chunk of tokens at a time, giving the thread back
+(and checking for a cancel) between chunks (textgen_chunks.py). A family whose text encoder is a pipeline's
+components (LTX-2's Gemma 3) generates with its `text_encoder`, a generation class already.
+
+The prompt goes in as ComfyUI's TextGenerate puts it: a user turn of the model's chat template
+(after a system turn when `system` is set), or as it is; `template: ltx2` writes ComfyUI's
+TextGenerateLTX2Prompt turns instead (Gemma's, with a system turn). `presence_penalty` lowers
+the logits of the tokens generated so far, as ComfyUI's sampler does (textgen_penalty.py).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +29,21 @@ from workers.device.thread import on_device_thread
 from workers.models.catalog import ModelFileMissing, resolve
 from workers.models.values import TextEncoder
 from workers.runners.base import NodeContext, NodeFailed, runner
+from workers.runners.textgen_chunks import Generation, generate_in_chunks, seeded_rng
+from workers.runners.textgen_penalty import presence_processors
 
 # base model module → its generation wrapper (the head built once per loaded encoder)
 _LANGUAGE_MODELS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 ENCODER_FOLDERS = ("text_encoders", "checkpoints")  # where a text encoder's file may sit
 NO_THINKING = "<think>\n\n</think>\n\n"  # Qwen3's template without thinking: an empty thought
+END_OF_TURN = ("<|im_end|>", "<end_of_turn>")  # Qwen's and Gemma's: ComfyUI stops on them
+QWEN_VISION = "<|vision_start|><|image_pad|><|vision_end|>"  # where Qwen-VL reads an image
+# ComfyUI's TextGenerateLTX2Prompt (comfy_extras/nodes_textgen.py, its Gemma 3 path): Gemma's
+# turns with a system turn, the image's soft token before the user's words
+LTX2_TURNS = ("<start_of_turn>system\n{system}<end_of_turn>\n"
+              "<start_of_turn>user\n{media}\nUser Raw Input Prompt: {prompt}.<end_of_turn>\n"
+              "<start_of_turn>model\n")
+LTX2_IMAGE = "\n<image_soft_token>\n"
 
 
 @runner("text/generate")
@@ -37,16 +53,30 @@ def text_generate(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, An
         raise NodeFailed("input 'encoder' is not a text encoder")
     prompt = str(inputs.get("prompt", params.get("prompt", "")))
     lm = language_model(ctx.models_dir, encoder)
-    ids = on_device_thread(lambda: generate(lm, encoder, prompt, inputs.get("image"), params,
-                                            ctx.check_cancelled))
+    ids = generate(lm, encoder, prompt, inputs.get("image"), params, ctx.check_cancelled)
     tokenizer, _ = _tokenizers(encoder)
-    return {"text": str(tokenizer.decode(ids, skip_special_tokens=True))}
+    return node_outputs(str(tokenizer.decode(ids, skip_special_tokens=True)), prompt, params)
+
+
+def node_outputs(generated: str, prompt: str, params: dict[str, Any]) -> dict[str, str]:
+    """`text` and `thinking` of the generated text, as ComfyUI's TextGenerate splits them: the
+    reasoning is what comes before `</think>` where the text opens with `<think>` (or the raw
+    prompt ends with it); cut short by max_length it has no close, and all is reasoning. The
+    LTX-2 turns answer the prompt itself when nothing is left (ComfyUI's
+    TextGenerateLTX2Prompt: an empty prompt conditions on nothing)."""
+    reasoning, _, text = generated.partition("</think>")
+    if not reasoning.lstrip().startswith("<think>") and not prompt.rstrip().endswith("<think>"):
+        reasoning, text = "", generated
+    answer = text.strip()
+    if params.get("template") == "ltx2":
+        answer = answer or prompt
+    return {"text": answer, "thinking": reasoning.replace("<think>", "", 1).strip()}
 
 
 def language_model(models_dir: Path, encoder: TextEncoder) -> Any:
     """The encoder's base model inside its generation class, with its output head (cached per
     loaded encoder)."""
-    base = encoder.model
+    base = causal_module(encoder)
     found = _LANGUAGE_MODELS.get(base) if _is_module(base) else None
     if found is None:
         found = on_device_thread(lambda: _wrapped(models_dir, encoder))
@@ -60,18 +90,26 @@ def _is_module(model: Any) -> bool:
     return isinstance(model, torch.nn.Module)
 
 
+def causal_module(encoder: TextEncoder) -> Any:
+    """The module that holds the encoder's language model: the encoder's model, or the
+    `text_encoder` of a family that keeps its pipeline's components (LTX-2's Gemma 3)."""
+    model = encoder.model
+    return model.get("text_encoder", model) if isinstance(model, dict) else model
+
+
 def generation_class(encoder: TextEncoder) -> Any:
     """The transformers class that generates with the encoder's model type; NodeFailed when
     the encoder is no causal language model (CLIP, T5, a family's pair of encoders)."""
     import transformers
     from transformers.models.auto import modeling_auto
 
-    config = getattr(encoder.model, "config", None)
+    module = causal_module(encoder)
+    config = getattr(module, "config", None)
     model_type = str(getattr(config, "model_type", ""))
     name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
             or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type))
-    if not _is_module(encoder.model) or name is None or not hasattr(transformers, name):
-        kind = model_type or type(encoder.model).__name__
+    if not _is_module(module) or name is None or not hasattr(transformers, name):
+        kind = model_type or type(module).__name__
         raise NodeFailed(f"text encoder {encoder.name} ({encoder.family}: {kind}) is not a "
                          "language model that generates text: text/generate needs a causal LM "
                          "encoder (a Qwen3-VL, Qwen2.5-VL or Qwen3)")
@@ -82,7 +120,9 @@ def _wrapped(models_dir: Path, encoder: TextEncoder) -> Any:
     import torch
     from accelerate import init_empty_weights
 
-    cls, base = generation_class(encoder), encoder.model
+    cls, base = generation_class(encoder), causal_module(encoder)
+    if isinstance(base, cls):  # loaded whole, head and all (LTX-2's Gemma 3)
+        return base.eval()
     with init_empty_weights():
         lm = cls(base.config)
     if not isinstance(base, type(lm.model)):
@@ -123,7 +163,7 @@ def lm_head_weight(models_dir: Path, encoder: TextEncoder) -> Any:
             if key is not None:
                 return f.get_tensor(key)
     raise NodeFailed(
-        f"{path.name} has no lm_head.weight: this {encoder.model.config.model_type} does not "
+        f"{path.name} has no lm_head.weight: this {causal_module(encoder).config.model_type} does not "
         "tie its output head to its embeddings, and text/generate needs the head (use the "
         "model's full checkpoint, which keeps it)")
 
@@ -146,34 +186,26 @@ def _weight_files(path: Path) -> Iterator[Path]:
 
 
 def generate(lm: Any, encoder: TextEncoder, prompt: str, image: Any, params: dict[str, Any],
-             check_cancelled: Any) -> Any:
-    """The ids [n] of the tokens `lm` generates after the prompt, as the node's params say.
-    Call on the device thread."""
+             check_cancelled: Callable[[], None]) -> Any:
+    """The ids [n] of the tokens `lm` generates after the prompt, as the node's params say, a
+    chunk at a time on the device thread; `check_cancelled()` between chunks (on this thread)."""
     import torch
-    from transformers import GenerationConfig, StoppingCriteria
+    from transformers import GenerationConfig
 
     tokenizer, processor = _tokenizers(encoder)
-    batch = prompt_inputs(lm.config, tokenizer, processor, prompt, image,
-                          thinking=bool(params["thinking"]),
-                          template=bool(params["use_default_template"]))
-    batch = batch.to(lm.device)
-
-    class Cancel(StoppingCriteria):
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            check_cancelled()  # raises RunCancelled once the run is not ours
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    config = GenerationConfig(**generation_settings(params, tokenizer))
-    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(lm.device)):
-        torch.manual_seed(int(params["seed"]))
-        out = lm.generate(**batch, generation_config=config, stopping_criteria=[Cancel()])
-    return out[0, batch["input_ids"].shape[1]:].cpu()
+    text = chat_text(lm.config, tokenizer, prompt, image is not None, params)
+    batch = model_inputs(lm.config, tokenizer, processor, text, image).to(lm.device)
+    generation = Generation(
+        inputs=dict(batch), config=GenerationConfig(**generation_settings(params, tokenizer)),
+        processors=presence_processors(params, batch["input_ids"]),
+        rng=seeded_rng(int(params["seed"]), lm.device))
+    return torch.tensor(generate_in_chunks(lm, generation, check_cancelled), dtype=torch.long)
 
 
 def generation_settings(params: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """GenerationConfig's arguments for the node's params (sampling off: greedy)."""
-    eos = [t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
-           if isinstance(t, int) and t != tokenizer.unk_token_id]
+    ends = (tokenizer.eos_token_id, *(tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN))
+    eos = [t for t in ends if isinstance(t, int) and t != tokenizer.unk_token_id]
     settings: dict[str, Any] = {
         "max_new_tokens": int(params["max_length"]), "eos_token_id": sorted(set(eos)) or None,
         "pad_token_id": tokenizer.pad_token_id, "do_sample": params["sampling"] == "on",
@@ -188,33 +220,46 @@ def generation_settings(params: dict[str, Any], tokenizer: Any) -> dict[str, Any
     return settings
 
 
-def prompt_inputs(config: Any, tokenizer: Any, processor: Any, prompt: str, image: Any, *,
-                  thinking: bool, template: bool) -> Any:
-    """The model's inputs for `prompt` (+ `image`): in the tokenizer's chat template as a user
-    turn with the assistant's turn begun (Qwen's ChatML where the tokenizer has no template),
-    or the prompt's tokens as they are."""
+def chat_text(config: Any, tokenizer: Any, prompt: str, has_image: bool,
+              params: dict[str, Any]) -> str:
+    """The text the model reads, as the node's params say: ComfyUI's LTX-2 turns (`template:
+    ltx2`); the prompt as it is (`use_default_template` off: no system turn either, as
+    ComfyUI); else the tokenizer's chat template, a system turn when `system` is set, the user
+    turn and the assistant's start (Qwen's ChatML written out where the tokenizer has none)."""
+    system, thinking = str(params.get("system", "")), bool(params["thinking"])
+    if params.get("template") == "ltx2":
+        return LTX2_TURNS.format(system=system.strip(), prompt=prompt,
+                                 media=LTX2_IMAGE if has_image else "")
+    slot = QWEN_VISION if has_image else ""
+    if not params["use_default_template"]:
+        return slot + prompt
+    if not tokenizer.chat_template:
+        turns = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+        text = f"{turns}<|im_start|>user\n{slot}{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        if not thinking and "<think>" in tokenizer.get_vocab():
+            text += NO_THINKING
+        return text
+    content: Any = prompt
+    if hasattr(config, "vision_config"):  # a VL template reads lists of parts
+        content = [*([{"type": "image"}] if has_image else []), {"type": "text", "text": prompt}]
+        system_content: Any = [{"type": "text", "text": system}]
+    else:
+        system_content = system
+    chat = [*([{"role": "system", "content": system_content}] if system else []),
+            {"role": "user", "content": content}]
+    return str(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=thinking))
+
+
+def model_inputs(config: Any, tokenizer: Any, processor: Any, text: str, image: Any) -> Any:
+    """The model's inputs for `text` (+ `image`, through the encoder's image processor)."""
     vision = hasattr(config, "vision_config")
-    if image is not None and (processor is None or not vision):
+    if image is None:
+        return tokenizer([text], return_tensors="pt")
+    if processor is None or not vision:
         raise NodeFailed("this text encoder reads no images: its tokenizer folder has no image "
                          "processor (preprocessor_config.json)" if vision else
                          "this text encoder reads no images (a text-only model)")
-    slot = "<|vision_start|><|image_pad|><|vision_end|>" if image is not None else ""
-    if not template:
-        text = slot + prompt
-    elif tokenizer.chat_template:
-        content: Any = prompt
-        if vision:
-            content = [*([{"type": "image"}] if image is not None else []),
-                       {"type": "text", "text": prompt}]
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True,
-            enable_thinking=thinking)
-    else:
-        text = f"<|im_start|>user\n{slot}{prompt}<|im_end|>\n<|im_start|>assistant\n"
-        if not thinking and "<think>" in tokenizer.get_vocab():
-            text += NO_THINKING
-    if image is None:
-        return tokenizer([text], return_tensors="pt")
     return processor(text=[text], images=[image.convert("RGB")], return_tensors="pt")
 
 
@@ -223,7 +268,3 @@ def _tokenizers(encoder: TextEncoder) -> tuple[Any, Any]:
     (Qwen-Image 2.1's `Tokenizers`)."""
     held = encoder.tokenizer
     return getattr(held, "text", held), getattr(held, "processor", None)
-
-
-def _cuda_devices(device: Any) -> list[int]:
-    return [device.index or 0] if getattr(device, "type", "") == "cuda" else []

@@ -15,6 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from apps.graphs.nodes import MAX_PROMPT
 from tests.apps.importer.test_bounds import bomb
 from tests.conftest import png
 
@@ -294,10 +295,10 @@ def test_nodes_off_the_output_path_are_not_kept_and_are_bounded_in_number(
         assert_comfy_refusal(crowded)
         assert "INLINE_IMPORT_MAX_NODES" in crowded.text
         too_long = resize_prompt(owner_image)
-        too_long["2"]["inputs"]["junk"] = "z" * 9_000
+        too_long["2"]["inputs"]["junk"] = "z" * (MAX_PROMPT + 1)
         refused = assert_comfy_refusal(post_json(client, "/prompt", {"prompt": too_long}))
         assert list(refused["node_errors"]) == ["2"]
-        assert "8000" in refused["node_errors"]["2"]["errors"][0]["message"]
+        assert str(MAX_PROMPT) in refused["node_errors"]["2"]["errors"][0]["message"]
 
 
 # --- leaks between users ----------------------------------------------------------------------

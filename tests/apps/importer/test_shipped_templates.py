@@ -65,11 +65,14 @@ def test_the_same_workflow_with_the_enhancer_on_generates_the_prompt():
     # repetition 1, its seed (linked from the subgraph's), thinking from the subgraph
     assert enhancer["params"] | {"sampling": "on", "temperature": 1.0, "top_k": 20,
                                  "top_p": 0.95, "min_p": 0.0, "repetition_penalty": 1.0,
-                                 "use_default_template": True} == enhancer["params"]
+                                 "presence_penalty": 1.5, "use_default_template": True} \
+        == enhancer["params"]
+    # its system prompt (a 10k-character text node) is the system turn
+    assert enhancer["inputs"]["system"] == {"node": "459:475", "port": "text"}
+    assert len(nodes["459:475"]["params"]["value"]) > 10_000
     # the encoder reads the generated text (the switch, settled, passes its on_true on)
     assert nodes["459:452"]["inputs"]["text"] == {"node": "459:471", "port": "text"}
-    warned = [w["message"] for w in result.report.warnings if w["type"] == "TextGenerate"]
-    assert any("presence_penalty 1.5 is not applied" in m for m in warned)
+    assert not [w for w in result.report.warnings if w["type"] == "TextGenerate"]
 
 
 def test_krea_2_turbo_ships_with_its_enhancer_on_and_maps_it():
@@ -99,39 +102,128 @@ def test_text_generate_in_the_api_format_reads_its_dynamic_combo():
     node = result.graph.model_dump()["nodes"]["2"]
     assert node["params"] == {"prompt": "a fox", "max_length": 64, "sampling": "on",
                               "temperature": 0.5, "top_k": 10, "top_p": 0.9, "min_p": 0.1,
-                              "repetition_penalty": 1.2, "seed": 42, "thinking": True,
-                              "use_default_template": False}
+                              "repetition_penalty": 1.2, "seed": 42, "presence_penalty": 0.0,
+                              "thinking": True, "use_default_template": False, "system": "",
+                              "template": "model"}
     assert node["inputs"] == {"encoder": {"node": "1", "port": "encoder"}}
     assert not [w for w in result.report.warnings if w["type"] == "TextGenerate"]
 
 
-@pytest.mark.parametrize(("values", "expected"), [
-    (["", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 0, 0, True, True],
-     {"sampling": "on", "temperature": 0.7, "seed": 0, "thinking": True}),
-    (["x", 2048, "on", 0.7, 64, 0.95, 0.05, 1.05, 7],  # an older save: no presence, no flags
-     {"sampling": "on", "seed": 7, "thinking": False}),
-    (["x", 256, "off", True, False], {"sampling": "off", "thinking": True,
-                                      "use_default_template": False}),
-    # saved by the editor from the farm's /object_info (plain widgets): "off" keeps the numbers
-    (["x", 256, "off", 0.7, 64, 0.95, 0.05, 1.05, 3, 0.0, True, False],
-     {"sampling": "off", "seed": 3, "thinking": True, "use_default_template": False}),
-])
-def test_text_generate_in_the_ui_format_reads_its_widgets_by_version(values, expected):
-    from apps.importer.ui_format import widgets_by_name
-
-    named = widgets_by_name("TextGenerate", values)
-    ui = {"nodes": [
-        {"id": 1, "type": "CLIPLoader", "mode": 0, "widgets_values": ["q.safetensors", "krea2", "default"],
+def ui_text_generate(values: list[Any], comfy_type: str = "TextGenerate",
+                     image: bool = False) -> dict[str, Any]:
+    """A UI-format workflow: a CLIPLoader into a `comfy_type` saved with `values`, previewed
+    (and a LoadImage into its image input with `image`)."""
+    nodes: list[dict[str, Any]] = [
+        {"id": 1, "type": "CLIPLoader", "mode": 0,
+         "widgets_values": ["q.safetensors", "krea2", "default"],
          "outputs": [{"name": "CLIP", "type": "CLIP", "links": [1]}], "inputs": []},
-        {"id": 2, "type": "TextGenerate", "mode": 0, "widgets_values": values,
-         "inputs": [{"name": "clip", "type": "CLIP", "link": 1}],
+        {"id": 2, "type": comfy_type, "mode": 0, "widgets_values": values,
+         "inputs": [{"name": "clip", "type": "CLIP", "link": 1},
+                    *([{"name": "image", "type": "IMAGE", "link": 3}] if image else [])],
          "outputs": [{"name": "STRING", "type": "STRING", "links": [2]}]},
         {"id": 3, "type": "PreviewAny", "mode": 0, "widgets_values": [],
          "inputs": [{"name": "source", "type": "*", "link": 2}], "outputs": []},
-    ], "links": [[1, 1, 0, 2, 0, "CLIP"], [2, 2, 0, 3, 0, "STRING"]]}
-    params = comfy_import(workflow=ui, catalog={}).graph.model_dump()["nodes"]["2"]["params"]
+    ]
+    links = [[1, 1, 0, 2, 0, "CLIP"], [2, 2, 0, 3, 0, "STRING"]]
+    if image:
+        nodes.append({"id": 4, "type": "LoadImage", "mode": 0,
+                      "widgets_values": ["fox.png", "image"],
+                      "outputs": [{"name": "IMAGE", "type": "IMAGE", "links": [3]}],
+                      "inputs": []})
+        links.append([3, 4, 0, 2, 1, "IMAGE"])
+    return {"nodes": nodes, "links": links}
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    # ComfyUI's newest save: presence_penalty, both flags, mtp (Qwen-Image 2.1's templates)
+    (["", 4096, "on", 1, 20, 0.95, 0, 1, 5, 1.5, True, True, "auto"],
+     {"sampling": "on", "temperature": 1, "top_k": 20, "repetition_penalty": 1, "seed": 5,
+      "presence_penalty": 1.5, "thinking": True, "use_default_template": True}),
+    # presence_penalty and the flags, no mtp (Krea 2's)
+    (["", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 0, 0, True, False],
+     {"temperature": 0.7, "seed": 0, "presence_penalty": 0, "thinking": True,
+      "use_default_template": False}),
+    # presence_penalty and thinking only (ERNIE-Image's)
+    (["", 2048, "on", 0.6, 64, 0.8, 0.05, 1.05, 3, 0.5, False],
+     {"seed": 3, "presence_penalty": 0.5, "thinking": False, "use_default_template": True}),
+    # before presence_penalty: no presence, no flags (Qwen3's text-generation template)
+    (["x", 2048, "on", 0.7, 64, 0.95, 0.05, 1.05, 7],
+     {"sampling": "on", "seed": 7, "presence_penalty": 0.0, "thinking": False}),
+    # before presence_penalty, with the flags
+    (["x", 2048, "on", 0.7, 64, 0.95, 0.05, 1.2, 7, True, False],
+     {"repetition_penalty": 1.2, "seed": 7, "presence_penalty": 0.0, "thinking": True,
+      "use_default_template": False}),
+    # a seed saved with its control_after_generate word
+    (["x", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 9, "randomize", 0.25, True, True, "off"],
+     {"seed": 9, "presence_penalty": 0.25, "thinking": True}),
+    # ComfyUI's "off": no sampling widgets; the flags, then mtp, or the flags alone
+    (["x", 256, "off", True, False, "off"], {"sampling": "off", "thinking": True,
+                                             "use_default_template": False}),
+    (["x", 256, "off", True, False], {"sampling": "off", "thinking": True,
+                                      "use_default_template": False}),
+    (["x", 256, "off"], {"sampling": "off", "thinking": False, "use_default_template": True}),
+    # saved by the editor from the farm's /object_info (plain widgets): "off" keeps the numbers
+    (["x", 256, "off", 0.7, 64, 0.95, 0.05, 1.05, 3, 0.0, True, False, "auto"],
+     {"sampling": "off", "seed": 3, "thinking": True, "use_default_template": False}),
+    (["x", 256, "off", 0.7, 64, 0.95, 0.05, 1.05, 3, True, False],
+     {"sampling": "off", "seed": 3, "thinking": True, "use_default_template": False}),
+])
+def test_text_generate_in_the_ui_format_reads_every_save_comfyui_writes(values, expected):
+    from apps.importer.ui_format import widgets_by_name
+
+    named = widgets_by_name("TextGenerate", values)
+    result = comfy_import(workflow=ui_text_generate(values), catalog={})
+    params = result.graph.model_dump()["nodes"]["2"]["params"]
     assert params | expected == params
-    assert named["max_length"] == values[1]
+    assert params["max_length"] == named["max_length"] == values[1]
+    assert not [w for w in result.report.warnings if w["type"] == "TextGenerate"]
+
+
+@pytest.mark.parametrize("odd", ["surprise", {"a": [1]}, [2, 3]])
+def test_a_pinned_mtp_and_an_unknown_value_are_named(odd):
+    values = ["x", 512, "on", 0.7, 64, 0.95, 0.05, 1.05, 9, 0.0, odd, True, True, "3"]
+    result = comfy_import(workflow=ui_text_generate(values), catalog={})
+    params = result.graph.model_dump()["nodes"]["2"]["params"]
+    assert params | {"seed": 9, "thinking": True, "use_default_template": True} == params
+    warned = [w["message"] for w in result.report.warnings if w["type"] == "TextGenerate"]
+    assert any("mtp 3 is ignored" in m for m in warned)
+    assert any(f"{str(odd)!r} after the sampling mode" in m for m in warned)
+
+
+def test_ltx_2s_prompt_enhancer_imports_as_text_generate_with_its_turns():
+    """TextGenerateLTX2Prompt (the LTX-2.3 templates'): text/generate with ComfyUI's LTX-2 turns
+    (`template: ltx2`), its widgets read as TextGenerate's, its image wired as TextGenerate's;
+    ComfyUI's own system prompt text is not carried, and the report says so."""
+    values = ["a fox runs", 2048, "on", 0.7, 64, 0.95, 0.05, 1.05, 0, 0, False, True]
+    result = comfy_import(workflow=ui_text_generate(values, "TextGenerateLTX2Prompt", image=True),
+                         catalog={})
+    node = result.graph.model_dump()["nodes"]["2"]
+    assert node["type"] == "text/generate"
+    assert node["params"] | {"template": "ltx2", "prompt": "a fox runs", "max_length": 2048,
+                             "sampling": "on", "temperature": 0.7, "repetition_penalty": 1.05,
+                             "seed": 0, "thinking": False,
+                             "use_default_template": True} == node["params"]
+    assert node["inputs"]["image"] == {"node": "4", "port": "image"}
+    assert {"id": "2", "type": "TextGenerateLTX2Prompt", "as": "text/generate"} \
+        in result.report.mapped
+    warned = [w["message"] for w in result.report.warnings
+              if w["type"] == "TextGenerateLTX2Prompt"]
+    assert any("own LTX-2 system prompt" in m and "not carried" in m for m in warned)
+
+
+def test_ltx_2s_prompt_enhancer_in_the_api_format_takes_a_wired_system_prompt():
+    prompt = {
+        "1": {"class_type": "CLIPLoader", "inputs": {"clip_name": "g.safetensors", "type": "krea2"}},
+        "2": {"class_type": "PrimitiveStringMultiline", "inputs": {"value": "Be brief."}},
+        "3": {"class_type": "TextGenerateLTX2Prompt",
+              "inputs": {"clip": ["1", 0], "prompt": "a fox", "max_length": 64,
+                         "sampling_mode": "off", "system_prompt": ["2", 0], "mtp": "auto"}},
+        "4": {"class_type": "PreviewAny", "inputs": {"source": ["3", 0]}},
+    }
+    node = comfy_import(workflow=prompt, catalog={}).graph.model_dump()["nodes"]["3"]
+    assert node["params"] | {"prompt": "a fox", "max_length": 64, "sampling": "off",
+                             "template": "ltx2"} == node["params"]
+    assert node["inputs"]["system"] == {"node": "2", "port": "text"}
 
 
 def test_a_value_preview_on_the_way_hands_its_value_on():
@@ -175,9 +267,10 @@ def test_object_info_lists_text_generate_for_the_editor():
 
     spec = object_info(catalog={}, uploads=[])["TextGenerate"]
     assert spec["input"]["required"]["clip"] == ["CLIP"]
-    assert spec["input"]["optional"] == {"image": ["IMAGE"]}
+    assert spec["input"]["optional"] == {"image": ["IMAGE"], "system_prompt": ["STRING"]}
+    assert spec["input"]["required"]["mtp"][0] == ["auto", "off", "2", "3", "4", "5"]
     assert spec["input"]["required"]["sampling_mode"][0] == ["on", "off"]
-    assert spec["output"] == ["STRING"]
+    assert spec["output"] == ["STRING", "STRING"]  # generated_text, thinking
 
 
 def _with_method(workflow: dict[str, Any], method: str) -> dict[str, Any]:
