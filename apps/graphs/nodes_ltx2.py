@@ -52,12 +52,13 @@ LTX2 = (
         "ltx2/sample", "LTX-2 sample", "sampling",
         inputs=(Port("model", "model"), Port("positive", "conditioning"),
                 Port("negative", "conditioning", required=False), Port("latent", "latent"),
-                Port("seed", "int", required=False)),
+                Port("seed", "int", required=False), Port("sigmas", "sigmas", required=False)),
         outputs=(Port("latent", "latent"),),
         params=(
             Param("seed", "int", 0, min=0, max=2**53 - 1, input="seed",
                   description="Noise seed (video then audio noise, as LTX2Pipeline draws it)."),
-            Param("steps", "int", 40, min=1, max=MAX_STEPS, description="Denoising steps."),
+            Param("steps", "int", 40, min=1, max=MAX_STEPS,
+                  description="Denoising steps (wired sigmas set their own: one per interval)."),
             _g("cfg", 3.0, "Video classifier-free guidance (≤ 1 with audio_cfg ≤ 1: off)."),
             _g("stg", 1.0, "Video spatio-temporal guidance (0: off)."),
             _g("modality", 3.0, "Video modality-isolation guidance (≤ 1: off)."),
@@ -71,7 +72,8 @@ LTX2 = (
                   description="Transformer blocks STG perturbs, comma-separated (LTX-2: 28)."),
         ),
         description="LTX2Pipeline's denoise of a clip's video and sound (flow Euler over its "
-        "resolution-shifted sigmas, CFG + STG + modality guidance); runs of one clip size "
+        "resolution-shifted sigmas, or the wired ones as they are: ComfyUI's ManualSigmas, "
+        "LTX2Pipeline's `sigmas`; CFG + STG + modality guidance); runs of one clip size "
         "share every transformer call. The negative prompt defaults to the empty one.",
     ),
     NodeDescriptor(

@@ -10,6 +10,7 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
       ModelSamplingLTXV, LTXVEmptyLatentAudio                   → folded (pass their input on)
     SamplerCustomAdvanced (RandomNoise, CFGGuider / BasicGuider, KSamplerSelect,
       LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
+      (ManualSigmas stays itself, sampling/manual-sigmas: ltx2/sample's sigmas input)
     CreateVideo of VAEDecode (+ LTXVAudioVAEDecode / VAEDecodeAudio) of the sampled clip
                                                                 → ltx2/decode (then video/save)
     CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
@@ -159,7 +160,7 @@ _SAMPLERS = frozenset({"SamplerCustomAdvanced", "KSampler"})
 _FRAME_DECODES = frozenset({"VAEDecode", "VAEDecodeTiled"})
 _AUDIO_DECODES = frozenset({"LTXVAudioVAEDecode", "VAEDecodeAudio"})
 _SAMPLE_RULE_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
-                       "latent": "latent"}
+                       "latent": "latent", "sigmas": "sigmas"}
 
 
 def _fixed_guidance(values: dict[str, Any]) -> dict[str, Any]:
@@ -380,7 +381,8 @@ def _ksampler(out: Rewrite, nid: str, inputs: dict[str, Any]) -> None:
 def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
                      readers: dict[str, list[str]], nid: str, inputs: dict[str, Any]) -> None:
     """SamplerCustomAdvanced's noise, guider, sampler and sigmas nodes → ltx2/sample's seed,
-    cfg, steps (each folded when only LTX-2 samplers read it)."""
+    cfg, steps (each folded when only LTX-2 samplers read it); ManualSigmas is wired into its
+    sigmas input instead."""
     new: dict[str, Any] = {"latent": inputs.get("latent_image")}
     parts = {port: node(inputs.get(port)) for port in ("noise", "guider", "sampler", "sigmas")}
     warned: list[str] = []
@@ -405,7 +407,10 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
         if isinstance(name, str) and name != "euler":
             warned.append(f"sampler {name!r} is not used: ltx2/sample steps LTX2Pipeline's "
                           "flow Euler")
-    if sigmas is not None and sigmas[1] in ("LTXVScheduler", "BasicScheduler"):
+    if sigmas is not None and sigmas[1] == "ManualSigmas":  # mapped itself: the wired sigmas
+        new["sigmas"] = inputs.get("sigmas")
+        parts.pop("sigmas")
+    elif sigmas is not None and sigmas[1] in ("LTXVScheduler", "BasicScheduler"):
         new["steps"] = sigmas[2].get("steps", 20)
         if sigmas[1] == "LTXVScheduler":
             warned += _defaults_warning("LTXVScheduler")(sigmas[2])
@@ -414,8 +419,8 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
                           "uses LTX2Pipeline's resolution-shifted schedule")
     else:
         got = sigmas[1] if sigmas is not None else "nothing"
-        out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes LTXVScheduler's "
-                            "(or BasicScheduler's) steps")
+        out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes ManualSigmas' "
+                            "sigmas or LTXVScheduler's (or BasicScheduler's) steps")
         return
     roles = {"noise": "its noise_seed is ltx2/sample {}'s seed",
              "guider": "its model, prompts and cfg are ltx2/sample {}'s",

@@ -56,8 +56,10 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
     return RUNNERS[node_type](ctx, params, inputs or {})
 
 
-def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None) -> Any:
+def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None,
+           sigmas: str | None = None) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
+    wired = {} if sigmas is None else run(ctx, "sampling/manual-sigmas", {"sigmas": sigmas})
     positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": parts["encoder"]})
     latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
                                             "fps": FPS})["latent"]
@@ -66,7 +68,7 @@ def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any 
                      {"vae": parts["vae"], "image": image, "latent": latent})["latent"]
     sampled = run(ctx, "ltx2/sample", {"seed": seed, "steps": STEPS, **GUIDANCE},
                   {"model": parts["model"], "positive": positive["conditioning"],
-                   "latent": latent})["latent"]
+                   "latent": latent, **wired})["latent"]
     return run(ctx, "ltx2/decode", {}, {"vae": parts["vae"], "latent": sampled})["video"]
 
 
@@ -165,6 +167,36 @@ def test_image_to_video_holds_the_first_frame(ltx2_stack, make_ctx):
     assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
 
 
+def test_sigmas_written_by_hand_are_ltx2_pipeline_s_given_the_same(ltx2_stack, make_ctx):
+    """ComfyUI's ManualSigmas (the LTX-2.3 distilled schedule, ending at 0) into ltx2/sample:
+    one step per interval, the frames and sound LTX2Pipeline makes given the same `sigmas`
+    (its list without the last 0) over an unshifted scheduler (the tiny stack's), and not the
+    render of the pipeline's own schedule."""
+    from diffusers import LTX2Pipeline
+
+    from workers.models.ltx2.plugin import components_of, sequence_length
+
+    models_dir, name = ltx2_stack
+    values = [1.0, 0.99375, 0.9875, 0.909375, 0.725, 0.421875, 0.0]
+    recorder = Recorder()
+    ctx = make_ctx(recorder, models_dir=models_dir)
+    video = render(ctx, name, sigmas=", ".join(map(str, values)))
+    assert recorder.progress[-1] == (len(values) - 1, len(values) - 1)
+    components = components_of(run(ctx, "load/checkpoint", {"file": name})["model"].transformer)
+    assert not components["scheduler"].config.use_dynamic_shifting
+    pipe: Any = LTX2Pipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt=PROMPT, negative_prompt="", generator=torch.Generator().manual_seed(5),
+               sigmas=values[:-1], height=H, width=W, num_frames=FRAMES, frame_rate=FPS,
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+    np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
+    own = render(make_ctx(models_dir=models_dir), name)
+    assert np.abs(own.frames.array.astype(int) - frames).max() > 1
+
+
 def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):
     from workers.runners.base import NodeFailed
 
@@ -179,6 +211,13 @@ def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):
     with pytest.raises(NodeFailed, match="blocks 0–1"):
         run(ctx, "ltx2/sample", {"seed": 1, "steps": 1, **GUIDANCE, "stg_blocks": "28"},
             {"model": parts["model"], "positive": positive["conditioning"], "latent": latent})
+    for sigmas, match in (("0.9, 0.5, 0", "must run from 1"), ("1, 0.5, 0.5, 0", "must fall"),
+                          ("1", "no step")):
+        wired = run(ctx, "sampling/manual-sigmas", {"sigmas": sigmas})
+        with pytest.raises(NodeFailed, match=match):
+            run(ctx, "ltx2/sample", {"seed": 1, "steps": 1, **GUIDANCE},
+                {"model": parts["model"], "positive": positive["conditioning"],
+                 "latent": latent, **wired})
     with pytest.raises(NodeFailed, match="ltx2/sample"):
         run(ctx, "sample", {"seed": 1, "steps": 1, "guidance": 0.0, "denoise": 1.0},
             {"model": parts["model"], "positive": positive["conditioning"], "latent": latent})

@@ -23,7 +23,7 @@ W = H = 32
 FRAMES, FPS, STEPS = 9, 25, 2
 
 
-def t2v(*, image: bool = False) -> dict[str, Any]:
+def t2v(*, image: bool = False, sigmas: str | None = None) -> dict[str, Any]:
     """ComfyUI's LTX-2 template's wiring (comfy_extras/nodes_lt*.py widget orders)."""
     ui = Ui()
     ui.add(1, "CheckpointLoaderSimple", [CKPT], outputs=("MODEL", "CLIP", "VAE"))
@@ -43,8 +43,11 @@ def t2v(*, image: bool = False) -> dict[str, Any]:
     ui.add(10, "ModelSamplingLTXV", [2.05, 0.95], inputs=[("model", "MODEL"),
                                                           ("latent", "LATENT")],
            outputs=("MODEL",))
-    ui.add(11, "LTXVScheduler", [STEPS, 2.05, 0.95, True, 0.1], inputs=[("latent", "LATENT")],
-           outputs=("SIGMAS",))
+    if sigmas is None:
+        ui.add(11, "LTXVScheduler", [STEPS, 2.05, 0.95, True, 0.1],
+               inputs=[("latent", "LATENT")], outputs=("SIGMAS",))
+    else:  # the LTX-2.3 templates' hand-written schedule
+        ui.add(11, "ManualSigmas", [sigmas], outputs=("SIGMAS",))
     ui.add(12, "CFGGuider", [3.0], inputs=[("model", "MODEL"), ("positive", "CONDITIONING"),
                                            ("negative", "CONDITIONING")], outputs=("GUIDER",))
     ui.add(13, "KSamplerSelect", ["euler"], outputs=("SAMPLER",))
@@ -70,6 +73,8 @@ def t2v(*, image: bool = False) -> dict[str, Any]:
              (16, 0, 17, "samples"), (1, 2, 17, "vae"), (16, 1, 18, "samples"),
              (3, 0, 18, "audio_vae"), (17, 0, 19, "images"), (18, 0, 19, "audio"),
              (19, 0, 20, "video")]
+    if sigmas is not None:
+        wires.remove((9, 0, 11, "latent"))
     if image:
         ui.add(21, "LoadImage", ["start.png", "image"], outputs=("IMAGE", "MASK"))
         ui.add(22, "LTXVPreprocess", [33], inputs=[("image", "IMAGE")], outputs=("IMAGE",))
@@ -116,6 +121,16 @@ def test_the_t2v_template_becomes_the_ltx2_nodes():
     assert any("text_encoder 'gemma_3_12B" in m for m in warned), warned
     assert [m["name"] for m in result.report.models if m["held"]] == ["smoke-ltx2"] * 2
     assert "audio VAE and vocoder" in dropped["3"]
+
+
+def test_manual_sigmas_are_wired_into_ltx2_sample_as_they_are():
+    result = imported(t2v(sigmas="1.0, 0.725, 0.421875, 0.0"))
+    graph = result.graph.model_dump()["nodes"]
+    assert result.report.unmapped == [], result.report.unmapped
+    assert graph["11"]["type"] == "sampling/manual-sigmas"
+    assert graph["11"]["params"] == {"sigmas": "1.0, 0.725, 0.421875, 0.0"}
+    assert graph["15"]["inputs"]["sigmas"] == {"node": "11", "port": "sigmas"}
+    assert "11" not in {d["id"] for d in result.report.dropped}
 
 
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():

@@ -138,6 +138,14 @@ def schedule(scheduler: Any, steps: int, tokens: int) -> tuple[Any, torch.Tensor
     return sched, sched.sigmas, sched.timesteps
 
 
+def manual_schedule(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigmas [n + 1], timesteps [n]) of sigmas written by hand (ComfyUI's ManualSigmas: the
+    first to the last, used as they are), as FlowMatchEulerDiscreteScheduler sets them from
+    LTX2Pipeline's `sigmas` (values[:-1], the last 0) without shifting: float32, σ·1000."""
+    sigmas = values.to(torch.float32)
+    return sigmas, sigmas[:-1] * 1000
+
+
 def start(
     components: dict[str, Any],
     prompt: str,

@@ -5,7 +5,8 @@
     ltx2/image-to-video  → the latent with its first frame conditioned on an image (encoded as
                            LTX2ImageToVideoPipeline encodes it)
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
-                           model's step batcher: runs of one clip size share every forward
+                           model's step batcher: runs of one clip size share every forward;
+                           wired sigmas (sampling/manual-sigmas) replace its schedule
     ltx2/decode          → a `Video`: the frames at the clip's fps with the vocoder's sound
 The latent's sizes in latent space come from the loaded pipeline (its VAEs' ratios): a clip's
 latent is sized by the sampler, which knows the model.
@@ -14,6 +15,7 @@ latent is sized by the sampler, which knows the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from workers.device.thread import on_device_thread
@@ -113,6 +115,28 @@ def _guidance(params: dict[str, Any], layers: int) -> Any:
     return g
 
 
+def _sigmas(inputs: dict[str, Any]) -> Any:
+    """The wired sigmas' values ([n + 1], from 1 down to the last), or None (unwired: the
+    pipeline's schedule)."""
+    from workers.models.values import Sigmas
+
+    value = inputs.get("sigmas")
+    if value is None:
+        return None
+    if not isinstance(value, Sigmas) or value.values is None:
+        raise NodeFailed("input 'sigmas' must be sigmas written by hand (sampling/manual-sigmas):"
+                         " leave it unwired for LTX2Pipeline's schedule")
+    values = [float(v) for v in value.values]
+    if len(values) < 2:
+        raise NodeFailed(f"sigmas {values} hold no step: give at least two (first to last)")
+    if values[0] != 1.0 or values[-1] < 0:
+        raise NodeFailed(f"sigmas {values} must run from 1 (an empty clip latent is pure noise) "
+                         "down to 0 or above")
+    if any(b >= a for a, b in pairwise(values)):
+        raise NodeFailed(f"sigmas {values} must fall at every step")
+    return value.values
+
+
 @runner("ltx2/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
@@ -121,7 +145,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     import torch
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
 
-    from workers.models.ltx2.engine import Ltx2Run, latent_sizes, schedule
+    from workers.models.ltx2.engine import Ltx2Run, latent_sizes, manual_schedule, schedule
     from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
     from workers.runners.diffusion import denoise_job
 
@@ -135,6 +159,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     latent = _av(inputs)
     if not latent.empty:
         raise NodeFailed("ltx2/sample starts from an empty clip latent (ltx2/empty-latent)")
+    manual = _sigmas(inputs)
     components = components_of(model.transformer)
     transformer, vae, audio_vae = (components[k] for k in ("transformer", "vae", "audio_vae"))
     tcfg = transformer.config
@@ -177,8 +202,11 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         return video.to(device), LTX2Pipeline._pack_audio_latents(audio).to(device), frame0
 
     video, audio, frame0 = on_device_thread(start)
-    _, sigmas, timesteps = schedule(components["scheduler"], steps,
-                                  f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
+    if manual is not None:
+        sigmas, timesteps = manual_schedule(manual)
+    else:
+        _, sigmas, timesteps = schedule(components["scheduler"], steps,
+                                      f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
     sigmas, timesteps = sigmas.to(device), timesteps.to(device)
     prompts = [p.to(device) for p in rows]
     run = Ltx2Run(video, audio, torch.cat([p.video for p in prompts]),
