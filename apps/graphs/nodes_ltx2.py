@@ -77,6 +77,23 @@ LTX2 = (
         "share every transformer call. The negative prompt defaults to the empty one.",
     ),
     NodeDescriptor(
+        "load/latent-upscale-model", "Load latent upscale model", "loaders",
+        outputs=(Port("latent_upscale_model", "latent-upscale-model"),),
+        params=(Param("file", "model", required=True, options_from="latent_upscale_models",
+                      family="ltx2"),),
+        description="An LTX-2 latent upsampler from the models dir's latent_upscale_models/ "
+        "(ComfyUI's LatentUpscaleModelLoader; Lightricks' spatial ×2 file).",
+    ),
+    NodeDescriptor(
+        "ltx2/upsample-latent", "LTX-2 upsample latent", "latent",
+        inputs=(Port("latent", "latent"), Port("latent_upscale_model", "latent-upscale-model"),
+                Port("vae", "vae")),
+        outputs=(Port("latent", "latent"),),
+        description="A sampled clip's video latents at twice the width and height, its sound "
+        "kept (ComfyUI's LTXVLatentUpsampler, LTX2LatentUpsamplePipeline): the VAE's "
+        "statistics undone, the upsampler, the statistics redone.",
+    ),
+    NodeDescriptor(
         "ltx2/decode", "LTX-2 decode", "latent",
         inputs=(Port("vae", "vae"), Port("latent", "latent")),
         outputs=(Port("video", "video"),),

@@ -11,6 +11,8 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
     SamplerCustomAdvanced (RandomNoise, CFGGuider / BasicGuider, KSamplerSelect,
       LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
       (ManualSigmas stays itself, sampling/manual-sigmas: ltx2/sample's sigmas input)
+    LatentUpscaleModelLoader, LTXVLatentUpsampler               → load/latent-upscale-model,
+                                                                  ltx2/upsample-latent
     CreateVideo of VAEDecode (+ LTXVAudioVAEDecode / VAEDecodeAudio) of the sampled clip
                                                                 → ltx2/decode (then video/save)
     CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
@@ -54,6 +56,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LTXVAudioVAEDecode": (),
     "VAEDecodeAudio": (),
     "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name", "device"),
+    "LTXVLatentUpsampler": (),
+    "LatentUpscaleModelLoader": ("model_name",),
 }
 
 # LTX2Pipeline's schedule (its FlowMatchEulerDiscreteScheduler config): ComfyUI's
@@ -110,6 +114,14 @@ RULES: dict[str, Rule] = {
         "load/checkpoint", outputs=("encoder",),
         params={"ckpt_name": ParamMap("file", folder=_CKPT)}, warnings=(_text_encoder,),
     ),
+    "LatentUpscaleModelLoader": Rule(
+        "load/latent-upscale-model", outputs=("latent_upscale_model",),
+        params={"model_name": ParamMap("file", folder="latent_upscale_models")},
+    ),
+    "LTXVLatentUpsampler": Rule(  # its samples: the sampled clip (LTXVSeparateAVLatent folds)
+        "ltx2/upsample-latent", outputs=("latent",),
+        inputs={"samples": "latent", "upscale_model": "latent_upscale_model", "vae": "vae"},
+    ),
     "LTXVAudioVAELoader": Rule(  # the checkpoint's audio VAE + vocoder: ltx2/decode's vae
         "load/checkpoint", outputs=("vae",),
         params={"ckpt_name": ParamMap("file", folder=_CKPT)},
@@ -145,9 +157,6 @@ UNSUPPORTED: dict[str, str] = {
     "does",
     "LTXVAudioVAEEncode": "LTX-2 audio-to-video (an encoded sound track) is not built on this "
     "farm yet",
-    "LTXVLatentUpsampler": "LTX-2's two-stage latent upsampler is not built on this farm yet",
-    "LatentUpscaleModelLoader": "LTX-2's two-stage latent upsampler is not built on this farm "
-    "yet",
     "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
     "CreateVideo of the clip's VAEDecode and its audio decode)",
     "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace it "
@@ -229,6 +238,16 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             link = inputs.get(port)
         return None
 
+    def sampled_by(link: Any) -> Any:
+        """`through`, then up an LTXVLatentUpsampler's samples: the link to the sampler whose
+        clip this is (an upsampled clip is still its sampler's)."""
+        for _ in range(len(nodes) + 1):
+            link = through(link)
+            if not isinstance(link, Link) or nodes[link.node][0] != "LTXVLatentUpsampler":
+                return link
+            link = nodes[link.node][1].get("samples")
+        return None
+
     def av_concat(link: Any) -> tuple[str, dict[str, Any]] | None:
         """The LTXVConcatAVLatent a sampler's latent is (through LTXVCropGuides)."""
         for _ in range(len(nodes) + 1):
@@ -265,9 +284,9 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
 
     for nid, (comfy_type, inputs) in nodes.items():
         if comfy_type == "CreateVideo":
-            _create_video(out, nodes, node, through, readers, samplers, nid, inputs)
+            _create_video(out, nodes, node, sampled_by, readers, samplers, nid, inputs)
     for nid, (comfy_type, inputs) in nodes.items():  # decodes read by no clip: refused
-        sampled = through(inputs.get("samples"))
+        sampled = sampled_by(inputs.get("samples"))
         if (comfy_type in _FRAME_DECODES | _AUDIO_DECODES and nid not in out.folded
                 and isinstance(sampled, Link) and sampled.node in samplers):
             what = "frames" if comfy_type in _FRAME_DECODES else "sound"
@@ -436,13 +455,14 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
 
 
 def _create_video(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
-                  through: Any, readers: dict[str, list[str]], samplers: dict[str, float | None],
+                  sampled_by: Any, readers: dict[str, list[str]],
+                  samplers: dict[str, float | None],
                   nid: str, inputs: dict[str, Any]) -> None:
     """CreateVideo of an LTX-2 clip's decoded frames (and sound) → ltx2/decode."""
     frames = node(inputs.get("images"))
     if frames is None or frames[1] not in _FRAME_DECODES:
         return
-    sampled = through(frames[2].get("samples"))
+    sampled = sampled_by(frames[2].get("samples"))
     if not isinstance(sampled, Link) or sampled.node not in samplers:
         return
     out.rules[nid] = DECODE_RULE

@@ -17,13 +17,17 @@ from apps.importer.services import comfy_import
 from tests.apps.importer.builder import Ui
 
 CKPT, GEMMA = "smoke-ltx2.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors"
-CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": []}
-FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",), ("checkpoints", CKPT): ("ltx2",)}
+UPSCALER = "smoke-ltx2-upscaler.safetensors"  # tiny.SMOKE_UPSAMPLER
+CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": [],
+           "latent_upscale_models": [UPSCALER]}
+FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",), ("checkpoints", CKPT): ("ltx2",),
+         ("latent_upscale_models", UPSCALER): ("ltx2",)}
 W = H = 32
 FRAMES, FPS, STEPS = 9, 25, 2
 
 
-def t2v(*, image: bool = False, sigmas: str | None = None) -> dict[str, Any]:
+def t2v(*, image: bool = False, sigmas: str | None = None, upsample: bool = False
+        ) -> dict[str, Any]:
     """ComfyUI's LTX-2 template's wiring (comfy_extras/nodes_lt*.py widget orders)."""
     ui = Ui()
     ui.add(1, "CheckpointLoaderSimple", [CKPT], outputs=("MODEL", "CLIP", "VAE"))
@@ -75,6 +79,14 @@ def t2v(*, image: bool = False, sigmas: str | None = None) -> dict[str, Any]:
              (19, 0, 20, "video")]
     if sigmas is not None:
         wires.remove((9, 0, 11, "latent"))
+    if upsample:  # the 2.3 templates' second stage's input, decoded as it is
+        ui.add(24, "LatentUpscaleModelLoader", [UPSCALER], outputs=("LATENT_UPSCALE_MODEL",))
+        ui.add(25, "LTXVLatentUpsampler", [], inputs=[
+            ("samples", "LATENT"), ("upscale_model", "LATENT_UPSCALE_MODEL"), ("vae", "VAE")],
+            outputs=("LATENT",))
+        wires = [w for w in wires if w[2:] != (17, "samples")] + [
+            (16, 0, 25, "samples"), (24, 0, 25, "upscale_model"), (1, 2, 25, "vae"),
+            (25, 0, 17, "samples")]
     if image:
         ui.add(21, "LoadImage", ["start.png", "image"], outputs=("IMAGE", "MASK"))
         ui.add(22, "LTXVPreprocess", [33], inputs=[("image", "IMAGE")], outputs=("IMAGE",))
@@ -131,6 +143,20 @@ def test_manual_sigmas_are_wired_into_ltx2_sample_as_they_are():
     assert graph["11"]["params"] == {"sigmas": "1.0, 0.725, 0.421875, 0.0"}
     assert graph["15"]["inputs"]["sigmas"] == {"node": "11", "port": "sigmas"}
     assert "11" not in {d["id"] for d in result.report.dropped}
+
+
+def test_the_latent_upsampler_and_its_model_map_between_the_sampler_and_the_decode():
+    result = imported(t2v(upsample=True))
+    graph = result.graph.model_dump()["nodes"]
+    assert result.report.unmapped == [], result.report.unmapped
+    assert (graph["24"]["type"], graph["24"]["params"]) == ("load/latent-upscale-model",
+                                                            {"file": UPSCALER})
+    assert graph["25"]["type"] == "ltx2/upsample-latent"
+    assert graph["25"]["inputs"] == {"latent": {"node": "15", "port": "latent"},
+                                     "latent_upscale_model": {"node": "24",
+                                                              "port": "latent_upscale_model"},
+                                     "vae": {"node": "1", "port": "vae"}}
+    assert graph["19"]["inputs"]["latent"] == {"node": "25", "port": "latent"}
 
 
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
@@ -214,6 +240,27 @@ def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path, hel
         sound = sum(f.samples for f in clip.decode(audio=0)) / rate
     assert (frames, fps) == (FRAMES, FPS)
     assert sound == pytest.approx(FRAMES / FPS, abs=0.08)
+
+
+@pytest.mark.django_db
+def test_an_upsampled_clip_renders_at_twice_the_size(settings, tmp_path):
+    import av
+
+    from apps.takes.storage import blob_read
+    from tests.workers.vocab_helpers import render
+    from workers.models.ltx2.plugin import write_tiny_stack
+
+    settings.INLINE_BLOB_DIR = tmp_path / "blobs"
+    settings.INLINE_MODELS_DIR = tmp_path / "models"
+    write_tiny_stack(tmp_path / "models")  # the pipeline folder and the latent upsampler
+    result = imported(t2v(upsample=True))
+    outcome, run = render(result.graph.model_dump()["nodes"], result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as clip:
+        stream = clip.streams.video[0]
+        assert (stream.width, stream.height) == (2 * W, 2 * H)
+        assert len(list(clip.decode(stream))) == FRAMES
 
 
 def _api(doc: dict[str, Any]) -> dict[str, Any]:

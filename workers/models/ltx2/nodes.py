@@ -7,6 +7,8 @@
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
                            model's step batcher: runs of one clip size share every forward;
                            wired sigmas (sampling/manual-sigmas) replace its schedule
+    ltx2/upsample-latent → the sampled clip's video latents ×2 in space (a latent_upscale_models/
+                           file, load/latent-upscale-model), its sound kept
     ltx2/decode          → a `Video`: the frames at the clip's fps with the vocoder's sound
 The latent's sizes in latent space come from the loaded pipeline (its VAEs' ratios): a clip's
 latent is sized by the sampler, which knows the model.
@@ -223,6 +225,47 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                       frames=latent.frames)
     return {"latent": AvLatent(out, downscale=ratio, frames=latent.frames, fps=latent.fps,
                                audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
+
+
+@runner("load/latent-upscale-model")
+def load_latent_upscale_model(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`latent_upscale_models/<file>` as an LTX-2 latent upsampler (workers/models/ltx2/upsampler)."""
+    from workers.models.catalog import ModelFileMissing
+    from workers.models.family import ModelLoadError
+    from workers.models.ltx2.upsampler import FOLDER, load_latent_upsampler
+
+    name = str(params["file"])
+
+    def load() -> Any:
+        return load_latent_upsampler(ctx.models_dir, name, ctx.policy)
+
+    try:  # as load/upscale-model: on the device thread on CPU, on the slot on a GPU
+        model = on_device_thread(load) if ctx.policy.device == "cpu" else load()
+    except (ModelFileMissing, ModelLoadError) as exc:
+        raise NodeFailed(str(exc)) from exc
+    ctx.note_lineage(models={**ctx.lineage.get("models", {}), f"{FOLDER}/{name}": model.sha256})
+    return {"latent_upscale_model": model}
+
+
+@runner("ltx2/upsample-latent")
+def upsample_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The sampled clip's video latents through the upsampler (twice the width and height),
+    its sound and fps kept; an image-to-video first frame is not carried over (ComfyUI drops
+    the noise mask too: condition the upsampled clip again)."""
+    from workers.models.ltx2.upsampler import LatentUpscaleModel, upsample
+
+    latent = _av(inputs)
+    if latent.empty:
+        raise NodeFailed("an empty latent holds no clip to upsample: sample it first "
+                         "(ltx2/sample)")
+    model = expect(inputs, "latent_upscale_model", LatentUpscaleModel)
+    vae = _components(expect(inputs, "vae", Vae), "vae")["vae"]
+    channels = model.net.config.in_channels
+    if latent.samples.shape[1] != channels:
+        raise NodeFailed(f"{model.name} upsamples {channels}-channel latents; the clip's have "
+                         f"{latent.samples.shape[1]} (another model's upsampler?)")
+    out = checked(lambda: on_device_thread(upsample, model, vae, latent.samples))
+    return {"latent": replace(latent, samples=out, first=None)}
 
 
 @runner("ltx2/decode")

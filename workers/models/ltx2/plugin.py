@@ -273,6 +273,8 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    """The tiny pipeline folder in checkpoints/ and the tiny latent upsampler in
+    latent_upscale_models/ (`./farm models smoke`)."""
     from workers.models.ltx2 import tiny
 
-    return tiny.write_tiny_stack(models_dir)
+    return {**tiny.write_tiny_stack(models_dir), **tiny.write_tiny_upsampler(models_dir)}

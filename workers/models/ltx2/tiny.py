@@ -218,3 +218,32 @@ def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE) -> dict[str
     state = keys.to_original({c: components[c].state_dict() for c in FROM_FILE})
     save_file(state, str(folder / f"{name}.safetensors"))
     return {"checkpoint": f"{name}.safetensors"}
+
+
+SMOKE_UPSAMPLER = "smoke-ltx2-upscaler.safetensors"
+UPSAMPLER_CONFIG = {"in_channels": 4, "mid_channels": 32, "num_blocks_per_stage": 1, "dims": 3,
+                    "spatial_upsample": True, "temporal_upsample": False,
+                    "use_rational_resampler": False}  # Lightricks' x2: conv + pixel shuffle
+
+
+def build_tiny_upsampler(seed: int = 0) -> Any:
+    """A random LTX2LatentUpsamplerModel over the tiny VAE's 4 latent channels (diffusers'
+    own tests' size: 32 channels, one block a stage), ×2 in space."""
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    torch.manual_seed(seed)
+    return LTX2LatentUpsamplerModel(**UPSAMPLER_CONFIG).eval()
+
+
+def write_tiny_upsampler(models_dir: Path, name: str = SMOKE_UPSAMPLER) -> dict[str, str]:
+    """`latent_upscale_models/<name>` as Lightricks ships it: the net's tensors with its config
+    in the file's `config` metadata; returns {"latent_upscaler": name}."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = models_dir / "latent_upscale_models"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in build_tiny_upsampler().state_dict().items()}
+    save_file(state, str(folder / name), metadata={"config": json.dumps(UPSAMPLER_CONFIG)})
+    return {"latent_upscaler": name}
