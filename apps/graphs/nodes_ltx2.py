@@ -10,7 +10,8 @@ from apps.graphs.nodes_video import MAX_FPS
 
 MAX_FRAMES = 1025  # frames of one clip (8k + 1; LTX-2 renders 121 at 25 fps)
 MAX_STEPS = 100
-_sizes = tuple(Port(name, "int", required=False) for name in ("width", "height", "length"))
+_sizes = (*(Port(name, "int", required=False) for name in ("width", "height", "length")),
+          Port("fps", "float", required=False, accepts=("int",)))
 
 
 def _g(name: str, default: float, text: str) -> Param:
@@ -29,8 +30,9 @@ LTX2 = (
                   description="Frame height in pixels (a multiple of 32)."),
             Param("length", "int", 121, min=1, max=MAX_FRAMES, input="length",
                   description="Frames of the clip: 8k + 1 (the VAE packs 8 frames per latent "
-                  "frame after the first)."),
-            Param("fps", "float", 24.0, min=1.0, max=MAX_FPS,
+                  "frame after the first); another length keeps the 8k + 1 below it, as "
+                  "ComfyUI's EmptyLTXVLatentVideo does."),
+            Param("fps", "float", 24.0, min=1.0, max=MAX_FPS, input="fps",
                   description="Frames per second: the clip's and its sound's length."),
         ),
         description="An empty LTX-2 clip, video and audio (ComfyUI's EmptyLTXVLatentVideo + "
@@ -46,7 +48,8 @@ LTX2 = (
                       "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),),
         description="The clip's first frame conditioned on an image (ComfyUI's "
         "LTXVImgToVideoInplace, LTX2ImageToVideoPipeline's encode): the image is resized to "
-        "the clip's size and its latents stay fixed while the rest denoises.",
+        "the clip's size and its latents stay fixed while the rest denoises. An empty clip "
+        "latent, or a sampled one (the two-stage workflows' upsampled clip, refined next).",
     ),
     NodeDescriptor(
         "ltx2/sample", "LTX-2 sample", "sampling",
@@ -74,7 +77,9 @@ LTX2 = (
         description="LTX2Pipeline's denoise of a clip's video and sound (flow Euler over its "
         "resolution-shifted sigmas, or the wired ones as they are: ComfyUI's ManualSigmas, "
         "LTX2Pipeline's `sigmas`; CFG + STG + modality guidance); runs of one clip size "
-        "share every transformer call. The negative prompt defaults to the empty one.",
+        "share every transformer call. The negative prompt defaults to the empty one. A "
+        "sampled clip latent (an upsampled one) is refined over wired sigmas: noise mixed in "
+        "at their first level (LTX2ImageToVideoPipeline's noise_scale), video and sound.",
     ),
     NodeDescriptor(
         "load/latent-upscale-model", "Load latent upscale model", "loaders",

@@ -202,8 +202,11 @@ def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):
 
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
-    with pytest.raises(NodeFailed, match="8k \\+ 1 frames"):
-        run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": 10, "fps": FPS})
+    with pytest.raises(NodeFailed, match="at least 1 frame"):
+        run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": 0, "fps": FPS})
+    # ComfyUI's length of 5 s at 25 fps + 1: the 8k + 1 frames below it
+    assert run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": 126, "fps": 1.0},
+               {"fps": 25})["latent"].frames == 121
     parts = run(ctx, "load/checkpoint", {"file": name})
     positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})
     latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,

@@ -95,3 +95,62 @@ def test_clear_errors_name_what_is_wrong(stack, make_ctx, tmp_path):
     with pytest.raises(NodeFailed, match="sample it first"):
         run(ctx, "ltx2/upsample-latent", {}, {"latent": empty, "latent_upscale_model": model,
                                               "vae": parts["vae"]})
+    _, latent = sampled(ctx, name)
+    up = run(ctx, "ltx2/upsample-latent", {}, {"latent": latent, "latent_upscale_model": model,
+                                                "vae": parts["vae"]})["latent"]
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})
+    refine = {"model": parts["model"], "positive": positive["conditioning"], "latent": up}
+    with pytest.raises(NodeFailed, match="refined over wired sigmas"):
+        run(ctx, "ltx2/sample", {"seed": 1, "steps": 2, **GUIDANCE}, refine)
+    wired = run(ctx, "sampling/manual-sigmas", {"sigmas": "1.5, 0.5, 0"})
+    with pytest.raises(NodeFailed, match="at most 1"):
+        run(ctx, "ltx2/sample", {"seed": 1, "steps": 2, **GUIDANCE}, {**refine, **wired})
+
+
+def test_the_upsampled_clip_refined_from_its_noise_level_is_the_i2v_pipeline_s(stack, make_ctx):
+    """The 2.3 templates' second stage: the upsampled clip, its first frame conditioned again
+    on the image at the new size, sampled over ManualSigmas from 0.85 (noise mixed in at that
+    level, video then sound) equals LTX2ImageToVideoPipeline given the same latents (frame 0
+    the image's), audio latents, `noise_scale` and `sigmas`."""
+    from diffusers import LTX2ImageToVideoPipeline
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+    from PIL import Image
+
+    from workers.models.ltx2.plugin import components_of, sequence_length
+
+    models_dir, name, upsampler = stack
+    ctx = make_ctx(models_dir=models_dir)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 40, 3), dtype=np.uint8))
+    parts, latent = sampled(ctx, name)
+    model = run(ctx, "load/latent-upscale-model", {"file": upsampler})["latent_upscale_model"]
+    up = run(ctx, "ltx2/upsample-latent", {}, {"latent": latent, "latent_upscale_model": model,
+                                                "vae": parts["vae"]})["latent"]
+    up = run(ctx, "ltx2/image-to-video", {"crf": 0},
+             {"vae": parts["vae"], "image": image, "latent": up})["latent"]
+    values = [0.85, 0.725, 0.4219, 0.0]
+    wired = run(ctx, "sampling/manual-sigmas", {"sigmas": ", ".join(map(str, values))})
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})
+    refined = run(ctx, "ltx2/sample", {"seed": 7, "steps": 40, **GUIDANCE},
+                  {"model": parts["model"], "positive": positive["conditioning"], "latent": up,
+                   **wired})["latent"]
+    video = run(ctx, "ltx2/decode", {}, {"vae": parts["vae"], "latent": refined})["video"]
+    components = components_of(parts["model"].transformer)
+    vae, audio_vae = components["vae"], components["audio_vae"]
+    start = up.samples.clone()
+    start[:, :, :1] = up.first
+    pipe: Any = LTX2ImageToVideoPipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(image=image, prompt=PROMPT, negative_prompt="",
+               generator=torch.Generator().manual_seed(7), sigmas=values[:-1],
+               noise_scale=values[0], height=2 * H, width=2 * W, num_frames=FRAMES,
+               frame_rate=FPS, image_crf=0,
+               latents=LTX2Pipeline._denormalize_latents(
+                   start, vae.latents_mean, vae.latents_std, vae.config.scaling_factor),
+               audio_latents=LTX2Pipeline._denormalize_audio_latents(
+                   up.audio, audio_vae.latents_mean, audio_vae.latents_std),
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert video.frames.array.shape == frames.shape == (FRAMES, 2 * H, 2 * W, 3)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+    np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)

@@ -6,7 +6,8 @@
                            LTX2ImageToVideoPipeline encodes it)
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
                            model's step batcher: runs of one clip size share every forward;
-                           wired sigmas (sampling/manual-sigmas) replace its schedule
+                           wired sigmas (sampling/manual-sigmas) replace its schedule, and
+                           refine a sampled clip from their first noise level
     ltx2/upsample-latent → the sampled clip's video latents ×2 in space (a latent_upscale_models/
                            file, load/latent-upscale-model), its sound kept
     ltx2/decode          → a `Video`: the frames at the clip's fps with the vocoder's sound
@@ -48,18 +49,19 @@ def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
     if width <= 0 or height <= 0 or width % 32 or height % 32:
         raise NodeFailed(f"LTX-2 frame sides must be positive multiples of 32, got "
                          f"{width}×{height}")
-    if frames < 1 or (frames - 1) % 8:
-        raise NodeFailed(f"LTX-2 clips have 8k + 1 frames (9, 17, …, 121), got {frames}")
+    if frames < 1:
+        raise NodeFailed(f"an LTX-2 clip has at least 1 frame, got {frames}")
     if fps <= 0:
         raise NodeFailed(f"fps must be positive, got {fps}")
+    # the 8k + 1 frames the VAE makes (ComfyUI's latent length: (frames − 1) // 8 + 1)
     return AvLatent(torch.zeros((1, 0, 1, height, width)), empty=True, downscale=1,
-                    frames=frames, fps=fps)
+                    frames=(frames - 1) // 8 * 8 + 1, fps=fps)
 
 
 @runner("ltx2/empty-latent")
 def empty_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     width, height, frames = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
-    return {"latent": _empty(width, height, frames, float(params["fps"]))}
+    return {"latent": _empty(width, height, frames, float(inputs.get("fps", params["fps"])))}
 
 
 def _av(inputs: dict[str, Any]) -> AvLatent:
@@ -79,14 +81,14 @@ def _components(value: Any, what: str) -> dict[str, Any]:
 @runner("ltx2/image-to-video")
 def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """The first frame's latents of `image` (H.264 re-compressed at `crf`, −1: the model's
-    default, resized bilinearly, the VAE's mode), as LTX2ImageToVideoPipeline makes them."""
+    default, resized bilinearly, the VAE's mode), as LTX2ImageToVideoPipeline makes them, at
+    the clip's size: an empty clip's, or a sampled one's (ComfyUI's second-stage
+    LTXVImgToVideoInplace over the upsampled clip)."""
     from PIL import Image
 
     from workers.models.ltx2.engine import encode_first_frame
 
     latent = _av(inputs)
-    if not latent.empty:
-        raise NodeFailed("ltx2/image-to-video conditions an empty clip latent (ltx2/empty-latent)")
     vae = expect(inputs, "vae", Vae)
     components = _components(vae, "vae")
     image = expect(inputs, "image", Image.Image).convert("RGB")
@@ -117,12 +119,17 @@ def _guidance(params: dict[str, Any], layers: int) -> Any:
     return g
 
 
-def _sigmas(inputs: dict[str, Any]) -> Any:
-    """The wired sigmas' values ([n + 1], from 1 down to the last), or None (unwired: the
-    pipeline's schedule)."""
+def _sigmas(inputs: dict[str, Any], empty: bool) -> Any:
+    """The wired sigmas' values ([n + 1], from σ₀ down to the last), or None (unwired: the
+    pipeline's schedule). An empty clip latent starts from pure noise (σ₀ = 1); a sampled one
+    (the two-stage workflows' upsampled clip) is refined from σ₀ ≤ 1 over wired sigmas."""
     from workers.models.values import Sigmas
 
     value = inputs.get("sigmas")
+    if value is None and not empty:
+        raise NodeFailed("a sampled clip latent is refined over wired sigmas (ManualSigmas, "
+                         "from the noise level to refine at): wire sigmas, or start from "
+                         "ltx2/empty-latent")
     if value is None:
         return None
     if not isinstance(value, Sigmas) or value.values is None:
@@ -131,9 +138,9 @@ def _sigmas(inputs: dict[str, Any]) -> Any:
     values = [float(v) for v in value.values]
     if len(values) < 2:
         raise NodeFailed(f"sigmas {values} hold no step: give at least two (first to last)")
-    if values[0] != 1.0 or values[-1] < 0:
-        raise NodeFailed(f"sigmas {values} must run from 1 (an empty clip latent is pure noise) "
-                         "down to 0 or above")
+    if (values[0] != 1.0 if empty else not 0 < values[0] <= 1.0) or values[-1] < 0:
+        start = "1 (an empty clip latent is pure noise)" if empty else "at most 1"
+        raise NodeFailed(f"sigmas {values} must run from {start} down to 0 or above")
     if any(b >= a for a, b in pairwise(values)):
         raise NodeFailed(f"sigmas {values} must fall at every step")
     return value.values
@@ -159,9 +166,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         raise NodeFailed(f"input 'positive' was encoded by {positive.encoder.name} "
                          f"({positive.encoder.family}): use the LTX-2 checkpoint's encoder")
     latent = _av(inputs)
-    if not latent.empty:
-        raise NodeFailed("ltx2/sample starts from an empty clip latent (ltx2/empty-latent)")
-    manual = _sigmas(inputs)
+    manual = _sigmas(inputs, latent.empty)
     components = components_of(model.transformer)
     transformer, vae, audio_vae = (components[k] for k in ("transformer", "vae", "audio_vae"))
     tcfg = transformer.config
@@ -176,6 +181,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         raise NodeFailed(f"{model.name} makes clips of {vae.temporal_compression_ratio}k + 1 "
                          f"frames, got {latent.frames}")
     f, h, w, audio_len = latent_sizes(components, width, height, latent.frames, latent.fps)
+    if not latent.empty and (tuple(latent.samples.shape[1:]) != (tcfg.in_channels, f, h, w)
+                             or latent.audio_frames != audio_len):
+        raise NodeFailed(f"the clip latent does not fit {model.name} (another model's clip?)")
     pos: Prompt = positive.embeds
     rows = [pos]
     if g.do_cfg:
@@ -189,6 +197,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     def start() -> tuple[Any, Any, Any]:
         generator = torch.Generator("cpu").manual_seed(seed)
         video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
+        if not latent.empty:  # refined from σ₀: LTX2ImageToVideoPipeline's noise_scale
+            video = s0 * video + (1 - s0) * latent.samples.float()
         frame0 = None
         if latent.first is not None:  # LTX2ImageToVideoPipeline: frame 0 is the image's
             if tuple(latent.first.shape[-2:]) != (h, w):
@@ -199,9 +209,15 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
             video = first.repeat(1, 1, f, 1, 1) * mask + video * (1 - mask)
             frame0 = LTX2Pipeline._pack_latents(mask, tcfg.patch_size, tcfg.patch_size_t)
             frame0 = frame0.squeeze(-1).to(device)
+        if not latent.empty:  # the packed sound, noised as the pipeline noises it
+            audio = noise(tuple(latent.audio.shape), generator, "cpu")
+            audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
+            return video.to(device), audio.to(device), frame0
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
         return video.to(device), LTX2Pipeline._pack_audio_latents(audio).to(device), frame0
+
+    s0 = float(manual[0]) if manual is not None else 1.0
 
     video, audio, frame0 = on_device_thread(start)
     if manual is not None:
