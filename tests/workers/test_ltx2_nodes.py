@@ -57,8 +57,12 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 
 def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None,
-           sigmas: str | None = None) -> Any:
+           sigmas: str | None = None, lora: tuple[str, float] | None = None) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
+    if lora is not None:
+        parts["model"] = run(ctx, "load/lora", {"lora": lora[0], "strength": lora[1],
+                                                "strength_clip": 0.0},
+                             {"model": parts["model"]})["model"]
     wired = {} if sigmas is None else run(ctx, "sampling/manual-sigmas", {"sigmas": sigmas})
     positive = run(ctx, "encode/text", {"text": prompt}, {"encoder": parts["encoder"]})
     latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
@@ -195,6 +199,37 @@ def test_sigmas_written_by_hand_are_ltx2_pipeline_s_given_the_same(ltx2_stack, m
     np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
     own = render(make_ctx(models_dir=models_dir), name)
     assert np.abs(own.frames.array.astype(int) - frames).max() > 1
+
+
+def test_a_lora_render_is_what_ltx2_pipeline_makes_with_the_lora_loaded(ltx2_stack, make_ctx):
+    """A LoRA in ComfyUI's keys (video, audio and cross-modal layers) at strength 0.8: the
+    frames and sound of LTX2Pipeline with it loaded (load_lora_weights, set_adapters), not the
+    plain render's; the file is recognised as an LTX-2 LoRA."""
+    from diffusers import LTX2Pipeline
+
+    from workers.models.ltx2.plugin import sequence_length
+    from workers.models.ltx2.tiny import build_tiny_components, write_tiny_lora
+
+    models_dir, name = ltx2_stack
+    lora = write_tiny_lora(models_dir)
+    assert [(e["family"], e["role"]) for e in scan(models_dir) if e["name"] == lora] == [
+        ("ltx2", "lora")]
+    ctx = make_ctx(models_dir=models_dir)
+    video = render(ctx, name, lora=(lora, 0.8))
+    components = build_tiny_components()  # the stack's weights, fresh: PEFT changes modules
+    pipe: Any = LTX2Pipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(models_dir / "loras" / lora), adapter_name="a")
+    pipe.set_adapters(["a"], adapter_weights=[0.8])
+    out = pipe(prompt=PROMPT, negative_prompt="", generator=torch.Generator().manual_seed(5),
+               num_inference_steps=STEPS, height=H, width=W, num_frames=FRAMES, frame_rate=FPS,
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+    np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
+    plain = render(make_ctx(models_dir=models_dir), name)
+    assert np.abs(plain.frames.array.astype(int) - frames).max() > 1
 
 
 def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):

@@ -247,3 +247,26 @@ def write_tiny_upsampler(models_dir: Path, name: str = SMOKE_UPSAMPLER) -> dict[
     state = {k: v.contiguous() for k, v in build_tiny_upsampler().state_dict().items()}
     save_file(state, str(folder / name), metadata={"config": json.dumps(UPSAMPLER_CONFIG)})
     return {"latent_upscaler": name}
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4) -> str:
+    """A random LoRA of the tiny transformer in ComfyUI's (Lightricks' original) keys
+    (`diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`, `.lora_B.weight`; no
+    `.alpha`, as Lightricks publishes them and as diffusers' LTX-2 reader wants) on video,
+    audio and cross-modal layers, under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    targets = {"transformer_blocks.0.attn1.to_q": (16, 16),  # video width 16, audio 8
+               "transformer_blocks.0.audio_attn1.to_v": (8, 8),
+               "transformer_blocks.1.audio_to_video_attn.to_q": (16, 8),
+               "transformer_blocks.1.ff.net.2": (64, 16)}
+    generator = torch.Generator("cpu").manual_seed(5000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"diffusion_model.{module}"
+        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
