@@ -8,7 +8,7 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
     LTXVImgToVideoInplace (+ LTXVPreprocess's img_compression)  → ltx2/image-to-video (crf)
     LTXVConcatAVLatent, LTXVSeparateAVLatent, LTXVConditioning, LTXVCropGuides,
       ModelSamplingLTXV, LTXVEmptyLatentAudio                   → folded (pass their input on)
-    SamplerCustomAdvanced (RandomNoise, CFGGuider / BasicGuider, KSamplerSelect,
+    SamplerCustomAdvanced (RandomNoise, CFGGuider / LTXVDualCFGGuider / BasicGuider, KSamplerSelect,
       LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
       (ManualSigmas stays itself, sampling/manual-sigmas: ltx2/sample's sigmas input)
     LatentUpscaleModelLoader, LTXVLatentUpsampler               → load/latent-upscale-model,
@@ -57,6 +57,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "VAEDecodeAudio": (),
     "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name", "device"),
     "LTXVLatentUpsampler": (),
+    "LTXVDualCFGGuider": ("video_cfg", "audio_cfg"),
     "LatentUpscaleModelLoader": ("model_name",),
 }
 
@@ -174,7 +175,8 @@ _SAMPLE_RULE_INPUTS = {"model": "model", "positive": "positive", "negative": "ne
 
 def _fixed_guidance(values: dict[str, Any]) -> dict[str, Any]:
     """ComfyUI's CFGGuider mixes the joint prediction with one cfg: the same CFG on video and
-    sound (api_format copies `cfg` to `audio_cfg`), no STG, modality guidance or rescale."""
+    sound (api_format copies `cfg` to `audio_cfg`; LTXVDualCFGGuider gives each its own), no
+    STG, modality guidance or rescale."""
     return {"stg": 0.0, "audio_stg": 0.0, "modality": 1.0, "audio_modality": 1.0,
             "rescale": 0.0, "audio_rescale": 0.0}
 
@@ -188,7 +190,7 @@ def sample_rule(outputs: tuple[str | None, ...],
                 warnings: tuple[Callable[[dict[str, Any]], list[str]], ...]) -> Rule:
     return Rule("ltx2/sample", inputs=_SAMPLE_RULE_INPUTS, outputs=outputs,
                 params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps"),
-                        "cfg": ParamMap("cfg", float)},
+                        "cfg": ParamMap("cfg", float), "audio_cfg": ParamMap("audio_cfg", float)},
                 derive=_fixed_guidance, warnings=warnings)
 
 
@@ -414,12 +416,16 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
     if guider is not None and guider[1] == "CFGGuider":
         new.update(model=guider[2].get("model"), positive=guider[2].get("positive"),
                    negative=guider[2].get("negative"), cfg=guider[2].get("cfg", 1.0))
+    elif guider is not None and guider[1] == "LTXVDualCFGGuider":  # CFG, a scale per modality
+        new.update(model=guider[2].get("model"), positive=guider[2].get("positive"),
+                   negative=guider[2].get("negative"), cfg=guider[2].get("video_cfg", 3.0),
+                   audio_cfg=guider[2].get("audio_cfg", 7.0))
     elif guider is not None and guider[1] == "BasicGuider":
         new.update(model=guider[2].get("model"), positive=guider[2].get("conditioning"), cfg=1.0)
     else:
         got = guider[1] if guider is not None else "nothing"
-        out.refused[nid] = (f"its guider is {got}: ltx2/sample takes CFGGuider's or "
-                            "BasicGuider's model, prompts and cfg")
+        out.refused[nid] = (f"its guider is {got}: ltx2/sample takes CFGGuider's, "
+                            "LTXVDualCFGGuider's or BasicGuider's model, prompts and cfg")
         return
     if sampler is not None and sampler[1] == "KSamplerSelect":
         name = sampler[2].get("sampler_name")

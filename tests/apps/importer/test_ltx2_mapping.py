@@ -159,6 +159,21 @@ def test_the_latent_upsampler_and_its_model_map_between_the_sampler_and_the_deco
     assert graph["19"]["inputs"]["latent"] == {"node": "25", "port": "latent"}
 
 
+def test_the_dual_cfg_guider_gives_video_and_sound_their_own_cfg():
+    """LTX-2.5's templates guide with LTXVDualCFGGuider (video_cfg, audio_cfg): plain CFG with a
+    scale per modality, ltx2/sample's cfg and audio_cfg."""
+    doc = t2v()
+    [guider] = [n for n in doc["nodes"] if n["type"] == "CFGGuider"]
+    guider["type"], guider["widgets_values"] = "LTXVDualCFGGuider", [3.0, 7.0]
+    result = imported(doc)
+    sample = result.graph.model_dump()["nodes"]["15"]
+    assert {k: sample["params"][k] for k in ("cfg", "audio_cfg", "stg", "modality")} == {
+        "cfg": 3.0, "audio_cfg": 7.0, "stg": 0.0, "modality": 1.0}
+    assert sample["inputs"]["negative"] == {"node": "5", "port": "conditioning"}
+    assert "its model, prompts and cfg are ltx2/sample 15's" in {
+        d["id"]: d["reason"] for d in result.report.dropped}["12"]
+
+
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     result = imported(t2v(image=True), resolve_asset=lambda name: "asset-1")
     graph = result.graph.model_dump()["nodes"]
