@@ -45,10 +45,16 @@ LTX2 = (
         outputs=(Port("latent", "latent"),),
         params=(Param("crf", "int", -1, min=-1, max=51,
                       description="H.264 CRF the image is re-compressed at before encoding, as "
-                      "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),),
+                      "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),
+                Param("strength", "float", 1.0, min=0.0, max=1.0,
+                      description="How firmly the first frame keeps the image (ComfyUI's "
+                      "LTXVImgToVideoInplace strength): 1 holds it (LTX2ImageToVideoPipeline); "
+                      "below, the frame denoises too, pulled toward the image by it; 0: the "
+                      "image is ignored.")),
         description="The clip's first frame conditioned on an image (ComfyUI's "
         "LTXVImgToVideoInplace, LTX2ImageToVideoPipeline's encode): the image is resized to "
-        "the clip's size and its latents stay fixed while the rest denoises. An empty clip "
+        "the clip's size and its latents stay fixed (at strength 1) while the rest denoises. "
+        "An empty clip "
         "latent, or a sampled one (the two-stage workflows' upsampled clip, refined next).",
     ),
     NodeDescriptor(

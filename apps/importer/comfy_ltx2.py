@@ -90,14 +90,6 @@ def _text_encoder(values: dict[str, Any]) -> list[str]:
             ] if isinstance(name, str) else []
 
 
-def _i2v_warnings(values: dict[str, Any]) -> list[str]:
-    strength = values.get("strength", 1.0)
-    if isinstance(strength, int | float) and strength != 1.0:
-        return [f"strength {strength} is not honoured: the first frame is kept as the image "
-                "(strength 1)"]
-    return []
-
-
 RULES: dict[str, Rule] = {
     "EmptyLTXVLatentVideo": Rule(
         "ltx2/empty-latent", outputs=("latent",),
@@ -107,9 +99,9 @@ RULES: dict[str, Rule] = {
     ),
     "LTXVImgToVideoInplace": Rule(
         "ltx2/image-to-video", inputs={"vae": "vae", "image": "image", "latent": "latent"},
-        outputs=("latent",), params={"img_compression": ParamMap("crf", int)},
+        outputs=("latent",), params={"img_compression": ParamMap("crf", int),
+                                     "strength": ParamMap("strength", float)},
         derive=lambda values: {} if "img_compression" in values else {"crf": 0},
-        warnings=(_i2v_warnings,),
     ),
     "LTXAVTextEncoderLoader": Rule(  # ComfyUI: Gemma 3 + the checkpoint's text projection
         "load/checkpoint", outputs=("encoder",),

@@ -1,7 +1,7 @@
 """ComfyUI's shipped LTX-2.3 image-to-video template (video_ltx2_3_i2v: a subgraph, two stages —
-a half-size clip over the distilled ManualSigmas with the distilled LoRA, its latents upsampled
-×2, the first frame conditioned again and refined from σ 0.85 — its prompt enhancer switched
-off) imported from the UI format with the tiny stack's files (ComfyUI's single checkpoint file,
+a half-size clip over the distilled ManualSigmas with the distilled LoRA, its first frame at
+strength 0.7, its latents upsampled ×2, the first frame conditioned again and refined from
+σ 0.85 — its prompt enhancer switched off) imported from the UI format with the tiny stack's files (ComfyUI's single checkpoint file,
 the latent upsampler, the LoRA) and rendered through the real executor into an MP4 with sound."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_comfyuis_shipped_ltx2_3_i2v_template_imports_and_renders(settings, tmp_
     assert [nodes[s["inputs"]["sigmas"]["node"]]["params"]["sigmas"] for s in stages] == [
         "1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0",
         "0.85, 0.7250, 0.4219, 0.0"]
+    assert [nodes[n]["params"]["strength"] for n in ("320:296", "320:288")] == [0.7, 1.0]
     assert nodes["320:287"]["type"] == "ltx2/upsample-latent"
     assert stages[1]["inputs"]["latent"] == {"node": "320:288", "port": "latent"}
     assert nodes["320:288"]["inputs"]["latent"] == {"node": "320:287", "port": "latent"}

@@ -57,7 +57,8 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 
 def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None,
-           sigmas: str | None = None, lora: tuple[str, float] | None = None) -> Any:
+           sigmas: str | None = None, lora: tuple[str, float] | None = None,
+           strength: float = 1.0) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
     if lora is not None:
         parts["model"] = run(ctx, "load/lora", {"lora": lora[0], "strength": lora[1],
@@ -68,7 +69,7 @@ def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any 
     latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
                                             "fps": FPS})["latent"]
     if image is not None:
-        latent = run(ctx, "ltx2/image-to-video", {"crf": -1},
+        latent = run(ctx, "ltx2/image-to-video", {"crf": -1, "strength": strength},
                      {"vae": parts["vae"], "image": image, "latent": latent})["latent"]
     sampled = run(ctx, "ltx2/sample", {"seed": seed, "steps": STEPS, **GUIDANCE},
                   {"model": parts["model"], "positive": positive["conditioning"],
@@ -230,6 +231,27 @@ def test_a_lora_render_is_what_ltx2_pipeline_makes_with_the_lora_loaded(ltx2_sta
     np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
     plain = render(make_ctx(models_dir=models_dir), name)
     assert np.abs(plain.frames.array.astype(int) - frames).max() > 1
+
+
+def test_a_first_frame_below_strength_1_denoises_toward_the_image(ltx2_stack, make_ctx):
+    """ComfyUI's LTXVImgToVideoInplace strength (its noise mask 1 − strength on the first
+    frame): at 0 the image is ignored — the text-to-video clip exactly; between 0 and 1 the
+    first frame is neither that nor the held image's (strength 1, LTX2ImageToVideoPipeline's:
+    test_image_to_video_holds_the_first_frame) and lies nearer the image than the text-to-video
+    frame does."""
+    from PIL import Image
+
+    models_dir, name = ltx2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 40, 3), dtype=np.uint8))
+    alone = render(ctx, name)
+    ignored = render(ctx, name, image=image, strength=0.0)
+    assert np.array_equal(ignored.frames.array, alone.frames.array)
+    assert np.array_equal(ignored.audio.samples, alone.audio.samples)
+    held, half = (render(ctx, name, image=image, strength=s) for s in (1.0, 0.7))
+    first = [v.frames.array[0].astype(int) for v in (alone, half, held)]
+    assert np.abs(first[1] - first[0]).max() > 1 and np.abs(first[1] - first[2]).max() > 1
+    assert np.abs(first[1] - first[2]).mean() < np.abs(first[0] - first[2]).mean()
 
 
 def test_clear_errors_name_what_is_wrong(ltx2_stack, make_ctx):

@@ -178,7 +178,7 @@ def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     result = imported(t2v(image=True), resolve_asset=lambda name: "asset-1")
     graph = result.graph.model_dump()["nodes"]
     assert graph["23"]["type"] == "ltx2/image-to-video"
-    assert graph["23"]["params"] == {"crf": 33}
+    assert graph["23"]["params"] == {"crf": 33, "strength": 1.0}
     assert graph["23"]["inputs"]["image"] == {"node": "21", "port": "image"}
     assert graph["15"]["inputs"]["latent"] == {"node": "23", "port": "latent"}
     assert "22" in {d["id"] for d in result.report.dropped}

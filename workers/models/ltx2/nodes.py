@@ -18,6 +18,7 @@ latent is sized by the sampler, which knows the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -34,13 +35,15 @@ class AvLatent(Latent):
     """LTX-2's audio + video latent (ComfyUI's LTXVConcatAVLatent's AV latent). Empty: `samples`
     is [1, 0, 1, H, W] (the pixel size, downscale 1) and `frames`, `fps` the clip's; sampled:
     the video latents [1, C, F', h, w] and the packed audio latents `audio` [1, L, C·M] of
-    `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w]."""
+    `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w] at
+    `strength`."""
 
     frames: int = 0
     fps: float = 25.0
     audio: Any = None
     audio_frames: int = 0
     first: Any = None
+    strength: float = 1.0  # the first frame's conditioning strength (ComfyUI's, 1: held)
 
 
 def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
@@ -92,12 +95,14 @@ def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, A
     vae = expect(inputs, "vae", Vae)
     components = _components(vae, "vae")
     image = expect(inputs, "image", Image.Image).convert("RGB")
-    crf = int(params["crf"])
+    crf, strength = int(params["crf"]), float(params.get("strength", 1.0))
+    if not 0 <= strength <= 1:
+        raise NodeFailed(f"strength must be between 0 and 1, got {strength}")
     width, height = latent.pixel_size
     dtype = components["text_encoder"].dtype
     first = checked(lambda: on_device_thread(encode_first_frame, components, image, width, height,
                                              None if crf < 0 else crf, dtype))
-    return {"latent": replace(latent, first=first.float().cpu())}
+    return {"latent": replace(latent, first=first.float().cpu(), strength=strength)}
 
 
 def _guidance(params: dict[str, Any], layers: int) -> Any:
@@ -146,13 +151,53 @@ def _sigmas(inputs: dict[str, Any], empty: bool) -> Any:
     return value.values
 
 
+def _start(latent: AvLatent, components: dict[str, Any], sizes: tuple[int, int, int, int],
+           seed: int, s0: float, dtype: Any, device: Any) -> tuple[Any, Any, Any, Any]:
+    """A clip's first state from `seed`'s noise (video then audio, as LTX2Pipeline draws them):
+    (video latents [1, C, F', h, w], packed audio latents, and for image-to-video the strength
+    on frame 0's tokens [1, tokens] and the image packed [1, tokens, C], else None). A sampled
+    clip is noised to σ₀ = `s0` over itself (LTX2ImageToVideoPipeline's noise_scale), the image
+    written into its frame 0 as ComfyUI does; at strength 0 the image is ignored (ComfyUI's
+    noise mask 1)."""
+    import torch
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+
+    tcfg, audio_vae = components["transformer"].config, components["audio_vae"]
+    f, h, w, audio_len = sizes
+    pack = partial(LTX2Pipeline._pack_latents, patch_size=tcfg.patch_size,
+                   patch_size_t=tcfg.patch_size_t)
+    generator = torch.Generator("cpu").manual_seed(seed)
+    video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
+    if not latent.empty:
+        base = latent.samples.float().clone()
+        if latent.first is not None:
+            base[:, :, :1] = latent.first.float()
+        video = s0 * video + (1 - s0) * base
+    frame0 = first = None
+    if latent.first is not None and latent.strength > 0:
+        mask = torch.zeros((1, 1, f, h, w))
+        mask[:, :, 0] = 1.0
+        image = latent.first.to(dtype).float().repeat(1, 1, f, 1, 1)
+        if latent.strength >= 1:  # LTX2ImageToVideoPipeline: frame 0 is the image's
+            video = image * mask + video * (1 - mask)
+        frame0 = pack(mask * latent.strength).squeeze(-1).to(device)
+        first = pack(image).to(device)
+    if not latent.empty:  # the packed sound, noised as the pipeline noises it
+        audio = noise(tuple(latent.audio.shape), generator, "cpu")
+        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
+    else:
+        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
+        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
+        audio = LTX2Pipeline._pack_audio_latents(audio)
+    return video.to(device), audio.to(device), frame0, first
+
+
 @runner("ltx2/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
     then audio, as the pipeline draws them), its resolution-shifted schedule and its guidance,
     one job on the model's step batcher."""
     import torch
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
 
     from workers.models.ltx2.engine import Ltx2Run, latent_sizes, manual_schedule, schedule
     from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
@@ -168,7 +213,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     latent = _av(inputs)
     manual = _sigmas(inputs, latent.empty)
     components = components_of(model.transformer)
-    transformer, vae, audio_vae = (components[k] for k in ("transformer", "vae", "audio_vae"))
+    transformer, vae = components["transformer"], components["vae"]
     tcfg = transformer.config
     g = _guidance(params, int(tcfg.num_layers))
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
@@ -193,33 +238,11 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         rows = [negative.embeds if negative is not None else encode(positive.encoder, ""), pos]
     device = model.placement.device
     dtype = pos.video.dtype
-
-    def start() -> tuple[Any, Any, Any]:
-        generator = torch.Generator("cpu").manual_seed(seed)
-        video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
-        if not latent.empty:  # refined from σ₀: LTX2ImageToVideoPipeline's noise_scale
-            video = s0 * video + (1 - s0) * latent.samples.float()
-        frame0 = None
-        if latent.first is not None:  # LTX2ImageToVideoPipeline: frame 0 is the image's
-            if tuple(latent.first.shape[-2:]) != (h, w):
-                raise NodeFailed("the image-to-video latent was encoded by another VAE")
-            mask = torch.zeros((1, 1, f, h, w))
-            mask[:, :, 0] = 1.0
-            first = latent.first.to(dtype).float()
-            video = first.repeat(1, 1, f, 1, 1) * mask + video * (1 - mask)
-            frame0 = LTX2Pipeline._pack_latents(mask, tcfg.patch_size, tcfg.patch_size_t)
-            frame0 = frame0.squeeze(-1).to(device)
-        if not latent.empty:  # the packed sound, noised as the pipeline noises it
-            audio = noise(tuple(latent.audio.shape), generator, "cpu")
-            audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
-            return video.to(device), audio.to(device), frame0
-        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
-        return video.to(device), LTX2Pipeline._pack_audio_latents(audio).to(device), frame0
-
+    if latent.first is not None and tuple(latent.first.shape[-2:]) != (h, w):
+        raise NodeFailed("the image-to-video latent was encoded by another VAE")
     s0 = float(manual[0]) if manual is not None else 1.0
-
-    video, audio, frame0 = on_device_thread(start)
+    video, audio, frame0, first = on_device_thread(
+        _start, latent, components, (f, h, w, audio_len), seed, s0, dtype, device)
     if manual is not None:
         sigmas, timesteps = manual_schedule(manual)
     else:
@@ -229,7 +252,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     prompts = [p.to(device) for p in rows]
     run = Ltx2Run(video, audio, torch.cat([p.video for p in prompts]),
                   torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
-                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0)
+                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0,
+                  first=first)
     extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
                              PATCH: (tcfg.patch_size, tcfg.patch_size_t), PREVIEW_VAE: vae}
     ctx.note_lineage(seed=seed)
