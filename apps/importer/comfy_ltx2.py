@@ -159,6 +159,8 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 _SAMPLERS = frozenset({"SamplerCustomAdvanced", "KSampler"})
+# where a clip's audio latent may come from: an empty one, or a sampled clip's (second stages)
+_SOUND_SOURCES = frozenset({"LTXVEmptyLatentAudio", "LTXVSeparateAVLatent"})
 _FRAME_DECODES = frozenset({"VAEDecode", "VAEDecodeTiled"})
 _AUDIO_DECODES = frozenset({"LTXVAudioVAEDecode", "VAEDecodeAudio"})
 _SAMPLE_RULE_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
@@ -271,6 +273,13 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             continue
         fps = _clip(nodes, out, node, concat[1])
         samplers[nid] = fps
+        sound = node(concat[1].get("audio_latent"))
+        if sound is not None and sound[1] not in _SOUND_SOURCES:
+            out.refused[nid] = (f"its audio latent comes from {sound[1]}: ltx2/sample draws the "
+                                "clip's sound from noise (or refines a sampled clip's); LTX-2 "
+                                "audio-to-video (an encoded sound track) is not built on this "
+                                "farm yet")
+            continue
         if comfy_type == "KSampler":
             _ksampler(out, nid, inputs)
         else:
@@ -323,6 +332,13 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
                                  "LTXVEmptyLatentAudio's frame_rate), which is used"))
 
 
+def _fixed_bool(nodes: dict[str, tuple[str, dict[str, Any]]], value: Any) -> bool | None:
+    """A boolean input the workflow fixes: its value, or a PrimitiveBoolean's it is wired to."""
+    if isinstance(value, Link) and nodes[value.node][0] == "PrimitiveBoolean":
+        value = nodes[value.node][1].get("value")
+    return value if isinstance(value, bool) else None
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -344,17 +360,19 @@ def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
             return None
         nid, comfy_type, inputs = found
         if comfy_type == "LTXVImgToVideoInplace":
-            if inputs.get("bypass") is True:
+            bypass = _fixed_bool(nodes, inputs.get("bypass"))
+            if bypass:  # the text-to-video templates bypass their image this way
                 out.folded[nid] = "bypass: ComfyUI passes the latent on unchanged"
                 out.passed[nid] = "latent"
                 link = inputs.get("latent")
                 continue
+            out.inputs[nid] = {**inputs, "bypass": bypass}
             image = node(inputs.get("image"))
             if image is not None and image[1] == "LTXVPreprocess":
                 out.folded[image[0]] = (f"its H.264 re-compression is ltx2/image-to-video "
                                         f"{nid}'s crf")
-                out.inputs[nid] = {**inputs, "image": image[2].get("image"),
-                                   "img_compression": image[2].get("img_compression", 33)}
+                out.inputs[nid] |= {"image": image[2].get("image"),
+                                    "img_compression": image[2].get("img_compression", 33)}
             link = inputs.get("latent")
             continue
         if comfy_type != "EmptyLTXVLatentVideo":

@@ -1,8 +1,9 @@
 """ComfyUI's shipped LTX-2.3 image-to-video template (video_ltx2_3_i2v: a subgraph, two stages —
 a half-size clip over the distilled ManualSigmas with the distilled LoRA, its first frame at
 strength 0.7, its latents upsampled ×2, the first frame conditioned again and refined from
-σ 0.85 — its prompt enhancer switched off) imported from the UI format with the tiny stack's files (ComfyUI's single checkpoint file,
-the latent upsampler, the LoRA) and rendered through the real executor into an MP4 with sound."""
+σ 0.85 — its prompt enhancer switched off) imported from the UI format with the tiny stack's
+files (ComfyUI's single checkpoint file, the latent upsampler, the LoRA) and rendered through the
+real executor into an MP4 with sound."""
 
 from __future__ import annotations
 

@@ -174,6 +174,34 @@ def test_the_dual_cfg_guider_gives_video_and_sound_their_own_cfg():
         d["id"]: d["reason"] for d in result.report.dropped}["12"]
 
 
+def test_a_text_to_video_template_s_bypassed_image_folds_away():
+    """LTX-2.3's text-to-video template is its image-to-video graph with LTXVImgToVideoInplace's
+    bypass wired to a PrimitiveBoolean (True): the image nodes fold away."""
+    prompt = _api(t2v(image=True))
+    prompt["23"]["inputs"]["bypass"] = ["30", 0]
+    prompt["30"] = {"class_type": "PrimitiveBoolean", "inputs": {"value": True}}
+    result = imported(prompt)
+    graph = result.graph.model_dump()["nodes"]
+    assert "23" not in graph and "21" not in graph
+    assert graph["15"]["inputs"]["latent"] == {"node": "7", "port": "latent"}
+    assert "bypass" in {d["id"]: d["reason"] for d in result.report.dropped}["23"]
+
+
+def test_an_encoded_sound_track_is_refused_not_dropped():
+    """LTX-2.3's audio-to-video template concatenates an encoded sound track
+    (LTXVAudioVAEEncode): refused, naming it, rather than sampled from noise."""
+    prompt = _api(t2v())
+    prompt["30"] = {"class_type": "LTXVAudioVAEEncode", "inputs": {
+        "audio": ["31", 0], "audio_vae": ["3", 0]}}
+    prompt["31"] = {"class_type": "LoadAudio", "inputs": {"audio": "talk.wav"}}
+    prompt["9"]["inputs"]["audio_latent"] = ["30", 0]
+    with pytest.raises(ImportInvalid) as err:
+        imported(prompt)
+    assert err.value.node_id == "15"
+    assert "its audio latent comes from LTXVAudioVAEEncode" in err.value.message
+    assert "audio-to-video" in err.value.message
+
+
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     result = imported(t2v(image=True), resolve_asset=lambda name: "asset-1")
     graph = result.graph.model_dump()["nodes"]
