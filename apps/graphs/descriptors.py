@@ -20,6 +20,7 @@ STRING_TYPES = frozenset({"string", "enum", "asset", "model"})
 PORT_KINDS = frozenset(
     {"image", "mask", "model", "vae", "text-encoder", "conditioning", "latent", "text", "int",
      "float", "bool", "noise", "sampler", "sigmas", "guider", "upscale-model",
+     "latent-upscale-model",
      "frames", "audio", "video"}
 )
 # The kinds of plain values (computed at run time, shown by `util/preview`, switchable).

@@ -10,7 +10,8 @@ from apps.graphs.nodes_video import MAX_FPS
 
 MAX_FRAMES = 1025  # frames of one clip (8k + 1; LTX-2 renders 121 at 25 fps)
 MAX_STEPS = 100
-_sizes = tuple(Port(name, "int", required=False) for name in ("width", "height", "length"))
+_sizes = (*(Port(name, "int", required=False) for name in ("width", "height", "length")),
+          Port("fps", "float", required=False, accepts=("int",)))
 
 
 def _g(name: str, default: float, text: str) -> Param:
@@ -29,8 +30,9 @@ LTX2 = (
                   description="Frame height in pixels (a multiple of 32)."),
             Param("length", "int", 121, min=1, max=MAX_FRAMES, input="length",
                   description="Frames of the clip: 8k + 1 (the VAE packs 8 frames per latent "
-                  "frame after the first)."),
-            Param("fps", "float", 24.0, min=1.0, max=MAX_FPS,
+                  "frame after the first); another length keeps the 8k + 1 below it, as "
+                  "ComfyUI's EmptyLTXVLatentVideo does."),
+            Param("fps", "float", 24.0, min=1.0, max=MAX_FPS, input="fps",
                   description="Frames per second: the clip's and its sound's length."),
         ),
         description="An empty LTX-2 clip, video and audio (ComfyUI's EmptyLTXVLatentVideo + "
@@ -43,21 +45,29 @@ LTX2 = (
         outputs=(Port("latent", "latent"),),
         params=(Param("crf", "int", -1, min=-1, max=51,
                       description="H.264 CRF the image is re-compressed at before encoding, as "
-                      "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),),
+                      "LTX-2 was trained (−1: the model's default, 33; 0: as it is)."),
+                Param("strength", "float", 1.0, min=0.0, max=1.0,
+                      description="How firmly the first frame keeps the image (ComfyUI's "
+                      "LTXVImgToVideoInplace strength): 1 holds it (LTX2ImageToVideoPipeline); "
+                      "below, the frame denoises too, pulled toward the image by it; 0: the "
+                      "image is ignored.")),
         description="The clip's first frame conditioned on an image (ComfyUI's "
         "LTXVImgToVideoInplace, LTX2ImageToVideoPipeline's encode): the image is resized to "
-        "the clip's size and its latents stay fixed while the rest denoises.",
+        "the clip's size and its latents stay fixed (at strength 1) while the rest denoises. "
+        "An empty clip "
+        "latent, or a sampled one (the two-stage workflows' upsampled clip, refined next).",
     ),
     NodeDescriptor(
         "ltx2/sample", "LTX-2 sample", "sampling",
         inputs=(Port("model", "model"), Port("positive", "conditioning"),
                 Port("negative", "conditioning", required=False), Port("latent", "latent"),
-                Port("seed", "int", required=False)),
+                Port("seed", "int", required=False), Port("sigmas", "sigmas", required=False)),
         outputs=(Port("latent", "latent"),),
         params=(
             Param("seed", "int", 0, min=0, max=2**53 - 1, input="seed",
                   description="Noise seed (video then audio noise, as LTX2Pipeline draws it)."),
-            Param("steps", "int", 40, min=1, max=MAX_STEPS, description="Denoising steps."),
+            Param("steps", "int", 40, min=1, max=MAX_STEPS,
+                  description="Denoising steps (wired sigmas set their own: one per interval)."),
             _g("cfg", 3.0, "Video classifier-free guidance (≤ 1 with audio_cfg ≤ 1: off)."),
             _g("stg", 1.0, "Video spatio-temporal guidance (0: off)."),
             _g("modality", 3.0, "Video modality-isolation guidance (≤ 1: off)."),
@@ -71,8 +81,28 @@ LTX2 = (
                   description="Transformer blocks STG perturbs, comma-separated (LTX-2: 28)."),
         ),
         description="LTX2Pipeline's denoise of a clip's video and sound (flow Euler over its "
-        "resolution-shifted sigmas, CFG + STG + modality guidance); runs of one clip size "
-        "share every transformer call. The negative prompt defaults to the empty one.",
+        "resolution-shifted sigmas, or the wired ones as they are: ComfyUI's ManualSigmas, "
+        "LTX2Pipeline's `sigmas`; CFG + STG + modality guidance); runs of one clip size "
+        "share every transformer call. The negative prompt defaults to the empty one. A "
+        "sampled clip latent (an upsampled one) is refined over wired sigmas: noise mixed in "
+        "at their first level (LTX2ImageToVideoPipeline's noise_scale), video and sound.",
+    ),
+    NodeDescriptor(
+        "load/latent-upscale-model", "Load latent upscale model", "loaders",
+        outputs=(Port("latent_upscale_model", "latent-upscale-model"),),
+        params=(Param("file", "model", required=True, options_from="latent_upscale_models",
+                      family="ltx2"),),
+        description="An LTX-2 latent upsampler from the models dir's latent_upscale_models/ "
+        "(ComfyUI's LatentUpscaleModelLoader; Lightricks' spatial ×2 file).",
+    ),
+    NodeDescriptor(
+        "ltx2/upsample-latent", "LTX-2 upsample latent", "latent",
+        inputs=(Port("latent", "latent"), Port("latent_upscale_model", "latent-upscale-model"),
+                Port("vae", "vae")),
+        outputs=(Port("latent", "latent"),),
+        description="A sampled clip's video latents at twice the width and height, its sound "
+        "kept (ComfyUI's LTXVLatentUpsampler, LTX2LatentUpsamplePipeline): the VAE's "
+        "statistics undone, the upsampler, the statistics redone.",
     ),
     NodeDescriptor(
         "ltx2/decode", "LTX-2 decode", "latent",

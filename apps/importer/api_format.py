@@ -111,8 +111,8 @@ def prompt_to_graph(
         _map_node(state, node)
         if node.rule.type in ("sample", "sample/advanced"):
             _sampler_family_params(state, node)
-        elif node.rule.type == "ltx2/sample":  # ComfyUI's one cfg guides video and sound
-            node.params["audio_cfg"] = node.params.get("cfg", 1.0)
+        elif node.rule.type == "ltx2/sample":  # CFGGuider's one cfg guides video and sound
+            node.params.setdefault("audio_cfg", node.params.get("cfg", 1.0))
         if node.rule.type == "load/text-encoder":
             _encoder_family(state, node)
     kept, target = _outputs(state)

@@ -8,8 +8,11 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
     LTXVImgToVideoInplace (+ LTXVPreprocess's img_compression)  → ltx2/image-to-video (crf)
     LTXVConcatAVLatent, LTXVSeparateAVLatent, LTXVConditioning, LTXVCropGuides,
       ModelSamplingLTXV, LTXVEmptyLatentAudio                   → folded (pass their input on)
-    SamplerCustomAdvanced (RandomNoise, CFGGuider / BasicGuider, KSamplerSelect,
+    SamplerCustomAdvanced (RandomNoise, CFGGuider / LTXVDualCFGGuider / BasicGuider, KSamplerSelect,
       LTXVScheduler / BasicScheduler) or KSampler over the AV latent → ltx2/sample
+      (ManualSigmas stays itself, sampling/manual-sigmas: ltx2/sample's sigmas input)
+    LatentUpscaleModelLoader, LTXVLatentUpsampler               → load/latent-upscale-model,
+                                                                  ltx2/upsample-latent
     CreateVideo of VAEDecode (+ LTXVAudioVAEDecode / VAEDecodeAudio) of the sampled clip
                                                                 → ltx2/decode (then video/save)
     CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
@@ -53,6 +56,9 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LTXVAudioVAEDecode": (),
     "VAEDecodeAudio": (),
     "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name", "device"),
+    "LTXVLatentUpsampler": (),
+    "LTXVDualCFGGuider": ("video_cfg", "audio_cfg"),
+    "LatentUpscaleModelLoader": ("model_name",),
 }
 
 # LTX2Pipeline's schedule (its FlowMatchEulerDiscreteScheduler config): ComfyUI's
@@ -84,14 +90,6 @@ def _text_encoder(values: dict[str, Any]) -> list[str]:
             ] if isinstance(name, str) else []
 
 
-def _i2v_warnings(values: dict[str, Any]) -> list[str]:
-    strength = values.get("strength", 1.0)
-    if isinstance(strength, int | float) and strength != 1.0:
-        return [f"strength {strength} is not honoured: the first frame is kept as the image "
-                "(strength 1)"]
-    return []
-
-
 RULES: dict[str, Rule] = {
     "EmptyLTXVLatentVideo": Rule(
         "ltx2/empty-latent", outputs=("latent",),
@@ -101,13 +99,21 @@ RULES: dict[str, Rule] = {
     ),
     "LTXVImgToVideoInplace": Rule(
         "ltx2/image-to-video", inputs={"vae": "vae", "image": "image", "latent": "latent"},
-        outputs=("latent",), params={"img_compression": ParamMap("crf", int)},
+        outputs=("latent",), params={"img_compression": ParamMap("crf", int),
+                                     "strength": ParamMap("strength", float)},
         derive=lambda values: {} if "img_compression" in values else {"crf": 0},
-        warnings=(_i2v_warnings,),
     ),
     "LTXAVTextEncoderLoader": Rule(  # ComfyUI: Gemma 3 + the checkpoint's text projection
         "load/checkpoint", outputs=("encoder",),
         params={"ckpt_name": ParamMap("file", folder=_CKPT)}, warnings=(_text_encoder,),
+    ),
+    "LatentUpscaleModelLoader": Rule(
+        "load/latent-upscale-model", outputs=("latent_upscale_model",),
+        params={"model_name": ParamMap("file", folder="latent_upscale_models")},
+    ),
+    "LTXVLatentUpsampler": Rule(  # its samples: the sampled clip (LTXVSeparateAVLatent folds)
+        "ltx2/upsample-latent", outputs=("latent",),
+        inputs={"samples": "latent", "upscale_model": "latent_upscale_model", "vae": "vae"},
     ),
     "LTXVAudioVAELoader": Rule(  # the checkpoint's audio VAE + vocoder: ltx2/decode's vae
         "load/checkpoint", outputs=("vae",),
@@ -144,9 +150,6 @@ UNSUPPORTED: dict[str, str] = {
     "does",
     "LTXVAudioVAEEncode": "LTX-2 audio-to-video (an encoded sound track) is not built on this "
     "farm yet",
-    "LTXVLatentUpsampler": "LTX-2's two-stage latent upsampler is not built on this farm yet",
-    "LatentUpscaleModelLoader": "LTX-2's two-stage latent upsampler is not built on this farm "
-    "yet",
     "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
     "CreateVideo of the clip's VAEDecode and its audio decode)",
     "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace it "
@@ -156,15 +159,18 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 _SAMPLERS = frozenset({"SamplerCustomAdvanced", "KSampler"})
+# where a clip's audio latent may come from: an empty one, or a sampled clip's (second stages)
+_SOUND_SOURCES = frozenset({"LTXVEmptyLatentAudio", "LTXVSeparateAVLatent"})
 _FRAME_DECODES = frozenset({"VAEDecode", "VAEDecodeTiled"})
 _AUDIO_DECODES = frozenset({"LTXVAudioVAEDecode", "VAEDecodeAudio"})
 _SAMPLE_RULE_INPUTS = {"model": "model", "positive": "positive", "negative": "negative",
-                       "latent": "latent"}
+                       "latent": "latent", "sigmas": "sigmas"}
 
 
 def _fixed_guidance(values: dict[str, Any]) -> dict[str, Any]:
     """ComfyUI's CFGGuider mixes the joint prediction with one cfg: the same CFG on video and
-    sound (api_format copies `cfg` to `audio_cfg`), no STG, modality guidance or rescale."""
+    sound (api_format copies `cfg` to `audio_cfg`; LTXVDualCFGGuider gives each its own), no
+    STG, modality guidance or rescale."""
     return {"stg": 0.0, "audio_stg": 0.0, "modality": 1.0, "audio_modality": 1.0,
             "rescale": 0.0, "audio_rescale": 0.0}
 
@@ -178,7 +184,7 @@ def sample_rule(outputs: tuple[str | None, ...],
                 warnings: tuple[Callable[[dict[str, Any]], list[str]], ...]) -> Rule:
     return Rule("ltx2/sample", inputs=_SAMPLE_RULE_INPUTS, outputs=outputs,
                 params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps"),
-                        "cfg": ParamMap("cfg", float)},
+                        "cfg": ParamMap("cfg", float), "audio_cfg": ParamMap("audio_cfg", float)},
                 derive=_fixed_guidance, warnings=warnings)
 
 
@@ -228,6 +234,16 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             link = inputs.get(port)
         return None
 
+    def sampled_by(link: Any) -> Any:
+        """`through`, then up an LTXVLatentUpsampler's samples: the link to the sampler whose
+        clip this is (an upsampled clip is still its sampler's)."""
+        for _ in range(len(nodes) + 1):
+            link = through(link)
+            if not isinstance(link, Link) or nodes[link.node][0] != "LTXVLatentUpsampler":
+                return link
+            link = nodes[link.node][1].get("samples")
+        return None
+
     def av_concat(link: Any) -> tuple[str, dict[str, Any]] | None:
         """The LTXVConcatAVLatent a sampler's latent is (through LTXVCropGuides)."""
         for _ in range(len(nodes) + 1):
@@ -257,6 +273,13 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             continue
         fps = _clip(nodes, out, node, concat[1])
         samplers[nid] = fps
+        sound = node(concat[1].get("audio_latent"))
+        if sound is not None and sound[1] not in _SOUND_SOURCES:
+            out.refused[nid] = (f"its audio latent comes from {sound[1]}: ltx2/sample draws the "
+                                "clip's sound from noise (or refines a sampled clip's); LTX-2 "
+                                "audio-to-video (an encoded sound track) is not built on this "
+                                "farm yet")
+            continue
         if comfy_type == "KSampler":
             _ksampler(out, nid, inputs)
         else:
@@ -264,9 +287,9 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
 
     for nid, (comfy_type, inputs) in nodes.items():
         if comfy_type == "CreateVideo":
-            _create_video(out, nodes, node, through, readers, samplers, nid, inputs)
+            _create_video(out, nodes, node, sampled_by, readers, samplers, nid, inputs)
     for nid, (comfy_type, inputs) in nodes.items():  # decodes read by no clip: refused
-        sampled = through(inputs.get("samples"))
+        sampled = sampled_by(inputs.get("samples"))
         if (comfy_type in _FRAME_DECODES | _AUDIO_DECODES and nid not in out.folded
                 and isinstance(sampled, Link) and sampled.node in samplers):
             what = "frames" if comfy_type in _FRAME_DECODES else "sound"
@@ -309,6 +332,13 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
                                  "LTXVEmptyLatentAudio's frame_rate), which is used"))
 
 
+def _fixed_bool(nodes: dict[str, tuple[str, dict[str, Any]]], value: Any) -> bool | None:
+    """A boolean input the workflow fixes: its value, or a PrimitiveBoolean's it is wired to."""
+    if isinstance(value, Link) and nodes[value.node][0] == "PrimitiveBoolean":
+        value = nodes[value.node][1].get("value")
+    return value if isinstance(value, bool) else None
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -330,17 +360,19 @@ def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
             return None
         nid, comfy_type, inputs = found
         if comfy_type == "LTXVImgToVideoInplace":
-            if inputs.get("bypass") is True:
+            bypass = _fixed_bool(nodes, inputs.get("bypass"))
+            if bypass:  # the text-to-video templates bypass their image this way
                 out.folded[nid] = "bypass: ComfyUI passes the latent on unchanged"
                 out.passed[nid] = "latent"
                 link = inputs.get("latent")
                 continue
+            out.inputs[nid] = {**inputs, "bypass": bypass}
             image = node(inputs.get("image"))
             if image is not None and image[1] == "LTXVPreprocess":
                 out.folded[image[0]] = (f"its H.264 re-compression is ltx2/image-to-video "
                                         f"{nid}'s crf")
-                out.inputs[nid] = {**inputs, "image": image[2].get("image"),
-                                   "img_compression": image[2].get("img_compression", 33)}
+                out.inputs[nid] |= {"image": image[2].get("image"),
+                                    "img_compression": image[2].get("img_compression", 33)}
             link = inputs.get("latent")
             continue
         if comfy_type != "EmptyLTXVLatentVideo":
@@ -380,7 +412,8 @@ def _ksampler(out: Rewrite, nid: str, inputs: dict[str, Any]) -> None:
 def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
                      readers: dict[str, list[str]], nid: str, inputs: dict[str, Any]) -> None:
     """SamplerCustomAdvanced's noise, guider, sampler and sigmas nodes → ltx2/sample's seed,
-    cfg, steps (each folded when only LTX-2 samplers read it)."""
+    cfg, steps (each folded when only LTX-2 samplers read it); ManualSigmas is wired into its
+    sigmas input instead."""
     new: dict[str, Any] = {"latent": inputs.get("latent_image")}
     parts = {port: node(inputs.get(port)) for port in ("noise", "guider", "sampler", "sigmas")}
     warned: list[str] = []
@@ -393,19 +426,26 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
     if guider is not None and guider[1] == "CFGGuider":
         new.update(model=guider[2].get("model"), positive=guider[2].get("positive"),
                    negative=guider[2].get("negative"), cfg=guider[2].get("cfg", 1.0))
+    elif guider is not None and guider[1] == "LTXVDualCFGGuider":  # CFG, a scale per modality
+        new.update(model=guider[2].get("model"), positive=guider[2].get("positive"),
+                   negative=guider[2].get("negative"), cfg=guider[2].get("video_cfg", 3.0),
+                   audio_cfg=guider[2].get("audio_cfg", 7.0))
     elif guider is not None and guider[1] == "BasicGuider":
         new.update(model=guider[2].get("model"), positive=guider[2].get("conditioning"), cfg=1.0)
     else:
         got = guider[1] if guider is not None else "nothing"
-        out.refused[nid] = (f"its guider is {got}: ltx2/sample takes CFGGuider's or "
-                            "BasicGuider's model, prompts and cfg")
+        out.refused[nid] = (f"its guider is {got}: ltx2/sample takes CFGGuider's, "
+                            "LTXVDualCFGGuider's or BasicGuider's model, prompts and cfg")
         return
     if sampler is not None and sampler[1] == "KSamplerSelect":
         name = sampler[2].get("sampler_name")
         if isinstance(name, str) and name != "euler":
             warned.append(f"sampler {name!r} is not used: ltx2/sample steps LTX2Pipeline's "
                           "flow Euler")
-    if sigmas is not None and sigmas[1] in ("LTXVScheduler", "BasicScheduler"):
+    if sigmas is not None and sigmas[1] == "ManualSigmas":  # mapped itself: the wired sigmas
+        new["sigmas"] = inputs.get("sigmas")
+        parts.pop("sigmas")
+    elif sigmas is not None and sigmas[1] in ("LTXVScheduler", "BasicScheduler"):
         new["steps"] = sigmas[2].get("steps", 20)
         if sigmas[1] == "LTXVScheduler":
             warned += _defaults_warning("LTXVScheduler")(sigmas[2])
@@ -414,8 +454,8 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
                           "uses LTX2Pipeline's resolution-shifted schedule")
     else:
         got = sigmas[1] if sigmas is not None else "nothing"
-        out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes LTXVScheduler's "
-                            "(or BasicScheduler's) steps")
+        out.refused[nid] = (f"its sigmas come from {got}: ltx2/sample takes ManualSigmas' "
+                            "sigmas or LTXVScheduler's (or BasicScheduler's) steps")
         return
     roles = {"noise": "its noise_seed is ltx2/sample {}'s seed",
              "guider": "its model, prompts and cfg are ltx2/sample {}'s",
@@ -431,13 +471,14 @@ def _custom_advanced(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
 
 
 def _create_video(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]], node: Any,
-                  through: Any, readers: dict[str, list[str]], samplers: dict[str, float | None],
+                  sampled_by: Any, readers: dict[str, list[str]],
+                  samplers: dict[str, float | None],
                   nid: str, inputs: dict[str, Any]) -> None:
     """CreateVideo of an LTX-2 clip's decoded frames (and sound) → ltx2/decode."""
     frames = node(inputs.get("images"))
     if frames is None or frames[1] not in _FRAME_DECODES:
         return
-    sampled = through(frames[2].get("samples"))
+    sampled = sampled_by(frames[2].get("samples"))
     if not isinstance(sampled, Link) or sampled.node not in samplers:
         return
     out.rules[nid] = DECODE_RULE

@@ -22,6 +22,7 @@ KINDS = {"model": "MODEL", "text-encoder": "CLIP", "vae": "VAE", "conditioning":
          "latent": "LATENT", "image": "IMAGE", "int": "INT", "float": "FLOAT", "text": "STRING",
          "noise": "NOISE", "sampler": "SAMPLER", "sigmas": "SIGMAS", "guider": "GUIDER",
          "bool": "BOOLEAN", "mask": "MASK", "upscale-model": "UPSCALE_MODEL",
+         "latent-upscale-model": "LATENT_UPSCALE_MODEL",
          "frames": "IMAGE", "audio": "AUDIO", "video": "VIDEO"}
 
 # Widgets whose ComfyUI spec is not our param's (converted values, or accepted and ignored).

@@ -171,7 +171,61 @@ def test_a_config_that_does_not_match_the_file_says_which_component(stacks, tmp_
     config_file.write_text(json.dumps(config))
     with pytest.raises(ModelLoadError) as err:
         load_single_file(path)
-    assert "vocoder does not match vocoder/config.json" in str(err.value)
+    assert "(an LTX-2.0 file): its vocoder does not match" in str(err.value)
+    assert ".diffusers/vocoder/config.json" in str(err.value)
+
+
+def test_an_ltx2_3_file_loads_and_renders_as_ltx2_pipeline_over_its_components(tmp_path,
+                                                                               make_ctx):
+    """LTX-2.3's layout (attention gates, prompt AdaLN, a Gemma projection per modality) in
+    the original keys, with its configs beside it: recognised, converted, and a clip through
+    load/checkpoint is LTX2Pipeline's over the loaded components."""
+    from diffusers import LTX2Pipeline
+    from safetensors import safe_open
+
+    from workers.models.ltx2.plugin import components_of, sequence_length
+    from workers.models.ltx2.tiny import write_tiny_single_file
+    from workers.runners import RUNNERS
+
+    file = write_tiny_single_file(tmp_path, name="smoke-ltx23", ltx23=True)["checkpoint"]
+    with safe_open(str(tmp_path / "checkpoints" / file), "pt") as f:
+        names = set(f.keys())
+    assert {"model.diffusion_model.prompt_adaln_single.linear.weight",
+            "model.diffusion_model.audio_prompt_adaln_single.linear.weight",
+            "model.diffusion_model.transformer_blocks.0.attn1.to_gate_logits.weight",
+            "text_embedding_projection.video_aggregate_embed.weight",
+            "text_embedding_projection.audio_aggregate_embed.weight"} <= names
+    assert [e["role"] for e in scan(tmp_path) if e["name"] == file] == ["checkpoint"]
+    ctx = make_ctx(Recorder(), models_dir=tmp_path)
+    video = render(ctx, file, seed=3)
+    model = RUNNERS["load/checkpoint"](ctx, {"file": file}, {})["model"]
+    components = components_of(model.transformer)
+    assert components["transformer"].config.gated_attn
+    pipe: Any = LTX2Pipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt="a robot dancing", negative_prompt="",
+               generator=torch.Generator().manual_seed(3), num_inference_steps=3, height=32,
+               width=32, num_frames=9, frame_rate=25.0,
+               max_sequence_length=sequence_length(components), output_type="np",
+               spatio_temporal_guidance_blocks=[1])
+    frames = (out.frames[0] * 255).round().astype(np.uint8)
+    assert np.abs(video.frames.array.astype(int) - frames).max() <= 1
+    np.testing.assert_allclose(video.audio.samples, out.audio[0].float().numpy(), atol=1e-4)
+
+
+def test_an_ltx2_3_file_beside_ltx2_0_configs_says_which_it_is(tmp_path):
+    from workers.models.ltx2.loading import load_single_file
+    from workers.models.ltx2.tiny import write_tiny_single_file
+
+    new = write_tiny_single_file(tmp_path, name="new", ltx23=True)["checkpoint"]
+    write_tiny_single_file(tmp_path, name="old")
+    folder = tmp_path / "checkpoints"
+    shutil.rmtree(folder / "new.diffusers")
+    shutil.copytree(folder / "old.diffusers", folder / "new.diffusers")
+    with pytest.raises(ModelLoadError) as err:
+        load_single_file(folder / new)
+    assert "(an LTX-2.3 file): its transformer does not match" in str(err.value)
+    assert "put that version's diffusers configs there" in str(err.value)
 
 
 def test_the_file_s_identity_covers_its_configs_folder(stacks, tmp_path):

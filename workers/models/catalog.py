@@ -6,6 +6,7 @@ Layout (`<models_dir>/<folder>/<name>`):
     text_encoders/      text encoders (ComfyUI's legacy `clip/` is read as an alias)
     loras/, checkpoints/
     upscale_models/     ESRGAN-family upscalers (workers/models/upscale: role `upscaler`)
+    latent_upscale_models/  a family's latent upsamplers (LTX-2's: role `latent_upscaler`)
 A model is either a single weight file (.safetensors/.sft/.ckpt/.pt/.pth/.bin) or a folder that holds
 a `config.json` (a diffusers/transformers folder) or a `model_index.json` (a whole diffusers
 pipeline: LTX-2's). Names are paths relative to the folder with
@@ -26,7 +27,7 @@ from workers.models.family import ModelLoadError
 from workers.models.header import HeaderUnreadable, is_model_folder, read_header
 
 FOLDERS: tuple[str, ...] = ("diffusion_models", "vae", "text_encoders", "loras", "checkpoints",
-                            "upscale_models")
+                            "upscale_models", "latent_upscale_models")
 ALIASES: dict[str, tuple[str, ...]] = {"diffusion_models": ("unet",), "text_encoders": ("clip",)}
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin")
 SIDECAR_DIR_SUFFIXES: tuple[str, ...] = (".tokenizer", ".diffusers")

@@ -29,13 +29,15 @@ if TYPE_CHECKING:
     from workers.models.header import ModelHeader
 
 # What a model file is to its family. A folder of the models dir holds files of these roles.
-ROLES: tuple[str, ...] = ("transformer", "unet", "vae", "text_encoder", "checkpoint", "lora")
+ROLES: tuple[str, ...] = ("transformer", "unet", "vae", "text_encoder", "checkpoint", "lora",
+                          "latent_upscaler")
 FOLDER_ROLES: dict[str, tuple[str, ...]] = {
     "diffusion_models": ("transformer", "unet"),
     "vae": ("vae",),
     "text_encoders": ("text_encoder",),
     "checkpoints": ("checkpoint",),
     "loras": ("lora",),
+    "latent_upscale_models": ("latent_upscaler",),
 }
 
 

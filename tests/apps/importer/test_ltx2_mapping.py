@@ -17,13 +17,17 @@ from apps.importer.services import comfy_import
 from tests.apps.importer.builder import Ui
 
 CKPT, GEMMA = "smoke-ltx2.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors"
-CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": []}
-FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",), ("checkpoints", CKPT): ("ltx2",)}
+UPSCALER = "smoke-ltx2-upscaler.safetensors"  # tiny.SMOKE_UPSAMPLER
+CATALOG = {"checkpoints": ["smoke-ltx2"], "text_encoders": [GEMMA], "input": [],
+           "latent_upscale_models": [UPSCALER]}
+FILES = {("checkpoints", "smoke-ltx2"): ("ltx2",), ("checkpoints", CKPT): ("ltx2",),
+         ("latent_upscale_models", UPSCALER): ("ltx2",)}
 W = H = 32
 FRAMES, FPS, STEPS = 9, 25, 2
 
 
-def t2v(*, image: bool = False) -> dict[str, Any]:
+def t2v(*, image: bool = False, sigmas: str | None = None, upsample: bool = False
+        ) -> dict[str, Any]:
     """ComfyUI's LTX-2 template's wiring (comfy_extras/nodes_lt*.py widget orders)."""
     ui = Ui()
     ui.add(1, "CheckpointLoaderSimple", [CKPT], outputs=("MODEL", "CLIP", "VAE"))
@@ -43,8 +47,11 @@ def t2v(*, image: bool = False) -> dict[str, Any]:
     ui.add(10, "ModelSamplingLTXV", [2.05, 0.95], inputs=[("model", "MODEL"),
                                                           ("latent", "LATENT")],
            outputs=("MODEL",))
-    ui.add(11, "LTXVScheduler", [STEPS, 2.05, 0.95, True, 0.1], inputs=[("latent", "LATENT")],
-           outputs=("SIGMAS",))
+    if sigmas is None:
+        ui.add(11, "LTXVScheduler", [STEPS, 2.05, 0.95, True, 0.1],
+               inputs=[("latent", "LATENT")], outputs=("SIGMAS",))
+    else:  # the LTX-2.3 templates' hand-written schedule
+        ui.add(11, "ManualSigmas", [sigmas], outputs=("SIGMAS",))
     ui.add(12, "CFGGuider", [3.0], inputs=[("model", "MODEL"), ("positive", "CONDITIONING"),
                                            ("negative", "CONDITIONING")], outputs=("GUIDER",))
     ui.add(13, "KSamplerSelect", ["euler"], outputs=("SAMPLER",))
@@ -70,6 +77,16 @@ def t2v(*, image: bool = False) -> dict[str, Any]:
              (16, 0, 17, "samples"), (1, 2, 17, "vae"), (16, 1, 18, "samples"),
              (3, 0, 18, "audio_vae"), (17, 0, 19, "images"), (18, 0, 19, "audio"),
              (19, 0, 20, "video")]
+    if sigmas is not None:
+        wires.remove((9, 0, 11, "latent"))
+    if upsample:  # the 2.3 templates' second stage's input, decoded as it is
+        ui.add(24, "LatentUpscaleModelLoader", [UPSCALER], outputs=("LATENT_UPSCALE_MODEL",))
+        ui.add(25, "LTXVLatentUpsampler", [], inputs=[
+            ("samples", "LATENT"), ("upscale_model", "LATENT_UPSCALE_MODEL"), ("vae", "VAE")],
+            outputs=("LATENT",))
+        wires = [w for w in wires if w[2:] != (17, "samples")] + [
+            (16, 0, 25, "samples"), (24, 0, 25, "upscale_model"), (1, 2, 25, "vae"),
+            (25, 0, 17, "samples")]
     if image:
         ui.add(21, "LoadImage", ["start.png", "image"], outputs=("IMAGE", "MASK"))
         ui.add(22, "LTXVPreprocess", [33], inputs=[("image", "IMAGE")], outputs=("IMAGE",))
@@ -118,11 +135,78 @@ def test_the_t2v_template_becomes_the_ltx2_nodes():
     assert "audio VAE and vocoder" in dropped["3"]
 
 
+def test_manual_sigmas_are_wired_into_ltx2_sample_as_they_are():
+    result = imported(t2v(sigmas="1.0, 0.725, 0.421875, 0.0"))
+    graph = result.graph.model_dump()["nodes"]
+    assert result.report.unmapped == [], result.report.unmapped
+    assert graph["11"]["type"] == "sampling/manual-sigmas"
+    assert graph["11"]["params"] == {"sigmas": "1.0, 0.725, 0.421875, 0.0"}
+    assert graph["15"]["inputs"]["sigmas"] == {"node": "11", "port": "sigmas"}
+    assert "11" not in {d["id"] for d in result.report.dropped}
+
+
+def test_the_latent_upsampler_and_its_model_map_between_the_sampler_and_the_decode():
+    result = imported(t2v(upsample=True))
+    graph = result.graph.model_dump()["nodes"]
+    assert result.report.unmapped == [], result.report.unmapped
+    assert (graph["24"]["type"], graph["24"]["params"]) == ("load/latent-upscale-model",
+                                                            {"file": UPSCALER})
+    assert graph["25"]["type"] == "ltx2/upsample-latent"
+    assert graph["25"]["inputs"] == {"latent": {"node": "15", "port": "latent"},
+                                     "latent_upscale_model": {"node": "24",
+                                                              "port": "latent_upscale_model"},
+                                     "vae": {"node": "1", "port": "vae"}}
+    assert graph["19"]["inputs"]["latent"] == {"node": "25", "port": "latent"}
+
+
+def test_the_dual_cfg_guider_gives_video_and_sound_their_own_cfg():
+    """LTX-2.5's templates guide with LTXVDualCFGGuider (video_cfg, audio_cfg): plain CFG with a
+    scale per modality, ltx2/sample's cfg and audio_cfg."""
+    doc = t2v()
+    [guider] = [n for n in doc["nodes"] if n["type"] == "CFGGuider"]
+    guider["type"], guider["widgets_values"] = "LTXVDualCFGGuider", [3.0, 7.0]
+    result = imported(doc)
+    sample = result.graph.model_dump()["nodes"]["15"]
+    assert {k: sample["params"][k] for k in ("cfg", "audio_cfg", "stg", "modality")} == {
+        "cfg": 3.0, "audio_cfg": 7.0, "stg": 0.0, "modality": 1.0}
+    assert sample["inputs"]["negative"] == {"node": "5", "port": "conditioning"}
+    assert "its model, prompts and cfg are ltx2/sample 15's" in {
+        d["id"]: d["reason"] for d in result.report.dropped}["12"]
+
+
+def test_a_text_to_video_template_s_bypassed_image_folds_away():
+    """LTX-2.3's text-to-video template is its image-to-video graph with LTXVImgToVideoInplace's
+    bypass wired to a PrimitiveBoolean (True): the image nodes fold away."""
+    prompt = _api(t2v(image=True))
+    prompt["23"]["inputs"]["bypass"] = ["30", 0]
+    prompt["30"] = {"class_type": "PrimitiveBoolean", "inputs": {"value": True}}
+    result = imported(prompt)
+    graph = result.graph.model_dump()["nodes"]
+    assert "23" not in graph and "21" not in graph
+    assert graph["15"]["inputs"]["latent"] == {"node": "7", "port": "latent"}
+    assert "bypass" in {d["id"]: d["reason"] for d in result.report.dropped}["23"]
+
+
+def test_an_encoded_sound_track_is_refused_not_dropped():
+    """LTX-2.3's audio-to-video template concatenates an encoded sound track
+    (LTXVAudioVAEEncode): refused, naming it, rather than sampled from noise."""
+    prompt = _api(t2v())
+    prompt["30"] = {"class_type": "LTXVAudioVAEEncode", "inputs": {
+        "audio": ["31", 0], "audio_vae": ["3", 0]}}
+    prompt["31"] = {"class_type": "LoadAudio", "inputs": {"audio": "talk.wav"}}
+    prompt["9"]["inputs"]["audio_latent"] = ["30", 0]
+    with pytest.raises(ImportInvalid) as err:
+        imported(prompt)
+    assert err.value.node_id == "15"
+    assert "its audio latent comes from LTXVAudioVAEEncode" in err.value.message
+    assert "audio-to-video" in err.value.message
+
+
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     result = imported(t2v(image=True), resolve_asset=lambda name: "asset-1")
     graph = result.graph.model_dump()["nodes"]
     assert graph["23"]["type"] == "ltx2/image-to-video"
-    assert graph["23"]["params"] == {"crf": 33}
+    assert graph["23"]["params"] == {"crf": 33, "strength": 1.0}
     assert graph["23"]["inputs"]["image"] == {"node": "21", "port": "image"}
     assert graph["15"]["inputs"]["latent"] == {"node": "23", "port": "latent"}
     assert "22" in {d["id"] for d in result.report.dropped}
@@ -199,6 +283,27 @@ def test_the_imported_template_renders_an_mp4_with_sound(settings, tmp_path, hel
         sound = sum(f.samples for f in clip.decode(audio=0)) / rate
     assert (frames, fps) == (FRAMES, FPS)
     assert sound == pytest.approx(FRAMES / FPS, abs=0.08)
+
+
+@pytest.mark.django_db
+def test_an_upsampled_clip_renders_at_twice_the_size(settings, tmp_path):
+    import av
+
+    from apps.takes.storage import blob_read
+    from tests.workers.vocab_helpers import render
+    from workers.models.ltx2.plugin import write_tiny_stack
+
+    settings.INLINE_BLOB_DIR = tmp_path / "blobs"
+    settings.INLINE_MODELS_DIR = tmp_path / "models"
+    write_tiny_stack(tmp_path / "models")  # the pipeline folder and the latent upsampler
+    result = imported(t2v(upsample=True))
+    outcome, run = render(result.graph.model_dump()["nodes"], result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as clip:
+        stream = clip.streams.video[0]
+        assert (stream.width, stream.height) == (2 * W, 2 * H)
+        assert len(list(clip.decode(stream))) == FRAMES
 
 
 def _api(doc: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ This package has the family's facts, file recognition and VRAM estimate here, `e
 modality guidance), `plugin` (an LTX2Pipeline folder, or ComfyUI's all-in-one file read by `keys`
 with its `<stem>.diffusers/` configs (`loading`), in checkpoints/ through `load/checkpoint`;
 the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/sample,
-ltx2/decode) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
+ltx2/upsample-latent, ltx2/decode), `upsampler` (the latent upsampler of latent_upscale_models/)
+and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 
 Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): a whole
 LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video
@@ -17,6 +18,8 @@ transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
 
 from __future__ import annotations
 
+import re
+
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
 
@@ -24,15 +27,27 @@ from workers.models.header import ModelHeader
 LATENT = LatentFormat(channels=128, downscale=32, patch=1)
 TEMPORAL = 8  # latent frames = (frames − 1) / 8 + 1
 GEMMA3 = ("Gemma3ForConditionalGeneration", "Gemma3Model")
+# A latent upsampler's keys (LTX2LatentUpsamplerModel's; ComfyUI's LatentUpscaleModelLoader test)
+UPSAMPLER_KEYS = ("initial_conv.weight", "post_upsample_res_blocks.0.conv2.bias")
+
+
+# A LoRA key of LTX-2's audio-video blocks (ComfyUI's `diffusion_model.`, diffusers' `transformer.`
+# or bare): top-level `transformer_blocks.N.` with LTX-2's attn1 / attn2 / audio_* / ff names
+LORA_KEY = re.compile(r"^(?:diffusion_model\.|transformer\.)?transformer_blocks\.\d+\."
+                      r"(?:attn1|attn2|audio_attn[12]|audio_to_video_attn|video_to_audio_attn|"
+                      r"ff|audio_ff)\.")
 
 
 def recognise(header: ModelHeader) -> str | None:
     """checkpoint: the all-in-one file Lightricks publishes and ComfyUI loads (the transformer
     in its original keys + `vae.` + `audio_vae.`, diffusers' CHECKPOINT_KEY_NAMES["ltx2"]);
     transformer: LTX-2's audio-video transformer (original or diffusers' keys); vae: its video or
-    audio VAE; text_encoder: a Gemma3 with its vision tower. LoRAs: not recognised yet."""
+    audio VAE; text_encoder: a Gemma3 with its vision tower; latent_upscaler: the two-stage
+    workflows' latent upsampler (`upsampler`); lora: a LoRA of its blocks (`LORA_KEY`)."""
     if header.is_lora():
-        return None
+        return "lora" if any(LORA_KEY.match(k) for k in header.shapes) else None
+    if all(key in header.shapes for key in UPSAMPLER_KEYS):
+        return "latent_upscaler"
     name = header.class_name
     original = header.has("audio_patchify_proj.") or header.has("av_ca_a2v_gate_adaln_single.")
     if name == "LTX2Pipeline":

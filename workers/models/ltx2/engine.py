@@ -74,7 +74,11 @@ class Ltx2Run:
     fps: float
     guidance: Guidance
     step: int = 0
-    frame0: torch.Tensor | None = None  # image-to-video: [1, tokens], 1 on the first frame's tokens
+    # image-to-video: [1, tokens], the conditioning's strength on the first frame's tokens (1:
+    # held at the image, LTX2ImageToVideoPipeline; below: ComfyUI's denoise mask 1 − strength),
+    # and the image's latents packed over every frame [1, tokens, C]
+    frame0: torch.Tensor | None = None
+    first: torch.Tensor | None = None
     scheduler: Any = field(default=None, repr=False)
     audio_scheduler: Any = field(default=None, repr=False)
 
@@ -138,6 +142,14 @@ def schedule(scheduler: Any, steps: int, tokens: int) -> tuple[Any, torch.Tensor
     return sched, sched.sigmas, sched.timesteps
 
 
+def manual_schedule(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigmas [n + 1], timesteps [n]) of sigmas written by hand (ComfyUI's ManualSigmas: the
+    first to the last, used as they are), as FlowMatchEulerDiscreteScheduler sets them from
+    LTX2Pipeline's `sigmas` (values[:-1], the last 0) without shifting: float32, σ·1000."""
+    sigmas = values.to(torch.float32)
+    return sigmas, sigmas[:-1] * 1000
+
+
 def start(
     components: dict[str, Any],
     prompt: str,
@@ -165,7 +177,7 @@ def start(
     transformer, audio_vae = components["transformer"], components["audio_vae"]
     ps, pt = transformer.config.patch_size, transformer.config.patch_size_t
     shape = (1, transformer.config.in_channels, f, h, w)
-    frames_mask = None
+    frames_mask = packed_first = None
     if image is None:
         latents = randn_tensor(shape, generator=generator, dtype=torch.float32)
     else:  # LTX2ImageToVideoPipeline: the image's latents as frame 0, noise elsewhere
@@ -175,6 +187,7 @@ def start(
         noise = randn_tensor(shape, generator=generator, dtype=torch.float32)
         latents = first.repeat(1, 1, f, 1, 1) * frame0 + noise * (1 - frame0)
         frames_mask = LTX2Pipeline._pack_latents(frame0, ps, pt).squeeze(-1)
+        packed_first = LTX2Pipeline._pack_latents(first.repeat(1, 1, f, 1, 1).float(), ps, pt)
     latents = LTX2Pipeline._pack_latents(latents, ps, pt)
     mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
     audio = randn_tensor(
@@ -200,6 +213,7 @@ def start(
         scheduler=sched,
         audio_scheduler=audio_sched,
         frame0=frames_mask,
+        first=packed_first,
     )
 
 
@@ -226,6 +240,16 @@ def encode_first_frame(
     return ((latents - mean) / std).to(dtype)
 
 
+def model_input(run: Ltx2Run) -> torch.Tensor:
+    """The video latents the transformer sees: on the first frame's tokens the state mixed
+    toward the image by the conditioning's strength m (x·(1 − m) + image·m: the image itself at
+    m = 1, ComfyUI's inpainting blend below), the state elsewhere."""
+    if run.frame0 is None or run.first is None:
+        return run.latents
+    m = run.frame0.unsqueeze(-1)
+    return run.latents * (1 - m) + run.first * m
+
+
 def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One transformer call over the rows of `runs` (same sizes, same step) for pass `kind`:
     each run's (video velocity, audio velocity), float32, [rows, …]."""
@@ -237,11 +261,11 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
         return t if cond else t[-1:]
 
     dtype = first.video_embeds.dtype
-    latents = torch.cat([r.latents.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
+    latents = torch.cat([model_input(r).expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
     audio = torch.cat([r.audio.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
     timestep = torch.cat([r.timesteps[r.step].expand(n) for r, n in zip(runs, rows, strict=True)])
     video_timestep = timestep
-    if any(r.frame0 is not None for r in runs):  # image-to-video: frame 0's tokens at t = 0
+    if any(r.frame0 is not None for r in runs):  # image-to-video: frame 0's tokens at t·(1 − m)
         tokens = first.latents.shape[1]
         masks = [
             (r.frame0 if r.frame0 is not None else torch.zeros(1, tokens)).expand(n, -1)
@@ -285,37 +309,42 @@ def guided_step(
     run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's next (video latents, audio latents) from its passes' predictions, mixed as
-    LTX2Pipeline mixes them (x0 space), then its scheduler's Euler step (x + (σ' − σ)·v in
-    float32, as FlowMatchEulerDiscreteScheduler.step). Changes nothing: the step batcher may
-    retry a step."""
+    LTX2Pipeline mixes them (x0 space), the first frame's x0 then mixed toward the image by the
+    conditioning's strength (ComfyUI's inpainting blend; at strength 1 the image), then its
+    scheduler's Euler step (x + (σ' − σ)·v in float32, as FlowMatchEulerDiscreteScheduler.step).
+    Changes nothing: the step batcher may retry a step."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
 
     g, i = run.guidance, run.step
     sigma, sigma_next = run.sigmas[i], run.sigmas[i + 1]
     new = []
     for m, x in enumerate((run.latents, run.audio)):
+        seen = model_input(run) if m == 0 else x  # what the passes predicted from
         scales = (
             (g.cfg, g.stg, g.modality, g.rescale)
             if m == 0
             else (g.audio_cfg, g.audio_stg, g.audio_modality, g.audio_rescale)
         )
-        cond = x - outs["cond"][m] * sigma
+        cond = seen - outs["cond"][m] * sigma
         if g.do_cfg:
             uncond, cond = cond.chunk(2)
             guided = cond + (scales[0] - 1) * (cond - uncond)
         else:
             guided = cond
         if g.do_stg:
-            guided = guided + scales[1] * (cond - (x - outs["stg"][m] * sigma))
+            guided = guided + scales[1] * (cond - (seen - outs["stg"][m] * sigma))
         if g.do_modality:
-            guided = guided + (scales[2] - 1) * (cond - (x - outs["modality"][m] * sigma))
+            guided = guided + (scales[2] - 1) * (cond - (seen - outs["modality"][m] * sigma))
         if scales[3] > 0:
             guided = rescale_noise_cfg(guided, cond, guidance_rescale=scales[3])
+        if m == 0 and run.frame0 is not None and run.first is not None:
+            held = run.frame0.unsqueeze(-1)
+            guided = guided * (1 - held) + run.first * held
         velocity = (x - guided) / sigma
         new.append((x.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype))
     latents, audio = new
-    if run.frame0 is not None:  # image-to-video: frame 0 stays the image's latents
-        latents = torch.where(run.frame0.unsqueeze(-1) > 0, run.latents, latents)
+    if run.frame0 is not None:  # image-to-video at strength 1: frame 0 stays the image's latents
+        latents = torch.where(run.frame0.unsqueeze(-1) >= 1, run.latents, latents)
     return latents, audio
 
 

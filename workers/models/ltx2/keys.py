@@ -5,6 +5,7 @@ with CheckpointLoaderSimple (`ltx-2-19b-dev.safetensors`, `-fp8`):
                                                   `adaln_single`, `av_ca_*_adaln_single`, …)
     model.diffusion_model.{video,audio}_embeddings_connector.*   the text connectors
     text_embedding_projection.aggregate_embed.*   the connectors' projection of Gemma's layers
+                                                  (LTX-2.3: one per modality, `video_` / `audio_`)
     vae.* / audio_vae.* / vocoder.*               the video VAE, the audio VAE, the vocoder
 
 `from_original` splits it into the LTX2Pipeline components' diffusers state dicts: diffusers' own
@@ -14,6 +15,12 @@ diffusers' scripts/convert_ltx2_to_diffusers.py (not in the wheel); the video VA
 `vae_from_original`, which reads any block count (diffusers' converter hard-codes the published
 VAE's 4 down / 3 up blocks; a test checks the two agree on it). `to_original` is the inverse,
 for the tiny stack and the tests.
+
+LTX-2.3's file adds (its <stem>.diffusers/ configs say so: `gated_attn`, `cross_attn_mod`,
+`per_modality_projections`): attention gates (`to_gate_logits`) and the blocks' prompt
+scale-shift tables, in diffusers' names already; the prompt AdaLN (`prompt_adaln_single`,
+`audio_prompt_adaln_single`), which diffusers' 2.0 converter leaves and `LTX23_PARTS` renames
+(as diffusers' LTX-2 LoRA converter does); a projection of Gemma's layers per modality.
 """
 
 from __future__ import annotations
@@ -21,7 +28,10 @@ from __future__ import annotations
 from typing import Any
 
 DIT = "model.diffusion_model."
-PROJECTION = "text_embedding_projection.aggregate_embed."
+PROJECTION = "text_embedding_projection."
+# the original's projections of Gemma's stacked layers → the connectors' (2.0: one; 2.3: two)
+PROJECTIONS = (("aggregate_embed", "text_proj_in"), ("video_aggregate_embed", "video_text_proj_in"),
+               ("audio_aggregate_embed", "audio_text_proj_in"))
 CONNECTORS = ("video_embeddings_connector.", "audio_embeddings_connector.")
 PREFIXES = {"vae": "vae.", "audio_vae": "audio_vae.", "vocoder": "vocoder."}
 # the original's name part → diffusers' (scripts/convert_ltx2_to_diffusers.py's tables)
@@ -40,6 +50,10 @@ TRANSFORMER_PARTS = (
     ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
     ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
     ("norm_q", "q_norm"), ("norm_k", "k_norm"))
+# LTX-2.3's prompt AdaLN, diffusers' names → the original's (convert_ltx2_transformer_to_diffusers
+# predates it: from_original renames what it leaves)
+LTX23_PARTS = (("prompt_adaln", "prompt_adaln_single"),
+               ("audio_prompt_adaln", "audio_prompt_adaln_single"))
 STATISTICS = {"latents_mean": "per_channel_statistics.mean-of-means",
               "latents_std": "per_channel_statistics.std-of-means"}
 
@@ -49,6 +63,12 @@ def is_single_file(keys: Any) -> bool:
     keys = set(keys)
     return (any(k.startswith(DIT) for k in keys) and any(k.startswith("vae.") for k in keys)
             and any(k.startswith("audio_vae.") for k in keys))
+
+
+def is_ltx23(keys: Any) -> bool:
+    """LTX-2.3's layout: its prompt AdaLN, attention gates or per-modality projections."""
+    return any("prompt_adaln_single." in k or ".to_gate_logits." in k
+               or k.startswith(PROJECTION + "video_aggregate_embed.") for k in keys)
 
 
 def from_original(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -64,7 +84,9 @@ def from_original(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "transformer", "connectors", "vae", "audio_vae", "vocoder", "unknown")}
     for key, value in state.items():
         parts[_component(key)][key] = value
-    parts["transformer"] = convert_ltx2_transformer_to_diffusers(parts["transformer"])
+    parts["transformer"] = {
+        _renamed(k, tuple((old, new) for new, old in LTX23_PARTS)): v
+        for k, v in convert_ltx2_transformer_to_diffusers(parts["transformer"]).items()}
     parts["connectors"] = {_connector(k): v for k, v in parts["connectors"].items()}
     parts["vae"] = vae_from_original({k.removeprefix("vae."): v for k, v in parts["vae"].items()})
     parts["audio_vae"] = convert_ltx2_audio_vae_to_diffusers(
@@ -88,7 +110,7 @@ def _component(key: str) -> str:
 def _connector(key: str) -> str:
     key = key.removeprefix(DIT)
     if key.startswith(PROJECTION):
-        return "text_proj_in." + key.removeprefix(PROJECTION)
+        return _renamed(key.removeprefix(PROJECTION), PROJECTIONS)
     return _renamed(key, CONNECTOR_PARTS)
 
 
@@ -139,8 +161,8 @@ def to_original(components: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for key, value in components["transformer"].items():
         out[DIT + _transformer_original(key)] = value
     for key, value in components["connectors"].items():
-        if key.startswith("text_proj_in."):
-            out[PROJECTION + key.removeprefix("text_proj_in.")] = value
+        if key.split(".", 1)[0] in {new for _, new in PROJECTIONS}:
+            out[PROJECTION + _renamed(key, tuple((new, old) for old, new in PROJECTIONS))] = value
         else:
             out[DIT + _renamed(key, tuple((new, old) for old, new in CONNECTOR_PARTS))] = value
     for key, value in vae_to_original(components["vae"]).items():
@@ -161,7 +183,7 @@ def _transformer_original(key: str) -> str:
         key = "patchify_proj." + key.removeprefix("proj_in.")
     elif key.startswith("audio_proj_in."):
         key = "audio_patchify_proj." + key.removeprefix("audio_proj_in.")
-    return _renamed(key, TRANSFORMER_PARTS)
+    return _renamed(key, TRANSFORMER_PARTS + LTX23_PARTS)
 
 
 def vae_to_original(state: dict[str, Any]) -> dict[str, Any]:

@@ -120,11 +120,14 @@ def _from_file(path: Path, configs: Path) -> dict[str, Any]:
         if not keys.is_single_file(state):
             raise ModelLoadError(f"{path.name} is not LTX-2's all-in-one file (it lacks "
                                  "model.diffusion_model. / vae. / audio_vae. weights)")
+        layout = "LTX-2.3" if keys.is_ltx23(state) else "LTX-2.0"
         parts = keys.from_original(state)
         out = {}
         for name, cls in classes.items():
             config = cls.load_config(str(configs / name), local_files_only=True)
-            mismatch = f"{path.name}: its {name} does not match {name}/config.json"
+            mismatch = (f"{path.name} (an {layout} file): its {name} does not match "
+                        f"{configs.name}/{name}/config.json (put that version's diffusers "
+                        "configs there)")
             out[name] = _assign(cls, config, parts[name], mismatch)
             check_complete(out[name], path)
     return out

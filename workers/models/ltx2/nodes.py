@@ -5,7 +5,11 @@
     ltx2/image-to-video  → the latent with its first frame conditioned on an image (encoded as
                            LTX2ImageToVideoPipeline encodes it)
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
-                           model's step batcher: runs of one clip size share every forward
+                           model's step batcher: runs of one clip size share every forward;
+                           wired sigmas (sampling/manual-sigmas) replace its schedule, and
+                           refine a sampled clip from their first noise level
+    ltx2/upsample-latent → the sampled clip's video latents ×2 in space (a latent_upscale_models/
+                           file, load/latent-upscale-model), its sound kept
     ltx2/decode          → a `Video`: the frames at the clip's fps with the vocoder's sound
 The latent's sizes in latent space come from the loaded pipeline (its VAEs' ratios): a clip's
 latent is sized by the sampler, which knows the model.
@@ -14,6 +18,8 @@ latent is sized by the sampler, which knows the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from workers.device.thread import on_device_thread
@@ -29,13 +35,15 @@ class AvLatent(Latent):
     """LTX-2's audio + video latent (ComfyUI's LTXVConcatAVLatent's AV latent). Empty: `samples`
     is [1, 0, 1, H, W] (the pixel size, downscale 1) and `frames`, `fps` the clip's; sampled:
     the video latents [1, C, F', h, w] and the packed audio latents `audio` [1, L, C·M] of
-    `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w]."""
+    `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w] at
+    `strength`."""
 
     frames: int = 0
     fps: float = 25.0
     audio: Any = None
     audio_frames: int = 0
     first: Any = None
+    strength: float = 1.0  # the first frame's conditioning strength (ComfyUI's, 1: held)
 
 
 def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
@@ -44,18 +52,19 @@ def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
     if width <= 0 or height <= 0 or width % 32 or height % 32:
         raise NodeFailed(f"LTX-2 frame sides must be positive multiples of 32, got "
                          f"{width}×{height}")
-    if frames < 1 or (frames - 1) % 8:
-        raise NodeFailed(f"LTX-2 clips have 8k + 1 frames (9, 17, …, 121), got {frames}")
+    if frames < 1:
+        raise NodeFailed(f"an LTX-2 clip has at least 1 frame, got {frames}")
     if fps <= 0:
         raise NodeFailed(f"fps must be positive, got {fps}")
+    # the 8k + 1 frames the VAE makes (ComfyUI's latent length: (frames − 1) // 8 + 1)
     return AvLatent(torch.zeros((1, 0, 1, height, width)), empty=True, downscale=1,
-                    frames=frames, fps=fps)
+                    frames=(frames - 1) // 8 * 8 + 1, fps=fps)
 
 
 @runner("ltx2/empty-latent")
 def empty_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     width, height, frames = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
-    return {"latent": _empty(width, height, frames, float(params["fps"]))}
+    return {"latent": _empty(width, height, frames, float(inputs.get("fps", params["fps"])))}
 
 
 def _av(inputs: dict[str, Any]) -> AvLatent:
@@ -75,23 +84,25 @@ def _components(value: Any, what: str) -> dict[str, Any]:
 @runner("ltx2/image-to-video")
 def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """The first frame's latents of `image` (H.264 re-compressed at `crf`, −1: the model's
-    default, resized bilinearly, the VAE's mode), as LTX2ImageToVideoPipeline makes them."""
+    default, resized bilinearly, the VAE's mode), as LTX2ImageToVideoPipeline makes them, at
+    the clip's size: an empty clip's, or a sampled one's (ComfyUI's second-stage
+    LTXVImgToVideoInplace over the upsampled clip)."""
     from PIL import Image
 
     from workers.models.ltx2.engine import encode_first_frame
 
     latent = _av(inputs)
-    if not latent.empty:
-        raise NodeFailed("ltx2/image-to-video conditions an empty clip latent (ltx2/empty-latent)")
     vae = expect(inputs, "vae", Vae)
     components = _components(vae, "vae")
     image = expect(inputs, "image", Image.Image).convert("RGB")
-    crf = int(params["crf"])
+    crf, strength = int(params["crf"]), float(params.get("strength", 1.0))
+    if not 0 <= strength <= 1:
+        raise NodeFailed(f"strength must be between 0 and 1, got {strength}")
     width, height = latent.pixel_size
     dtype = components["text_encoder"].dtype
     first = checked(lambda: on_device_thread(encode_first_frame, components, image, width, height,
                                              None if crf < 0 else crf, dtype))
-    return {"latent": replace(latent, first=first.float().cpu())}
+    return {"latent": replace(latent, first=first.float().cpu(), strength=strength)}
 
 
 def _guidance(params: dict[str, Any], layers: int) -> Any:
@@ -113,15 +124,82 @@ def _guidance(params: dict[str, Any], layers: int) -> Any:
     return g
 
 
+def _sigmas(inputs: dict[str, Any], empty: bool) -> Any:
+    """The wired sigmas' values ([n + 1], from σ₀ down to the last), or None (unwired: the
+    pipeline's schedule). An empty clip latent starts from pure noise (σ₀ = 1); a sampled one
+    (the two-stage workflows' upsampled clip) is refined from σ₀ ≤ 1 over wired sigmas."""
+    from workers.models.values import Sigmas
+
+    value = inputs.get("sigmas")
+    if value is None and not empty:
+        raise NodeFailed("a sampled clip latent is refined over wired sigmas (ManualSigmas, "
+                         "from the noise level to refine at): wire sigmas, or start from "
+                         "ltx2/empty-latent")
+    if value is None:
+        return None
+    if not isinstance(value, Sigmas) or value.values is None:
+        raise NodeFailed("input 'sigmas' must be sigmas written by hand (sampling/manual-sigmas):"
+                         " leave it unwired for LTX2Pipeline's schedule")
+    values = [float(v) for v in value.values]
+    if len(values) < 2:
+        raise NodeFailed(f"sigmas {values} hold no step: give at least two (first to last)")
+    if (values[0] != 1.0 if empty else not 0 < values[0] <= 1.0) or values[-1] < 0:
+        start = "1 (an empty clip latent is pure noise)" if empty else "at most 1"
+        raise NodeFailed(f"sigmas {values} must run from {start} down to 0 or above")
+    if any(b >= a for a, b in pairwise(values)):
+        raise NodeFailed(f"sigmas {values} must fall at every step")
+    return value.values
+
+
+def _start(latent: AvLatent, components: dict[str, Any], sizes: tuple[int, int, int, int],
+           seed: int, s0: float, dtype: Any, device: Any) -> tuple[Any, Any, Any, Any]:
+    """A clip's first state from `seed`'s noise (video then audio, as LTX2Pipeline draws them):
+    (video latents [1, C, F', h, w], packed audio latents, and for image-to-video the strength
+    on frame 0's tokens [1, tokens] and the image packed [1, tokens, C], else None). A sampled
+    clip is noised to σ₀ = `s0` over itself (LTX2ImageToVideoPipeline's noise_scale), the image
+    written into its frame 0 as ComfyUI does; at strength 0 the image is ignored (ComfyUI's
+    noise mask 1)."""
+    import torch
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+
+    tcfg, audio_vae = components["transformer"].config, components["audio_vae"]
+    f, h, w, audio_len = sizes
+    pack = partial(LTX2Pipeline._pack_latents, patch_size=tcfg.patch_size,
+                   patch_size_t=tcfg.patch_size_t)
+    generator = torch.Generator("cpu").manual_seed(seed)
+    video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
+    if not latent.empty:
+        base = latent.samples.float().clone()
+        if latent.first is not None:
+            base[:, :, :1] = latent.first.float()
+        video = s0 * video + (1 - s0) * base
+    frame0 = first = None
+    if latent.first is not None and latent.strength > 0:
+        mask = torch.zeros((1, 1, f, h, w))
+        mask[:, :, 0] = 1.0
+        image = latent.first.to(dtype).float().repeat(1, 1, f, 1, 1)
+        if latent.strength >= 1:  # LTX2ImageToVideoPipeline: frame 0 is the image's
+            video = image * mask + video * (1 - mask)
+        frame0 = pack(mask * latent.strength).squeeze(-1).to(device)
+        first = pack(image).to(device)
+    if not latent.empty:  # the packed sound, noised as the pipeline noises it
+        audio = noise(tuple(latent.audio.shape), generator, "cpu")
+        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
+    else:
+        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
+        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
+        audio = LTX2Pipeline._pack_audio_latents(audio)
+    return video.to(device), audio.to(device), frame0, first
+
+
 @runner("ltx2/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
     then audio, as the pipeline draws them), its resolution-shifted schedule and its guidance,
     one job on the model's step batcher."""
     import torch
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
 
-    from workers.models.ltx2.engine import Ltx2Run, latent_sizes, schedule
+    from workers.models.ltx2.engine import Ltx2Run, latent_sizes, manual_schedule, schedule
     from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
     from workers.runners.diffusion import denoise_job
 
@@ -133,10 +211,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         raise NodeFailed(f"input 'positive' was encoded by {positive.encoder.name} "
                          f"({positive.encoder.family}): use the LTX-2 checkpoint's encoder")
     latent = _av(inputs)
-    if not latent.empty:
-        raise NodeFailed("ltx2/sample starts from an empty clip latent (ltx2/empty-latent)")
+    manual = _sigmas(inputs, latent.empty)
     components = components_of(model.transformer)
-    transformer, vae, audio_vae = (components[k] for k in ("transformer", "vae", "audio_vae"))
+    transformer, vae = components["transformer"], components["vae"]
     tcfg = transformer.config
     g = _guidance(params, int(tcfg.num_layers))
     seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
@@ -149,6 +226,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         raise NodeFailed(f"{model.name} makes clips of {vae.temporal_compression_ratio}k + 1 "
                          f"frames, got {latent.frames}")
     f, h, w, audio_len = latent_sizes(components, width, height, latent.frames, latent.fps)
+    if not latent.empty and (tuple(latent.samples.shape[1:]) != (tcfg.in_channels, f, h, w)
+                             or latent.audio_frames != audio_len):
+        raise NodeFailed(f"the clip latent does not fit {model.name} (another model's clip?)")
     pos: Prompt = positive.embeds
     rows = [pos]
     if g.do_cfg:
@@ -158,32 +238,22 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         rows = [negative.embeds if negative is not None else encode(positive.encoder, ""), pos]
     device = model.placement.device
     dtype = pos.video.dtype
-
-    def start() -> tuple[Any, Any, Any]:
-        generator = torch.Generator("cpu").manual_seed(seed)
-        video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
-        frame0 = None
-        if latent.first is not None:  # LTX2ImageToVideoPipeline: frame 0 is the image's
-            if tuple(latent.first.shape[-2:]) != (h, w):
-                raise NodeFailed("the image-to-video latent was encoded by another VAE")
-            mask = torch.zeros((1, 1, f, h, w))
-            mask[:, :, 0] = 1.0
-            first = latent.first.to(dtype).float()
-            video = first.repeat(1, 1, f, 1, 1) * mask + video * (1 - mask)
-            frame0 = LTX2Pipeline._pack_latents(mask, tcfg.patch_size, tcfg.patch_size_t)
-            frame0 = frame0.squeeze(-1).to(device)
-        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
-        return video.to(device), LTX2Pipeline._pack_audio_latents(audio).to(device), frame0
-
-    video, audio, frame0 = on_device_thread(start)
-    _, sigmas, timesteps = schedule(components["scheduler"], steps,
-                                  f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
+    if latent.first is not None and tuple(latent.first.shape[-2:]) != (h, w):
+        raise NodeFailed("the image-to-video latent was encoded by another VAE")
+    s0 = float(manual[0]) if manual is not None else 1.0
+    video, audio, frame0, first = on_device_thread(
+        _start, latent, components, (f, h, w, audio_len), seed, s0, dtype, device)
+    if manual is not None:
+        sigmas, timesteps = manual_schedule(manual)
+    else:
+        _, sigmas, timesteps = schedule(components["scheduler"], steps,
+                                      f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
     sigmas, timesteps = sigmas.to(device), timesteps.to(device)
     prompts = [p.to(device) for p in rows]
     run = Ltx2Run(video, audio, torch.cat([p.video for p in prompts]),
                   torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
-                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0)
+                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0,
+                  first=first)
     extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
                              PATCH: (tcfg.patch_size, tcfg.patch_size_t), PREVIEW_VAE: vae}
     ctx.note_lineage(seed=seed)
@@ -195,6 +265,47 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                       frames=latent.frames)
     return {"latent": AvLatent(out, downscale=ratio, frames=latent.frames, fps=latent.fps,
                                audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
+
+
+@runner("load/latent-upscale-model")
+def load_latent_upscale_model(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """`latent_upscale_models/<file>` as an LTX-2 latent upsampler (workers/models/ltx2/upsampler)."""
+    from workers.models.catalog import ModelFileMissing
+    from workers.models.family import ModelLoadError
+    from workers.models.ltx2.upsampler import FOLDER, load_latent_upsampler
+
+    name = str(params["file"])
+
+    def load() -> Any:
+        return load_latent_upsampler(ctx.models_dir, name, ctx.policy)
+
+    try:  # as load/upscale-model: on the device thread on CPU, on the slot on a GPU
+        model = on_device_thread(load) if ctx.policy.device == "cpu" else load()
+    except (ModelFileMissing, ModelLoadError) as exc:
+        raise NodeFailed(str(exc)) from exc
+    ctx.note_lineage(models={**ctx.lineage.get("models", {}), f"{FOLDER}/{name}": model.sha256})
+    return {"latent_upscale_model": model}
+
+
+@runner("ltx2/upsample-latent")
+def upsample_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The sampled clip's video latents through the upsampler (twice the width and height),
+    its sound and fps kept; an image-to-video first frame is not carried over (ComfyUI drops
+    the noise mask too: condition the upsampled clip again)."""
+    from workers.models.ltx2.upsampler import LatentUpscaleModel, upsample
+
+    latent = _av(inputs)
+    if latent.empty:
+        raise NodeFailed("an empty latent holds no clip to upsample: sample it first "
+                         "(ltx2/sample)")
+    model = expect(inputs, "latent_upscale_model", LatentUpscaleModel)
+    vae = _components(expect(inputs, "vae", Vae), "vae")["vae"]
+    channels = model.net.config.in_channels
+    if latent.samples.shape[1] != channels:
+        raise NodeFailed(f"{model.name} upsamples {channels}-channel latents; the clip's have "
+                         f"{latent.samples.shape[1]} (another model's upsampler?)")
+    out = checked(lambda: on_device_thread(upsample, model, vae, latent.samples))
+    return {"latent": replace(latent, samples=out, first=None)}
 
 
 @runner("ltx2/decode")

@@ -138,6 +138,7 @@ def predict(transformer: Any, jobs: list[Any]) -> list[dict[str, Any]]:
     """The transformer's passes (cond, then STG / modality as the jobs' guidance asks) over the
     rows of `jobs`: one call per pass for each group of jobs of one clip size and guidance;
     each job's {pass: (video velocity, audio velocity)}."""
+    from workers.models.lora import rows as lora_rows
     from workers.models.ltx2.engine import forward
     from workers.sampling.batcher import FORWARD_JOBS
 
@@ -151,7 +152,12 @@ def predict(transformer: Any, jobs: list[Any]) -> list[dict[str, Any]]:
     for members in groups.values():
         runs = [views[n] for n in members]
         for kind in runs[0].guidance.passes():
-            for n, out in zip(members, forward(transformer, runs, kind), strict=True):
+            # a CFG job's cond pass has its two rows, each carrying its LoRAs; the others one
+            per_row = [jobs[n].loras for n in members
+                       for _ in range(views[n].video_embeds.shape[0] if kind == "cond" else 1)]
+            with lora_rows(per_row):
+                found = forward(transformer, runs, kind)
+            for n, out in zip(members, found, strict=True):
                 outs[n][kind] = out
         for n in members:
             jobs[n].extra[FORWARD_JOBS] = len(members)
@@ -269,10 +275,20 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
 
 
 def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
-    raise ValueError(f"{path.name}: LTX-2 LoRAs are not supported yet")
+    """{transformer module: (A, B, scale)} of an LTX-2 LoRA file in any format
+    LTX2Pipeline.lora_state_dict reads (ComfyUI / Lightricks' `diffusion_model.` original keys,
+    diffusers / PEFT): its converter, alphas as diffusers applies them. Weights of the text
+    connectors (`text_embedding_projection.`) are left out."""
+    from diffusers import LTX2Pipeline
+
+    from workers.models.lora import pipeline_lora_modules
+
+    return pipeline_lora_modules(LTX2Pipeline, path)
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
+    """The tiny pipeline folder in checkpoints/ and the tiny latent upsampler in
+    latent_upscale_models/ (`./farm models smoke`)."""
     from workers.models.ltx2 import tiny
 
-    return tiny.write_tiny_stack(models_dir)
+    return {**tiny.write_tiny_stack(models_dir), **tiny.write_tiny_upsampler(models_dir)}

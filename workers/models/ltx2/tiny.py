@@ -61,8 +61,20 @@ def text_encoder_config(tokenizer: Any) -> Any:
     )
 
 
-def build_tiny_components(seed: int = 0) -> dict[str, Any]:
-    """Fresh random modules (float32, CPU, eval) under LTX2Pipeline's component names."""
+# LTX-2.3's layout (diffusers' LTX-2.3 configs): gated attention and prompt AdaLN in the
+# transformer, which takes the connectors' embeds as they are; a projection of Gemma's layers per
+# modality and gated attention in the connectors
+LTX23_TRANSFORMER = {"gated_attn": True, "cross_attn_mod": True, "audio_gated_attn": True,
+                     "audio_cross_attn_mod": True, "use_prompt_embeddings": False}
+LTX23_CONNECTORS = {"per_modality_projections": True, "video_hidden_dim": 16,
+                    "audio_hidden_dim": 8, "video_gated_attn": True, "audio_gated_attn": True,
+                    "proj_bias": True, "audio_connector_num_attention_heads": 2,
+                    "audio_connector_attention_head_dim": 4, "video_connector_num_attention_heads": 2}
+
+
+def build_tiny_components(seed: int = 0, ltx23: bool = False) -> dict[str, Any]:
+    """Fresh random modules (float32, CPU, eval) under LTX2Pipeline's component names;
+    `ltx23`: in LTX-2.3's layout (its connectors at the transformer's widths, 16 and 8)."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -95,9 +107,10 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         caption_channels=WIDTH,
         rope_double_precision=False,
         rope_type="split",
+        **(LTX23_TRANSFORMER if ltx23 else {}),
     )
     torch.manual_seed(seed)
-    connectors: Any = LTX2TextConnectors(
+    connector_config: dict[str, Any] = dict(
         caption_channels=WIDTH,
         text_proj_in_factor=LAYERS + 1,
         video_connector_num_attention_heads=4,
@@ -114,6 +127,8 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         causal_temporal_positioning=False,
         rope_type="split",
     )
+    connectors: Any = LTX2TextConnectors(**{**connector_config,
+                                            **(LTX23_CONNECTORS if ltx23 else {})})
     torch.manual_seed(seed)
     vae: Any = AutoencoderKLLTX2Video(
         in_channels=3,
@@ -196,11 +211,13 @@ def write_tiny_stack(models_dir: Path) -> dict[str, str]:
 SMOKE_FILE = "smoke-ltx2-file"
 
 
-def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE) -> dict[str, str]:
+def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE, ltx23: bool = False
+                           ) -> dict[str, str]:
     """The same tiny stack as ComfyUI keeps LTX-2: `checkpoints/<name>.safetensors`, the
     all-in-one file in the original keys (keys.to_original), and `checkpoints/<name>.diffusers/`
     beside it (the pipeline folder's configs, scheduler, tokenizer and Gemma 3, without the
-    file's five components' weights); returns {"checkpoint": "<name>.safetensors"}."""
+    file's five components' weights; `ltx23`: LTX-2.3's layout and configs); returns
+    {"checkpoint": "<name>.safetensors"}."""
     from diffusers import LTX2Pipeline
     from safetensors.torch import save_file
 
@@ -208,7 +225,7 @@ def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE) -> dict[str
     from workers.models.ltx2.loading import FROM_FILE
 
     folder = models_dir / "checkpoints"
-    components = build_tiny_components()
+    components = build_tiny_components(ltx23=ltx23)
     configs = folder / f"{name}.diffusers"
     pipe: Any = LTX2Pipeline(**components)
     pipe.save_pretrained(configs, safe_serialization=True)
@@ -218,3 +235,55 @@ def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE) -> dict[str
     state = keys.to_original({c: components[c].state_dict() for c in FROM_FILE})
     save_file(state, str(folder / f"{name}.safetensors"))
     return {"checkpoint": f"{name}.safetensors"}
+
+
+SMOKE_UPSAMPLER = "smoke-ltx2-upscaler.safetensors"
+UPSAMPLER_CONFIG = {"in_channels": 4, "mid_channels": 32, "num_blocks_per_stage": 1, "dims": 3,
+                    "spatial_upsample": True, "temporal_upsample": False,
+                    "use_rational_resampler": False}  # Lightricks' x2: conv + pixel shuffle
+
+
+def build_tiny_upsampler(seed: int = 0) -> Any:
+    """A random LTX2LatentUpsamplerModel over the tiny VAE's 4 latent channels (diffusers'
+    own tests' size: 32 channels, one block a stage), ×2 in space."""
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    torch.manual_seed(seed)
+    return LTX2LatentUpsamplerModel(**UPSAMPLER_CONFIG).eval()
+
+
+def write_tiny_upsampler(models_dir: Path, name: str = SMOKE_UPSAMPLER) -> dict[str, str]:
+    """`latent_upscale_models/<name>` as Lightricks ships it: the net's tensors with its config
+    in the file's `config` metadata; returns {"latent_upscaler": name}."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = models_dir / "latent_upscale_models"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in build_tiny_upsampler().state_dict().items()}
+    save_file(state, str(folder / name), metadata={"config": json.dumps(UPSAMPLER_CONFIG)})
+    return {"latent_upscaler": name}
+
+
+def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", seed: int = 0,
+                    rank: int = 4) -> str:
+    """A random LoRA of the tiny transformer in ComfyUI's (Lightricks' original) keys
+    (`diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`, `.lora_B.weight`; no
+    `.alpha`, as Lightricks publishes them and as diffusers' LTX-2 reader wants) on video,
+    audio and cross-modal layers, under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    targets = {"transformer_blocks.0.attn1.to_q": (16, 16),  # video width 16, audio 8
+               "transformer_blocks.0.audio_attn1.to_v": (8, 8),
+               "transformer_blocks.1.audio_to_video_attn.to_q": (16, 8),
+               "transformer_blocks.1.ff.net.2": (64, 16)}
+    generator = torch.Generator("cpu").manual_seed(5000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"diffusion_model.{module}"
+        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
+        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
