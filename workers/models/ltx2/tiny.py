@@ -61,6 +61,36 @@ def text_encoder_config(tokenizer: Any) -> Any:
     )
 
 
+def gemma4_config(tokenizer: Any) -> Any:
+    """LTX-2.5's text encoder at the tiny Gemma3's sizes: a Gemma 4 "unified" (text only; the
+    12B that LTX-2.5 ships has no vision or audio tower either), one sliding and one global
+    layer, the global one with V from K as the 12B has it."""
+    from transformers import Gemma4UnifiedConfig
+
+    return Gemma4UnifiedConfig(
+        text_config={
+            "hidden_size": WIDTH,
+            "intermediate_size": 32,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+            "global_head_dim": 8,
+            "attention_k_eq_v": True,
+            "num_global_key_value_heads": 1,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "hidden_size_per_layer_input": 0,
+            "num_kv_shared_layers": 0,
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": 64,
+            "sliding_window": 64,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config=None,
+        audio_config=None,
+    )
+
+
 # LTX-2.3's layout (diffusers' LTX-2.3 configs): gated attention and prompt AdaLN in the
 # transformer, which takes the connectors' embeds as they are; a projection of Gemma's layers per
 # modality and gated attention in the connectors
@@ -70,11 +100,18 @@ LTX23_CONNECTORS = {"per_modality_projections": True, "video_hidden_dim": 16,
                     "audio_hidden_dim": 8, "video_gated_attn": True, "audio_gated_attn": True,
                     "proj_bias": True, "audio_connector_num_attention_heads": 2,
                     "audio_connector_attention_head_dim": 4, "video_connector_num_attention_heads": 2}
+# LTX-2.5's transformer (diffusers' LTX2VideoTransformer3DModel docs): 2.3's, with no bias in the
+# video feed-forward, a fixed per-layer prompt modulation (no prompt AdaLN) and an embedding for
+# keyframe tokens; its connectors are 2.3's; its text encoder a Gemma 4 (`gemma4_config`)
+LTX25_TRANSFORMER = {**LTX23_TRANSFORMER, "ff_bias": False, "use_prompt_adaln_single": False,
+                     "use_keyframes_abs_pos_embedding": True}
 
 
-def build_tiny_components(seed: int = 0, ltx23: bool = False) -> dict[str, Any]:
+def build_tiny_components(seed: int = 0, ltx23: bool = False, ltx25: bool = False
+                          ) -> dict[str, Any]:
     """Fresh random modules (float32, CPU, eval) under LTX2Pipeline's component names;
-    `ltx23`: in LTX-2.3's layout (its connectors at the transformer's widths, 16 and 8)."""
+    `ltx23`: in LTX-2.3's layout (its connectors at the transformer's widths, 16 and 8);
+    `ltx25`: in LTX-2.5's (2.3's connectors, `LTX25_TRANSFORMER`, a Gemma 4 text encoder)."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -83,11 +120,13 @@ def build_tiny_components(seed: int = 0, ltx23: bool = False) -> dict[str, Any]:
     )
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-    from transformers import Gemma3ForConditionalGeneration
+    from transformers import Gemma3ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration
 
     tokenizer = tiny_tokenizer()
     torch.manual_seed(seed)
-    text_encoder: Any = Gemma3ForConditionalGeneration(text_encoder_config(tokenizer))
+    text_encoder: Any = (Gemma4UnifiedForConditionalGeneration(gemma4_config(tokenizer)) if ltx25
+                         else Gemma3ForConditionalGeneration(text_encoder_config(tokenizer)))
+    layout = LTX25_TRANSFORMER if ltx25 else LTX23_TRANSFORMER if ltx23 else {}
     torch.manual_seed(seed)
     transformer: Any = LTX2VideoTransformer3DModel(
         in_channels=4,
@@ -107,7 +146,7 @@ def build_tiny_components(seed: int = 0, ltx23: bool = False) -> dict[str, Any]:
         caption_channels=WIDTH,
         rope_double_precision=False,
         rope_type="split",
-        **(LTX23_TRANSFORMER if ltx23 else {}),
+        **layout,
     )
     torch.manual_seed(seed)
     connector_config: dict[str, Any] = dict(
@@ -128,7 +167,7 @@ def build_tiny_components(seed: int = 0, ltx23: bool = False) -> dict[str, Any]:
         rope_type="split",
     )
     connectors: Any = LTX2TextConnectors(**{**connector_config,
-                                            **(LTX23_CONNECTORS if ltx23 else {})})
+                                            **(LTX23_CONNECTORS if ltx23 or ltx25 else {})})
     torch.manual_seed(seed)
     vae: Any = AutoencoderKLLTX2Video(
         in_channels=3,
