@@ -88,6 +88,21 @@ LTX2 = (
         "at their first level (LTX2ImageToVideoPipeline's noise_scale), video and sound.",
     ),
     NodeDescriptor(
+        "ltx2/load-files", "LTX-2 load files", "loaders",
+        outputs=(Port("model", "model"), Port("encoder", "text-encoder"), Port("vae", "vae")),
+        params=(Param("diffusion_model", "model", required=True, options_from="diffusion_models",
+                      family="ltx2", description="The audio-video transformer."),
+                Param("vae", "model", required=True, options_from="vae", family="ltx2",
+                      description="The video VAE."),
+                Param("audio_vae", "model", required=True, options_from="vae", family="ltx2",
+                      description="The audio VAE with its vocoder."),
+                Param("text_encoder", "model", required=True, options_from="text_encoders",
+                      family="ltx2", description="The Gemma with the connectors' projection.")),
+        description="LTX-2 from ComfyUI's separate files (the LTX-2.5 templates' UNETLoader, "
+        "VAELoaders and CLIPLoader type ltxv), each with its <stem>.diffusers/ configs beside "
+        "it: the same model, text encoder and VAE as load/checkpoint gives.",
+    ),
+    NodeDescriptor(
         "load/latent-upscale-model", "Load latent upscale model", "loaders",
         outputs=(Port("latent_upscale_model", "latent-upscale-model"),),
         params=(Param("file", "model", required=True, options_from="latent_upscale_models",

@@ -58,8 +58,10 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 def render(ctx: Any, name: str, prompt: str = PROMPT, seed: int = 5, image: Any = None,
            sigmas: str | None = None, lora: tuple[str, float] | None = None,
-           strength: float = 1.0) -> Any:
-    parts = run(ctx, "load/checkpoint", {"file": name})
+           strength: float = 1.0, files: dict[str, str] | None = None) -> Any:
+    """A clip of checkpoint `name` (or of ComfyUI's separate `files`: ltx2/load-files)."""
+    parts = (run(ctx, "ltx2/load-files", files) if files is not None
+             else run(ctx, "load/checkpoint", {"file": name}))
     if lora is not None:
         parts["model"] = run(ctx, "load/lora", {"lora": lora[0], "strength": lora[1],
                                                 "strength_clip": 0.0},

@@ -2,7 +2,8 @@
 
 FLUX.2 kept FLUX.1's `double_blocks.*.img_attn` names and LoRA module names, so FLUX.1's
 `recognise` must refuse FLUX.2's files; Qwen-Image 2.1 kept Qwen-Image's
-`transformer_blocks.N.img_mlp`, so Qwen-Image's must refuse 2.1's LoRAs. The families read these
+`transformer_blocks.N.img_mlp`, so Qwen-Image's must refuse 2.1's LoRAs; Gemma has Qwen3's
+per-head q_norm, so the Qwen3 readers must refuse LTX-2's Gemma. The families read these
 marks from here (a family package never imports another's)."""
 
 from __future__ import annotations
@@ -57,3 +58,10 @@ def is_qwen3_vl(header: ModelHeader) -> bool:
         return False
     return header.has("visual.") or (header.has("language_model.")
                                      and not header.has("vision_tower."))
+
+
+def is_gemma(header: ModelHeader) -> bool:
+    """A Gemma 3 / 4 text model (LTX-2's encoder, ComfyUI's text-only `model.layers.*` file
+    too): per-head q_norm like Qwen3's, with the sandwich norms Qwen3 lacks
+    (`pre_feedforward_layernorm`). Z-Image's and FLUX.2 Klein's Qwen3 tests refuse it."""
+    return header.has("self_attn.q_norm.") and header.has("pre_feedforward_layernorm")

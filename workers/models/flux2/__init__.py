@@ -21,7 +21,7 @@ import math
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
-from workers.models.lookalikes import is_flux2_lora, is_flux2_transformer, is_qwen3_vl
+from workers.models.lookalikes import is_flux2_lora, is_flux2_transformer, is_gemma, is_qwen3_vl
 
 # ComfyUI's Flux2 latents: the VAE's 32 channels patchified 2×2 into 128 at ÷16 (one token each).
 LATENT = LatentFormat(channels=128, downscale=16, patch=1)
@@ -53,7 +53,7 @@ def text_encoder_kind(header: ModelHeader) -> str | None:
     """"qwen3" (Klein's: per-head q_norm), "mistral" (dev's: a Mistral config, or a
     Mistral3's language model), else None."""
     name, model_type = header.class_name, header.config.get("model_type")
-    if is_qwen3_vl(header):  # Krea 2's encoder (workers/models/lookalikes.py)
+    if is_qwen3_vl(header) or is_gemma(header):  # Krea 2's, LTX-2's (workers/models/lookalikes.py)
         return None
     if name in QWEN3 or model_type == "qwen3" or (
         header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")

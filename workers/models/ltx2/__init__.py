@@ -13,7 +13,9 @@ Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefi
 LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video
 transformer (`audio_scale_shift_table` + `audio_proj_in`), the video VAE (a 5-D
 `decoder.conv_in.conv` + `latents_mean`), the audio VAE (a 4-D one), the Gemma3 text encoder
-(`language_model` layers with `q_norm`, a `vision_tower`).
+(`language_model` layers with `q_norm`, a `vision_tower`), LTX-2.5's Gemma 4; ComfyUI's separate
+files (workers/models/ltx2/files.py): the video VAE in the original keys, the audio VAE with
+its vocoder, the Gemma "with proj" (`text_embedding_projection.`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from workers.models.header import ModelHeader
 # LTX-2's video latents: 128 channels, ÷32 in space (÷8 in time), patch 1.
 LATENT = LatentFormat(channels=128, downscale=32, patch=1)
 TEMPORAL = 8  # latent frames = (frames − 1) / 8 + 1
-GEMMA3 = ("Gemma3ForConditionalGeneration", "Gemma3Model")
+GEMMA = ("Gemma3ForConditionalGeneration", "Gemma3Model", "Gemma4UnifiedForConditionalGeneration")
 # A latent upsampler's keys (LTX2LatentUpsamplerModel's; ComfyUI's LatentUpscaleModelLoader test)
 UPSAMPLER_KEYS = ("initial_conv.weight", "post_upsample_res_blocks.0.conv2.bias")
 
@@ -62,20 +64,29 @@ def recognise(header: ModelHeader) -> str | None:
         return "transformer"
     if name in ("AutoencoderKLLTX2Video", "AutoencoderKLLTX2Audio") or is_ltx2_vae(header):
         return "vae"
+    if header.has("audio_vae.decoder.") and header.has("vocoder."):
+        return "vae"  # ComfyUI's separate audio VAE file (the all-in-one's audio_vae. + vocoder.)
     if (
-        name in GEMMA3
-        or header.config.get("model_type") == "gemma3"
+        name in GEMMA
+        or header.config.get("model_type") in ("gemma3", "gemma4_unified")
         or (header.has("language_model", "self_attn.q_norm.") and header.has("vision_tower."))
+        or (header.has("text_embedding_projection.") and header.has("self_attn.q_norm."))
     ):
-        return "text_encoder"
+        return "text_encoder"  # the last: ComfyUI's Gemma "with proj" (the connectors' input)
     return None
 
 
 def is_ltx2_vae(header: ModelHeader) -> bool:
     """An LTX-2 video VAE (5-D causal convs) or audio VAE (4-D), diffusers' keys with the
-    per-channel `latents_mean` buffer."""
-    shape = header.shapes.get("decoder.conv_in.conv.weight")
-    return shape is not None and len(shape) in (4, 5) and "latents_mean" in header.shapes
+    per-channel `latents_mean` buffer, or the video VAE alone in the original keys (ComfyUI's
+    separate file: `per_channel_statistics.`, `vae.` or bare)."""
+    for prefix in ("", "vae."):
+        shape = header.shapes.get(prefix + "decoder.conv_in.conv.weight")
+        if shape is not None and len(shape) in (4, 5) and (
+                "latents_mean" in header.shapes
+                or prefix + "per_channel_statistics.mean-of-means" in header.shapes):
+            return True
+    return False
 
 
 def latent_frames(frames: int) -> int:

@@ -104,32 +104,43 @@ def load_single_file(path: Path) -> dict[str, Any]:
 
 def _from_file(path: Path, configs: Path) -> dict[str, Any]:
     """The five components the file holds, each built from its config with its weights."""
-    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
-    from diffusers.pipelines.ltx2 import LTX2TextConnectors
-    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
     from safetensors.torch import load_file
 
     from workers.models.ltx2 import keys
-    from workers.models.weights import check_complete, load_errors
+    from workers.models.weights import load_errors
 
-    classes = {"transformer": LTX2VideoTransformer3DModel, "connectors": LTX2TextConnectors,
-               "vae": AutoencoderKLLTX2Video, "audio_vae": AutoencoderKLLTX2Audio,
-               "vocoder": LTX2Vocoder}
     with load_errors(path, "an LTX-2 checkpoint", "checkpoints"):
         state = load_file(str(path))
         if not keys.is_single_file(state):
             raise ModelLoadError(f"{path.name} is not LTX-2's all-in-one file (it lacks "
                                  "model.diffusion_model. / vae. / audio_vae. weights)")
         layout = "LTX-2.3" if keys.is_ltx23(state) else "LTX-2.0"
-        parts = keys.from_original(state)
-        out = {}
-        for name, cls in classes.items():
-            config = cls.load_config(str(configs / name), local_files_only=True)
-            mismatch = (f"{path.name} (an {layout} file): its {name} does not match "
-                        f"{configs.name}/{name}/config.json (put that version's diffusers "
-                        "configs there)")
-            out[name] = _assign(cls, config, parts[name], mismatch)
-            check_complete(out[name], path)
+        return build_parts(keys.from_original(state), dict.fromkeys(FROM_FILE, configs),
+                           f"{path.name} (an {layout} file)", path)
+
+
+def build_parts(parts: dict[str, dict[str, Any]], configs: dict[str, Path], what: str,
+                path: Path) -> dict[str, Any]:
+    """FROM_FILE's components from keys.from_original's `parts`, each built from the
+    config.json in `configs[name]/<name>/`; a mismatch says "`what`: its <name> does not match
+    …"."""
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    from workers.models.weights import check_complete
+
+    classes = {"transformer": LTX2VideoTransformer3DModel, "connectors": LTX2TextConnectors,
+               "vae": AutoencoderKLLTX2Video, "audio_vae": AutoencoderKLLTX2Audio,
+               "vocoder": LTX2Vocoder}
+    out = {}
+    for name, cls in classes.items():
+        folder = configs[name]
+        config = cls.load_config(str(folder / name), local_files_only=True)
+        mismatch = (f"{what}: its {name} does not match {folder.name}/{name}/config.json "
+                    "(put that version's diffusers configs there)")
+        out[name] = _assign(cls, config, parts[name], mismatch)
+        check_complete(out[name], path)
     return out
 
 
@@ -175,12 +186,11 @@ def _beside(path: Path, configs: Path) -> dict[str, Any]:
 def _gemma(folder: Path) -> Any:
     """The Gemma 3 in `folder` (config.json + weights): diffusers' LTX-2 text_encoder/ (a
     Gemma3ForConditionalGeneration), or ComfyUI's gemma_3_12B_it file linked in as its weights
-    (the text model alone, `model.layers.*`, + its tokenizer as `spiece_model`): then the text
-    model alone (Gemma3TextModel from the config's text_config), which is all LTX-2 encodes
-    with. A weight the file lacks is an error naming the folder (transformers would leave it
-    random)."""
+    (the text model alone, `model.layers.*`, + its tokenizer as `spiece_model`): then
+    `gemma_from_state`. A weight the file lacks is an error naming the folder (transformers
+    would leave it random)."""
     from safetensors import safe_open
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextModel
+    from transformers import Gemma3ForConditionalGeneration
 
     files = sorted(folder.glob("*.safetensors"))
     keys: set[str] = set()
@@ -190,11 +200,8 @@ def _gemma(folder: Path) -> Any:
     if any(k.startswith(COMFY_GEMMA) for k in keys):
         from safetensors.torch import load_file
 
-        state = {k.removeprefix("model."): v for weights in files
-                 for k, v in load_file(str(weights)).items() if k.startswith("model.")}
-        config = Gemma3Config.from_pretrained(folder, local_files_only=True).text_config
-        return _assign(Gemma3TextModel, config, state,
-                       f"the Gemma 3 weights in {folder}/ do not match its config.json")
+        state = {k: v for weights in files for k, v in load_file(str(weights)).items()}
+        return gemma_from_state(folder, state)
     loaded: Any = Gemma3ForConditionalGeneration.from_pretrained(  # (model, loading info)
         folder, local_files_only=True, output_loading_info=True)
     model, info = loaded
@@ -203,3 +210,37 @@ def _gemma(folder: Path) -> Any:
         raise ModelLoadError(f"the Gemma 3 weights in {folder}/ do not match its config.json: "
                              f"missing {sorted(missing)[:3]}")
     return model
+
+
+def gemma_from_state(folder: Path, state: dict[str, Any]) -> Any:
+    """The text encoder that `folder`'s config.json describes, with `state`'s weights in
+    ComfyUI's text-only keys (`model.layers.*`; other keys are ignored) or in transformers'
+    (`model.language_model.*`). A Gemma 3 in ComfyUI's keys is its text model alone
+    (Gemma3TextModel), all LTX-2 encodes with; LTX-2.5's Gemma 4 ("gemma4_unified") is
+    Gemma4UnifiedForConditionalGeneration either way: its model type is how diffusers picks
+    2.5's image CRF (18), and its tied output head shares the embedding."""
+    from transformers import (
+        AutoConfig,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextModel,
+        Gemma4UnifiedForConditionalGeneration,
+    )
+
+    config: Any = AutoConfig.from_pretrained(folder, local_files_only=True)
+    mismatch = f"the text encoder's weights do not match {folder}/config.json"
+    comfy = any(k.startswith(COMFY_GEMMA) for k in state)
+    if config.model_type == "gemma3" and comfy:
+        text = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        return _assign(Gemma3TextModel, config.text_config, text, mismatch)
+    classes = {"gemma3": Gemma3ForConditionalGeneration,
+               "gemma4_unified": Gemma4UnifiedForConditionalGeneration}
+    if config.model_type not in classes:
+        raise ModelLoadError(f"{folder}/config.json describes a {config.model_type}, not LTX-2's "
+                             "Gemma 3 or Gemma 4 text encoder")
+    if comfy:
+        state = {"model.language_model." + k.removeprefix("model."): v
+                 for k, v in state.items() if k.startswith("model.")}
+    embed = state.get("model.language_model.embed_tokens.weight")
+    if getattr(config, "tie_word_embeddings", False) and embed is not None:
+        state = {**state, "lm_head.weight": embed}
+    return _assign(classes[config.model_type], config, state, mismatch)

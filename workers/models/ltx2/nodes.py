@@ -267,6 +267,28 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                                audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
 
 
+@runner("ltx2/load-files")
+def load_files(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """ComfyUI's separate LTX-2 files as (model, text encoder, VAE) (plugin.load_files)."""
+    from workers.models.catalog import ModelFileMissing
+    from workers.models.family import ModelLoadError
+    from workers.models.ltx2.files import FOLDERS, ROLES
+    from workers.models.ltx2.plugin import load_files as load_values
+
+    names = {role: str(params[role]) for role in ROLES}
+
+    def load() -> Any:
+        return load_values(ctx.models_dir, names, ctx.policy)
+
+    try:  # as load_file: on the device thread on CPU, on the slot on a GPU
+        model, encoder, vae = on_device_thread(load) if ctx.policy.device == "cpu" else load()
+    except (ModelFileMissing, ModelLoadError) as exc:
+        raise NodeFailed(str(exc)) from exc
+    files = " + ".join(f"{FOLDERS[r]}/{names[r]}" for r in ROLES)
+    ctx.note_lineage(models={**ctx.lineage.get("models", {}), files: model.sha256})
+    return {"model": model, "encoder": encoder, "vae": vae}
+
+
 @runner("load/latent-upscale-model")
 def load_latent_upscale_model(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """`latent_upscale_models/<file>` as an LTX-2 latent upsampler (workers/models/ltx2/upsampler)."""

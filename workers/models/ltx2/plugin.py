@@ -1,7 +1,8 @@
 """LTX-2's side of the family contract (workers/models/family.py `FamilyPlugin`).
 
 LTX-2 loads as one diffusers LTX2Pipeline folder, or ComfyUI's all-in-one file with its configs,
-from `checkpoints/` (`load/checkpoint`): the
+from `checkpoints/` (`load/checkpoint`), or as ComfyUI's four separate files (`ltx2/load-files`,
+workers/models/ltx2/files.py): the
 model is its audio-video transformer (with the step batcher), the text encoder its Gemma3 +
 tokenizer + text connectors, the VAE its video VAE + audio VAE + vocoder (each value's module is
 the pipeline's components dict). It samples with `ltx2/sample` (workers/models/ltx2/nodes.py):
@@ -29,7 +30,7 @@ PREVIEW_CELLS = 4  # the preview fit's images: 4 × 4 latent pixels each
 _components: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_checkpoint",
-           "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
+           "load_diffusion_model", "load_files", "load_text_encoder", "load_vae", "lora_state_dict",
            "model_sampling", "predict", "preview_pixels", "renoise", "schedule", "to_denoised",
            "write_tiny_stack"]
 _preview_fits: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
@@ -51,30 +52,55 @@ class Prompt:
 def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any, Any]:
     """`checkpoints/<name>` as (model, text encoder, VAE) (cached): an LTX2Pipeline folder, or
     ComfyUI's all-in-one file with its `<stem>.diffusers/` configs (loading.py)."""
-    from workers.models.cache import MODEL_CACHE
     from workers.models.catalog import resolve
     from workers.models.ltx2.loading import load_folder, load_single_file
-    from workers.models.values import Vae
-    from workers.models.weights import denoiser_model, refuse_int8, text_encoder_model
+    from workers.models.weights import refuse_int8
 
     path = resolve(models_dir, "checkpoints", name)
     refuse_int8(policy)
-    sha, placement = checkpoint_sha256(path), policy.placement("denoiser")
+    return _values(name, checkpoint_sha256(path), policy, lambda: dict(
+        load_folder(path) if path.is_dir() else load_single_file(path)))
+
+
+def load_files(models_dir: Path, names: dict[str, str], policy: Any) -> tuple[Any, Any, Any]:
+    """ComfyUI's separate files (`names` by files.ROLES: diffusion_models/, vae/ twice,
+    text_encoders/) as (model, text encoder, VAE), as load_checkpoint gives them (cached)."""
+    import hashlib
+
+    from workers.models.catalog import resolve
+    from workers.models.ltx2.files import FOLDERS, ROLES
+    from workers.models.ltx2.files import load_files as load
+    from workers.models.weights import refuse_int8
+
+    paths = {role: resolve(models_dir, FOLDERS[role], names[role]) for role in ROLES}
+    refuse_int8(policy)
+    sha = hashlib.sha256("\0".join(checkpoint_sha256(paths[r]) for r in ROLES).encode()).hexdigest()
+    return _values(names["diffusion_model"], sha, policy, lambda: dict(load(paths)))
+
+
+def _values(name: str, sha: str, policy: Any, components: Any) -> tuple[Any, Any, Any]:
+    """(model, text encoder, VAE) over the pipeline components `components()` loads, placed
+    as the policy says, cached by `sha`."""
+    from workers.models.cache import MODEL_CACHE
+    from workers.models.values import Vae
+    from workers.models.weights import denoiser_model, text_encoder_model
+
+    placement = policy.placement("denoiser")
 
     def load() -> tuple[Any, Any, Any]:
-        components = dict(load_folder(path) if path.is_dir() else load_single_file(path))
-        for key, module in components.items():
+        loaded = components()
+        for key, module in loaded.items():
             moves = (placement.device, placement.dtype) != ("cpu", "float32")  # loaded so
             if moves and hasattr(module, "to") and hasattr(module, "parameters"):
-                components[key] = module.to(placement.device, placement.torch_dtype)
-        transformer = components["transformer"]
-        _components[transformer] = components
+                loaded[key] = module.to(placement.device, placement.torch_dtype)
+        transformer = loaded["transformer"]
+        _components[transformer] = loaded
         model = denoiser_model(name=name, sha=sha, transformer=transformer, predict=predict,
                                placement=placement, policy=policy, family=FAMILY)
-        encoder = text_encoder_model(name=name, sha=sha, model=components,
-                                     tokenizer=components["tokenizer"], placement=placement,
+        encoder = text_encoder_model(name=name, sha=sha, model=loaded,
+                                     tokenizer=loaded["tokenizer"], placement=placement,
                                      policy=policy, encode=encode_prompts, family=FAMILY)
-        return model, encoder, Vae(name, sha, components, placement, family=FAMILY)
+        return model, encoder, Vae(name, sha, loaded, placement, family=FAMILY)
 
     return MODEL_CACHE.get_or_load(("ltx2-checkpoint", sha, placement, policy.attention), load)
 
@@ -100,10 +126,11 @@ def components_of(transformer: Any) -> dict[str, Any]:
 
 
 def _folder_only(what: str) -> ModelLoadError:
-    return ModelLoadError(f"{what}: LTX-2 loads from checkpoints/ (load/checkpoint): a diffusers "
+    return ModelLoadError(f"{what}: LTX-2 loads whole (its transformer needs its VAEs and text "
+                          "encoder): from checkpoints/ (load/checkpoint: a diffusers "
                           "LTX2Pipeline folder or ComfyUI's all-in-one file with its "
-                          "<stem>.diffusers/ configs; its separate component files are not "
-                          "supported yet")
+                          "<stem>.diffusers/ configs), or its separate diffusion model, video "
+                          "VAE, audio VAE and text encoder files together (ltx2/load-files)")
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: Any) -> Any:

@@ -276,6 +276,41 @@ def write_tiny_single_file(models_dir: Path, name: str = SMOKE_FILE, ltx23: bool
     return {"checkpoint": f"{name}.safetensors"}
 
 
+SMOKE_FILES = "smoke-ltx25"
+
+
+def write_tiny_files(models_dir: Path, name: str = SMOKE_FILES, ltx23: bool = False,
+                     ltx25: bool = True) -> dict[str, str]:
+    """The tiny stack as ComfyUI's separate files (workers/models/ltx2/files.py; LTX-2.5's
+    layout unless told otherwise): `diffusion_models/<name>.safetensors`,
+    `vae/<name>-video-vae.safetensors`, `vae/<name>-audio-vae.safetensors`,
+    `text_encoders/<name>-text-encoder.safetensors`, each with its `<stem>.diffusers/` configs;
+    returns {role: file name}."""
+    from safetensors.torch import save_file
+
+    from workers.models.ltx2.files import FOLDERS, HOLDS, to_files
+
+    components = build_tiny_components(ltx23=ltx23, ltx25=ltx25)
+    stems = {"diffusion_model": name, "vae": f"{name}-video-vae",
+             "audio_vae": f"{name}-audio-vae", "text_encoder": f"{name}-text-encoder"}
+    names = {}
+    for role, state in to_files(components).items():
+        folder = models_dir / FOLDERS[role]
+        configs = folder / f"{stems[role]}.diffusers"
+        for component in (*HOLDS[role], *(("connectors",) if role == "text_encoder" else ())):
+            module = components[component]
+            if hasattr(module, "save_pretrained") and component != "text_encoder":
+                module.save_pretrained(configs / component)
+            else:  # a model: its config only (its weights are the file's)
+                (module.save_config if hasattr(module, "save_config") else
+                 module.config.save_pretrained)(configs / component)
+            for weights in (configs / component).glob("*.safetensors"):
+                weights.unlink()
+        names[role] = f"{stems[role]}.safetensors"
+        save_file(state, str(folder / names[role]))
+    return names
+
+
 SMOKE_UPSAMPLER = "smoke-ltx2-upscaler.safetensors"
 UPSAMPLER_CONFIG = {"in_channels": 4, "mid_channels": 32, "num_blocks_per_stage": 1, "dims": 3,
                     "spatial_upsample": True, "temporal_upsample": False,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
-from workers.models.lookalikes import is_qwen3_vl
+from workers.models.lookalikes import is_gemma, is_qwen3_vl
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # the Flux VAE, 2×2 patches
 QWEN3 = ("Qwen3Model", "Qwen3ForCausalLM")
@@ -30,9 +30,11 @@ def recognise(header: ModelHeader) -> str | None:
         header.has("cap_embedder.") and header.has("noise_refiner.")
     ):
         return "transformer"
-    if not is_qwen3_vl(header) and (name in QWEN3 or header.config.get("model_type") == "qwen3" or (
+    if is_qwen3_vl(header) or is_gemma(header):
+        return None  # Krea 2's Qwen3-VL and LTX-2's Gemma have the same q_norm (lookalikes.py)
+    if name in QWEN3 or header.config.get("model_type") == "qwen3" or (
         header.has("embed_tokens.weight") and header.has("self_attn.q_norm.weight")
-    )):  # Krea 2's Qwen3-VL has the same q_norm (workers/models/lookalikes.py)
+    ):
         return "text_encoder"
     if is_flux_vae(header):
         return "vae"
