@@ -24,6 +24,7 @@ import re
 
 from workers.models.family import FamilyInfo, LatentFormat
 from workers.models.header import ModelHeader
+from workers.models.lookalikes import is_flux2_lora
 
 # LTX-2's video latents: 128 channels, ÷32 in space (÷8 in time), patch 1.
 LATENT = LatentFormat(channels=128, downscale=32, patch=1)
@@ -46,8 +47,9 @@ def recognise(header: ModelHeader) -> str | None:
     transformer: LTX-2's audio-video transformer (original or diffusers' keys); vae: its video or
     audio VAE; text_encoder: a Gemma3 with its vision tower; latent_upscaler: the two-stage
     workflows' latent upsampler (`upsampler`); lora: a LoRA of its blocks (`LORA_KEY`)."""
-    if header.is_lora():
-        return "lora" if any(LORA_KEY.match(k) for k in header.shapes) else None
+    if header.is_lora():  # FLUX.2's LoRAs share `transformer_blocks.N.ff.` (lookalikes.py)
+        ours = any(LORA_KEY.match(k) for k in header.shapes) and not is_flux2_lora(header)
+        return "lora" if ours else None
     if all(key in header.shapes for key in UPSAMPLER_KEYS):
         return "latent_upscaler"
     name = header.class_name
