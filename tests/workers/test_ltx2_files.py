@@ -145,3 +145,19 @@ def test_files_in_the_wrong_roles_are_refused_by_name(files, make_ctx):
     with pytest.raises(NodeFailed) as err:
         run(ctx, "ltx2/load-files", swapped)
     assert names["audio_vae"] in str(err.value)
+
+
+def test_a_quantized_file_is_refused_as_such(files, tmp_path):
+    """ComfyUI ships LTX-2.5 as int8 "convrot" files (weights + scales): refused by name, not
+    read as plain weights."""
+    from safetensors.torch import load_file, save_file
+
+    from workers.models.ltx2.files import load_files
+
+    paths = _copy(files, tmp_path)
+    state = load_file(str(paths["diffusion_model"]))
+    state["model.diffusion_model.proj_in.weight_scale"] = torch.ones(1)
+    save_file(state, str(paths["diffusion_model"]))
+    with pytest.raises(ModelLoadError) as err:
+        load_files(paths)
+    assert paths["diffusion_model"].name in str(err.value) and "quantized" in str(err.value)

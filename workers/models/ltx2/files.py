@@ -33,6 +33,8 @@ FOLDERS = {"diffusion_model": "diffusion_models", "vae": "vae", "audio_vae": "va
 # the LTX2Pipeline components whose configs each file's <stem>.diffusers/ holds
 HOLDS = {"diffusion_model": ("transformer", "scheduler"), "vae": ("vae",),
          "audio_vae": ("audio_vae", "vocoder"), "text_encoder": ("text_encoder", "tokenizer")}
+# ComfyUI's quantized layers (its int8 "convrot" / fp8 scaled files: the shipped LTX-2.5 ones)
+QUANTIZED = (".weight_scale", ".comfy_quant", ".scale_weight", ".input_scale")
 _cache: dict[tuple[tuple[str, int], ...], dict[str, Any]] = {}
 _lock = threading.Lock()
 
@@ -67,6 +69,11 @@ def _load(paths: dict[str, Path]) -> dict[str, Any]:
     for role in ROLES:
         with load_errors(paths[role], f"LTX-2's {role.replace('_', ' ')}", FOLDERS[role]):
             state = load_file(str(paths[role]))
+        if any(key.endswith(QUANTIZED) for key in state):
+            raise ModelLoadError(
+                f"{paths[role].name} holds quantized weights (ComfyUI's int8 / fp8 layers with "
+                "their scales): LTX-2 loads unquantized files here (bf16, fp16 or fp32; plain "
+                "fp8 weights without scales too)")
         ours, rest = _original(role, state)
         if role != "text_encoder" and rest:
             raise ModelLoadError(f"{paths[role].name} is not LTX-2's {role.replace('_', ' ')} "
