@@ -743,7 +743,14 @@ def _model(state: _State, node: _Mapped, folder: str, requested: str) -> str:
     if name != requested:
         entry["requested"] = requested
     state.report.models.append(entry)
-    if not held and node.id in state.ltx2.loaders:
+    if not held and node.id in state.ltx2.loaders and folder != "checkpoints":
+        state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
+                          f"ComfyUI's file at {folder}/{name} with the diffusers configs of "
+                          f"what it holds beside it in {folder}/{_stem(name)}.diffusers/ (an "
+                          "LTX2Pipeline folder's: transformer/ + scheduler/ for the diffusion "
+                          "model, vae/ for the video VAE, audio_vae/ + vocoder/ for the audio "
+                          "VAE, text_encoder/ + tokenizer/ + connectors/ for the text encoder)")
+    elif not held and node.id in state.ltx2.loaders:
         state.report.warn(node.id, node.comfy_type, f"no live worker holds {folder}/{name}: put "
                           f"ComfyUI's file at {folder}/{name} with its configs, tokenizer and "
                           f"Gemma 3 in {folder}/{_stem(name)}.diffusers/ (an LTX2Pipeline "

@@ -18,6 +18,8 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
     CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
       ComfyUI's single file where a worker holds it (its configs, tokenizer and Gemma 3 in
       checkpoints/<stem>.diffusers/), else the diffusers LTX2Pipeline folder of its stem
+    UNETLoader, VAELoader (video), VAELoader (audio), CLIPLoader type ltxv → ltx2/load-files of
+      the four files (the LTX-2.5 templates; each file's configs in its <stem>.diffusers/)
 
 `rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
 importer classifies them; api_format applies it.
@@ -120,6 +122,16 @@ RULES: dict[str, Rule] = {
         params={"ckpt_name": ParamMap("file", folder=_CKPT)},
     ),
 }
+# ComfyUI's separate LTX-2 files (the LTX-2.5 templates): each loader → ltx2/load-files of all
+# four files, giving its own output (ComfyUI's UNETLoader MODEL, VAELoader VAE, CLIPLoader CLIP)
+FILES_PARAMS = {"unet_name": ParamMap("diffusion_model", folder="diffusion_models"),
+                "vae_name": ParamMap("vae", folder="vae"),
+                "audio_vae_name": ParamMap("audio_vae", folder="vae"),
+                "clip_name": ParamMap("text_encoder", folder="text_encoders")}
+FILES_RULES = {comfy_type: Rule("ltx2/load-files", outputs=(output,), params=FILES_PARAMS)
+               for comfy_type, output in (("UNETLoader", "model"), ("VAELoader", "vae"),
+                                          ("CLIPLoader", "encoder"))}
+_AUDIO_READERS = frozenset({"LTXVAudioVAEDecode", "LTXVEmptyLatentAudio", "VAEDecodeAudio"})
 
 # Folded: consumers read the named input instead (comfy_nodes.PASSED routes each output slot).
 PASSED: dict[str, dict[int, str]] = {
@@ -303,9 +315,11 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
 def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
              readers: dict[str, list[str]], clip_fps: set[float]) -> None:
     """The checkpoint loaders (a text-encoder loader of type `ltxv` reads the checkpoint's own
-    encoder too); LTXVConditioning's frame_rate against the clip's fps."""
+    encoder too), or ComfyUI's separate files (`_files`); LTXVConditioning's frame_rate against
+    the clip's fps."""
     checkpoints = [inputs.get("ckpt_name") for comfy_type, inputs in nodes.values()
                    if comfy_type == "CheckpointLoaderSimple"]
+    files = None if checkpoints else _files(nodes, readers)
     for nid, (comfy_type, inputs) in nodes.items():
         if comfy_type in ("CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
                           "LTXVAudioVAELoader"):
@@ -314,22 +328,59 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
                 r in out.folded or nodes[r][0] in FOLDED for r in readers.get(nid, [])):
             out.folded[nid] = ("the checkpoint's audio VAE and vocoder decode the sound in "
                                "ltx2/decode (its vae input)")
-        if comfy_type in ("CLIPLoader", "DualCLIPLoader") and inputs.get("type") == "ltxv":
-            if not checkpoints or not isinstance(checkpoints[0], str):
-                out.refused[nid] = ("LTX-2's text encoder loads from its checkpoint folder: "
-                                    "load the checkpoint with CheckpointLoaderSimple")
-                continue
-            names = [v for k, v in inputs.items() if k.startswith("clip_name")]
-            out.rules[nid] = RULES["LTXAVTextEncoderLoader"]
-            out.inputs[nid] = {"ckpt_name": checkpoints[0]}
+        if files is not None and nid in files[1]:
+            out.rules[nid], out.inputs[nid] = FILES_RULES[comfy_type], files[0]
             out.loaders.add(nid)
-            out.warnings.append((nid, comfy_type, f"{' + '.join(map(str, names))} not loaded: "
-                                 "the checkpoint's own Gemma 3 encodes the prompt"))
+        elif (comfy_type in ("CLIPLoader", "DualCLIPLoader") and inputs.get("type") == "ltxv"
+              and files is None):  # beside the files: a prompt enhancer's (the generic rule)
+            _ltxv_clip(out, nid, comfy_type, inputs, checkpoints)
         rate = _number(inputs.get("frame_rate")) if comfy_type == "LTXVConditioning" else None
         if rate is not None and clip_fps and rate not in clip_fps:
             out.warnings.append((nid, comfy_type, f"frame_rate {rate:g} is not the clip's fps "
                                  f"({', '.join(f'{f:g}' for f in sorted(clip_fps))}: "
                                  "LTXVEmptyLatentAudio's frame_rate), which is used"))
+
+
+def _ltxv_clip(out: Rewrite, nid: str, comfy_type: str, inputs: dict[str, Any],
+               checkpoints: list[Any]) -> None:
+    """A text-encoder loader of type `ltxv` beside a checkpoint: the checkpoint's encoder."""
+    if not checkpoints or not isinstance(checkpoints[0], str):
+        out.refused[nid] = ("LTX-2's text encoder loads with its model: load the checkpoint "
+                            "with CheckpointLoaderSimple, or the separate files with one "
+                            "UNETLoader, a VAELoader each for the video and the audio VAE and "
+                            "this CLIPLoader")
+        return
+    names = [v for k, v in inputs.items() if k.startswith("clip_name")]
+    out.rules[nid] = RULES["LTXAVTextEncoderLoader"]
+    out.inputs[nid] = {"ckpt_name": checkpoints[0]}
+    out.loaders.add(nid)
+    out.warnings.append((nid, comfy_type, f"{' + '.join(map(str, names))} not loaded: "
+                         "the checkpoint's own Gemma 3 encodes the prompt"))
+
+
+def _files(nodes: dict[str, tuple[str, dict[str, Any]]], readers: dict[str, list[str]]
+           ) -> tuple[dict[str, Any], set[str]] | None:
+    """ComfyUI's separate LTX-2 files, when the workflow has one UNETLoader, one VAELoader read
+    by the audio nodes (the audio VAE), one other (the video VAE) and one CLIPLoader of type
+    `ltxv` read by a text encode: (ltx2/load-files' inputs, those loaders' ids and the audio
+    VAE's), else None. A `ltxv` CLIPLoader read only by a prompt enhancer is not one of them."""
+    def of(comfy_type: str) -> list[str]:
+        return [nid for nid, (t, _) in nodes.items() if t == comfy_type]
+
+    vaes = of("VAELoader")
+    audio = [v for v in vaes if any(nodes[r][0] in _AUDIO_READERS for r in readers.get(v, []))]
+    clips = [c for c in of("CLIPLoader") if nodes[c][1].get("type") == "ltxv"
+             and any(nodes[r][0] == "CLIPTextEncode" for r in readers.get(c, []))]
+    unets, video = of("UNETLoader"), [v for v in vaes if v not in audio]
+    if not all(len(found) == 1 for found in (unets, audio, video, clips)):
+        return None
+    names = {"unet_name": nodes[unets[0]][1].get("unet_name"),
+             "vae_name": nodes[video[0]][1].get("vae_name"),
+             "audio_vae_name": nodes[audio[0]][1].get("vae_name"),
+             "clip_name": nodes[clips[0]][1].get("clip_name")}
+    if not all(isinstance(name, str) for name in names.values()):
+        return None
+    return names, {unets[0], video[0], audio[0], clips[0]}
 
 
 def _fixed_bool(nodes: dict[str, tuple[str, dict[str, Any]]], value: Any) -> bool | None:

@@ -1,0 +1,78 @@
+"""ComfyUI's shipped LTX-2.5 templates (video_ltx2_5_t2v, video_ltx2_5_i2v: a subgraph loading
+ComfyUI's separate files — UNETLoader, a VAELoader each for the video and the audio VAE,
+CLIPLoader type ltxv for the Gemma 4 "with proj" — two stages over ManualSigmas with the latent
+upsampler between them, the prompt enhancer switched off; its ResolutionSelector cut away for
+the tiny size) imported from the UI format with the
+tiny LTX-2.5 stack's files and rendered through the real executor into an MP4 with sound."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from apps.importer.services import comfy_import
+from tests.workers.helpers import noise_image
+from tests.workers.vocab_helpers import asset_of, render
+
+SIDE, SECONDS, FPS = 64, 1, 8  # the final clip: 64² px, 1 s × 8 fps + 1 = 9 frames
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("template", ["video_ltx2_5_t2v", "video_ltx2_5_i2v"])
+def test_comfyuis_shipped_ltx2_5_template_imports_and_renders(settings, tmp_path, template):
+    import av
+
+    from apps.importer.comfy_templates import shipped_file
+    from apps.takes.storage import blob_read
+    from workers.models.ltx2.tiny import write_tiny_files, write_tiny_upsampler
+
+    models_dir = tmp_path / "models"
+    files = write_tiny_files(models_dir)
+    upsampler = write_tiny_upsampler(models_dir)["latent_upscaler"]
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    workflow: dict[str, Any] = json.loads(shipped_file(f"{template}.json") or b"{}")
+    ids = {s["id"] for s in workflow["definitions"]["subgraphs"]}
+    clip = next(n for n in workflow["nodes"] if n["type"] in ids)
+    # its width and height come from a ResolutionSelector (0.1 megapixels at the least): cut
+    # it away, so the subgraph's own width and height widgets give the tiny clip's
+    selector = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
+    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
+    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
+    workflow["nodes"].remove(selector)
+    for port in clip["inputs"]:
+        port["link"] = None if port.get("link") in cut else port.get("link")
+    values = clip["widgets_values"]  # in the subgraph's widget inputs' order
+    assert values[1] is False  # prompt enhancement off: the switch routes around the enhancer
+    values[2:5], values[6] = [SECONDS, SIDE, SIDE], FPS  # duration, width, height; fps
+    values[7:12] = [files["diffusion_model"], files["vae"], files["audio_vae"],
+                    files["text_encoder"], upsampler]
+    assets = {"neon_cyborg_portrait.png": asset_of(noise_image(96, 64, seed=3))}
+    catalog = {"diffusion_models": [files["diffusion_model"]],
+               "vae": [files["vae"], files["audio_vae"]],
+               "text_encoders": [files["text_encoder"]], "latent_upscale_models": [upsampler]}
+    held = {(folder, name): ("ltx2",) for folder, names in catalog.items() for name in names}
+    result = comfy_import(workflow=workflow, catalog=catalog, files=held,
+                          resolve_asset=assets.get)
+    assert result.report.format == "ui"
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    loads = {n["type"] for n in nodes.values()
+             if n["type"].startswith("load/") or n["type"] == "ltx2/load-files"}
+    assert loads == {"ltx2/load-files", "load/latent-upscale-model"}
+    [params] = {json.dumps(n["params"], sort_keys=True) for n in nodes.values()
+                if n["type"] == "ltx2/load-files"}
+    assert json.loads(params) == {"diffusion_model": files["diffusion_model"], "vae": files["vae"],
+                                  "audio_vae": files["audio_vae"],
+                                  "text_encoder": files["text_encoder"]}
+    assert [n["type"] for n in nodes.values()].count("ltx2/sample") == 2
+    outcome, run = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        stream = mp4.streams.video[0]
+        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (SIDE, SIDE, FPS)
+        assert len(list(mp4.decode(stream))) == SECONDS * FPS + 1
+        assert mp4.streams.audio, "the clip has its sound track"
