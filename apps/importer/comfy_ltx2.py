@@ -18,6 +18,8 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
     CheckpointLoaderSimple, LTXAVTextEncoderLoader, LTXVAudioVAELoader → load/checkpoint of
       ComfyUI's single file where a worker holds it (its configs, tokenizer and Gemma 3 in
       checkpoints/<stem>.diffusers/), else the diffusers LTX2Pipeline folder of its stem
+    TextGenerateLTX2Prompt's image                              → left out, with a warning
+      (the farm's LTX-2 Gemma 3 reads no images)
 
 `rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
 importer classifies them; api_format applies it.
@@ -297,7 +299,22 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
                                 "ltx2/decode makes the clip with its sound (wire it into "
                                 "CreateVideo → SaveVideo)")
     _loaders(out, nodes, readers, {f for f in samplers.values() if f is not None})
+    _enhancer_images(out, nodes)
     return out
+
+
+def _enhancer_images(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """TextGenerateLTX2Prompt's image is left out, with a warning: ComfyUI shows it to Gemma
+    3's vision tower, and the farm's LTX-2 Gemma reads no images (no image processor in its
+    folders), so the prompt is enhanced from its text alone and the clip renders (an
+    image-to-video clip still starts from its image; refusing would block the template)."""
+    for nid, (comfy_type, inputs) in nodes.items():
+        if comfy_type == "TextGenerateLTX2Prompt" and isinstance(inputs.get("image"), Link):
+            out.inputs[nid] = {k: v for k, v in inputs.items() if k != "image"}
+            out.warnings.append((nid, comfy_type, (
+                f"its image (node {inputs['image'].node}) is not passed to Gemma 3: the farm's "
+                "LTX-2 text encoder reads no images, so the prompt is enhanced from its text "
+                "alone (the clip's own image conditioning is unchanged)")))
 
 
 def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],

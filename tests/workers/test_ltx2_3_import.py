@@ -2,9 +2,10 @@
 distilled ManualSigmas with the distilled LoRA, its latents upsampled ×2 and refined from
 σ 0.85) imported from the UI format with the tiny stack's files (ComfyUI's single checkpoint
 file, the latent upsampler, the LoRAs) and rendered through the real executor into an MP4 with
-sound: image-to-video (video_ltx2_3_i2v, its first frame at strength 0.7, its prompt enhancer
-switched off) and text-to-video (video_ltx2_3_t2v, its prompt enhancer on: Gemma 3 writes the
-prompt that the clip is rendered from)."""
+sound: image-to-video (video_ltx2_3_i2v, its first frame at strength 0.7; its prompt enhancer
+off as shipped, and on: the enhancer's image left out with a warning) and text-to-video
+(video_ltx2_3_t2v, its prompt enhancer on as shipped). With the enhancer on, the tiny Gemma 3
+with the templates' Gemma LoRA writes the prompt (a few tokens) that the clip is rendered from."""
 
 from __future__ import annotations
 
@@ -45,6 +46,31 @@ def shipped_clip(name: str) -> tuple[dict[str, Any], list[Any]]:
     ids = {s["id"] for s in workflow["definitions"]["subgraphs"]}
     clip = next(n for n in workflow["nodes"] if n["type"] in ids)
     return workflow, clip["widgets_values"]
+
+
+def tiny_values(values: list[Any], files: dict[str, str], gemma_lora: str | None = None
+                ) -> None:
+    """The subgraph's widget values (after the i2v's first_frame: prompt, prompt_enhance, width,
+    height, duration, fps, seed, checkpoint, LoRA, text encoder, upsampler, Gemma LoRA) set to
+    the final clip's size and the tiny files."""
+    values[2:6] = [SIDE, SIDE, SECONDS, FPS]
+    values[7], values[8], values[10] = (files["checkpoints"], files["loras"],
+                                        files["latent_upscale_models"])
+    if gemma_lora is not None:
+        values[11] = gemma_lora
+
+
+def short_enhancer(workflow: dict[str, Any], tokens: int = 6) -> None:
+    """TextGenerateLTX2Prompt's max_length set to a few tokens of the tiny Gemma."""
+    [enhancer] = [n for s in workflow["definitions"]["subgraphs"] for n in s["nodes"]
+                  if n["type"] == "TextGenerateLTX2Prompt"]
+    enhancer["widgets_values"][1] = tokens
+
+
+def assert_enhanced(outcome: Any, preview: str, raw: str) -> None:
+    """The enhancer's PreviewAny `preview` showed a generated prompt, not the raw one."""
+    [shown] = outcome.values
+    assert shown["nodeId"] == preview and shown["text"] and shown["text"] != raw
 
 
 def import_tiny(workflow: dict[str, Any], held: list[tuple[str, str]],
@@ -90,23 +116,39 @@ def assert_clip_with_sound(run: Any) -> None:
 
 
 @pytest.mark.django_db
-def test_comfyuis_shipped_ltx2_3_i2v_template_imports_and_renders(settings, tmp_path):
+@pytest.mark.parametrize("enhance", [False, True], ids=["enhancer-off", "enhancer-on"])
+def test_comfyuis_shipped_ltx2_3_i2v_template_imports_and_renders(settings, tmp_path, enhance):
+    """As shipped (its enhancer off: the switch routes around TextGenerateLTX2Prompt), and with
+    it on: the enhancer's image is left out with a warning (the farm's LTX-2 Gemma reads no
+    images) and Gemma writes the prompt from its text; the clip still starts from the image."""
+    from workers.models.ltx2.tiny import write_tiny_gemma_lora
+
     files = tiny_files(tmp_path / "models")
+    gemma_lora = write_tiny_gemma_lora(tmp_path / "models")
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", tmp_path / "models"
     workflow, values = shipped_clip("video_ltx2_3_i2v.json")  # (after first_frame)
-    assert values[1] is False  # prompt_enhance off: the switch routes around TextGenerateLTX2Prompt
-    values[2:6] = [SIDE, SIDE, SECONDS, FPS]  # width, height, duration, fps
-    values[7], values[8], values[10] = (files["checkpoints"], files["loras"],
-                                        files["latent_upscale_models"])
+    assert values[1] is False  # prompt_enhance off as shipped
+    values[1] = enhance
+    tiny_values(values, files, gemma_lora)
+    short_enhancer(workflow)
     assets = {"egyptian_queen.png": asset_of(noise_image(96, 64, seed=3))}
-    result = import_tiny(workflow, list(files.items()), assets)
-    assert result.report.unmapped == []  # the enhancer is switched off: cut with its branch
+    result = import_tiny(workflow, [*files.items(), ("loras", gemma_lora)], assets)
+    assert result.report.unmapped == []
     nodes = result.graph.model_dump()["nodes"]
     assert_two_stages(nodes, ("320:283", "320:308"), "320:287", "320:288")
     assert [nodes[n]["params"]["strength"] for n in ("320:296", "320:288")] == [0.7, 1.0]
     assert nodes["320:288"]["inputs"]["latent"] == {"node": "320:287", "port": "latent"}
+    assert ("320:325" in nodes) is enhance
+    if enhance:
+        assert "image" not in nodes["320:325"]["inputs"]
+        assert nodes["320:303"]["inputs"]["text"] == {"node": "320:325", "port": "text"}
+        [warned] = [w["message"] for w in result.report.warnings if w["id"] == "320:325"
+                    and "image" in w["message"]]
+        assert "is not passed to Gemma 3" in warned
     outcome, run = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
+    if enhance:
+        assert_enhanced(outcome, "320:326", nodes["320:319"]["params"]["value"])
     assert_clip_with_sound(run)
 
 
@@ -120,12 +162,8 @@ def test_comfyuis_shipped_ltx2_3_t2v_template_renders_with_its_prompt_enhancer(s
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", tmp_path / "models"
     workflow, values = shipped_clip("video_ltx2_3_t2v.json")
     assert values[1] is True  # prompt_enhance on: TextGenerateLTX2Prompt writes the prompt
-    values[2:6] = [SIDE, SIDE, SECONDS, FPS]  # width, height, duration, fps
-    values[7], values[8], values[10], values[11] = (
-        files["checkpoints"], files["loras"], files["latent_upscale_models"], gemma_lora)
-    [enhancer] = [n for s in workflow["definitions"]["subgraphs"] for n in s["nodes"]
-                  if n["type"] == "TextGenerateLTX2Prompt"]
-    enhancer["widgets_values"][1] = 6  # max_length: a few tokens of the tiny Gemma
+    tiny_values(values, files, gemma_lora)
+    short_enhancer(workflow)
     result = import_tiny(workflow, [*files.items(), ("loras", gemma_lora)])
     assert [w["type"] for w in result.report.warnings] == [
         "LTXAVTextEncoderLoader", "TextGenerateLTX2Prompt"]  # its Gemma file, ComfyUI's system turn
@@ -140,8 +178,6 @@ def test_comfyuis_shipped_ltx2_3_t2v_template_renders_with_its_prompt_enhancer(s
     assert gemma["inputs"]["encoder"] == {"node": "267:243", "port": "encoder"}
     outcome, run = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    [shown] = outcome.values  # its PreviewAny: the enhanced prompt that was encoded
-    assert shown["nodeId"] == "267:328" and shown["text"]
-    assert shown["text"] != nodes["267:266"]["params"]["value"]
+    assert_enhanced(outcome, "267:328", nodes["267:266"]["params"]["value"])
     assert_clip_with_sound(run)
     assert list(run.takes.get().lineage["textEncoderLoras"]) == [f"loras/{gemma_lora}"]
