@@ -384,7 +384,8 @@ def test_a_gemma_lora_on_the_ltx_2_encoder_generates_as_its_merged_weights(
 ) -> None:
     """TextGenerateLTX2Prompt's Gemma LoRA (ComfyUI's LoraLoader, strength_clip 0.8): the
     node's text is transformers' generate on the Gemma 3 with W + 0.8 · α/r · B·A merged, and
-    not the text without it."""
+    not the text without it; a prompt encoded through that encoder is the merged Gemma's
+    encode."""
     from transformers import Gemma3ForConditionalGeneration
 
     from workers.models.ltx2 import GEMMA_LORA_PREFIX
@@ -417,6 +418,19 @@ def test_a_gemma_lora_on_the_ltx_2_encoder_generates_as_its_merged_weights(
                          eos=[tokenizer.eos_token_id])
     assert text == tokenizer.decode(expected, skip_special_tokens=True).strip()
     assert text != plain
+    # the LoRA'd encoder's prompt encode (CLIPTextEncode of its CLIP) is the merged Gemma's too
+    from workers.models.ltx2.engine import encode_prompts
+    from workers.models.ltx2.plugin import sequence_length
+
+    encoded = RUNNERS["encode/text"](ctx, {"text": PROMPT},
+                                     {"encoder": adapted["encoder"]})["conditioning"].embeds
+    components = {**loaded["encoder"].model, "text_encoder": gemma}
+    video, audio, _ = encode_prompts(components, [PROMPT], sequence_length(components))
+    torch.testing.assert_close(encoded.video, video, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(encoded.audio, audio, atol=1e-5, rtol=1e-5)
+    plain_encoded = RUNNERS["encode/text"](ctx, {"text": PROMPT},
+                                           {"encoder": loaded["encoder"]})["conditioning"].embeds
+    assert not torch.allclose(plain_encoded.video, video, atol=1e-3)
 
 
 def test_a_lora_with_other_text_encoder_keys_is_refused_on_the_ltx_2_encoder(
