@@ -20,6 +20,7 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
       checkpoints/<stem>.diffusers/), else the diffusers LTX2Pipeline folder of its stem
     TextGenerateLTX2Prompt's image                              → left out, with a warning
       (the farm's LTX-2 Gemma 3 reads no images)
+    the image of a bypassed LTXVImgToVideoInplace (and what makes only it) → folded with it
 
 `rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
 importer classifies them; api_format applies it.
@@ -300,7 +301,33 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
                                 "CreateVideo → SaveVideo)")
     _loaders(out, nodes, readers, {f for f in samplers.values() if f is not None})
     _enhancer_images(out, nodes)
+    _bypassed_images(out, nodes, readers)
     return out
+
+
+BYPASSED = "it makes only the image of a bypassed LTXVImgToVideoInplace, which is not used"
+
+
+def _bypassed_images(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
+                     readers: dict[str, list[str]]) -> None:
+    """The nodes that make only a bypassed LTXVImgToVideoInplace's image (the text-to-video
+    templates' EmptyImage → resizes → LTXVPreprocess) are folded away with it: nothing reads
+    what they make."""
+    def unread(reader: str, source: str) -> bool:  # folded, and not passing `source` on
+        comfy_type, inputs = nodes[reader]
+        passed = {out.passed.get(reader), *PASSED.get(comfy_type, {}).values()}
+        return reader in out.folded and not any(
+            isinstance(v, Link) and v.node == source for k, v in inputs.items() if k in passed)
+
+    pending = [inputs.get("image") for nid, (comfy_type, inputs) in nodes.items()
+               if comfy_type == "LTXVImgToVideoInplace" and nid in out.folded]
+    while pending:
+        link = pending.pop()
+        if not isinstance(link, Link) or link.node in out.folded or not all(
+                unread(r, link.node) for r in readers.get(link.node, [])):
+            continue
+        out.folded[link.node] = BYPASSED
+        pending.extend(v for v in nodes[link.node][1].values() if isinstance(v, Link))
 
 
 def _enhancer_images(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]]) -> None:
