@@ -20,6 +20,9 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
       checkpoints/<stem>.diffusers/), else the diffusers LTX2Pipeline folder of its stem
     UNETLoader, VAELoader (video), VAELoader (audio), CLIPLoader type ltxv → ltx2/load-files of
       the four files (the LTX-2.5 templates; each file's configs in its <stem>.diffusers/)
+    TextGenerateLTX2Prompt's image                              → left out, with a warning
+      (the farm's LTX-2 Gemma 3 reads no images)
+    the image of a bypassed LTXVImgToVideoInplace (and what makes only it) → folded with it
 
 `rewrite` settles which nodes take part (per node: a rule, new inputs, or a fold) before the
 importer classifies them; api_format applies it.
@@ -309,7 +312,48 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
                                 "ltx2/decode makes the clip with its sound (wire it into "
                                 "CreateVideo → SaveVideo)")
     _loaders(out, nodes, readers, {f for f in samplers.values() if f is not None})
+    _enhancer_images(out, nodes)
+    _bypassed_images(out, nodes, readers)
     return out
+
+
+BYPASSED = "it makes only the image of a bypassed LTXVImgToVideoInplace, which is not used"
+
+
+def _bypassed_images(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
+                     readers: dict[str, list[str]]) -> None:
+    """The nodes that make only a bypassed LTXVImgToVideoInplace's image (the text-to-video
+    templates' EmptyImage → resizes → LTXVPreprocess) are folded away with it: nothing reads
+    what they make."""
+    def unread(reader: str, source: str) -> bool:  # folded, and not passing `source` on
+        comfy_type, inputs = nodes[reader]
+        passed = {out.passed.get(reader), *PASSED.get(comfy_type, {}).values()}
+        return reader in out.folded and not any(
+            isinstance(v, Link) and v.node == source for k, v in inputs.items() if k in passed)
+
+    pending = [inputs.get("image") for nid, (comfy_type, inputs) in nodes.items()
+               if comfy_type == "LTXVImgToVideoInplace" and nid in out.folded]
+    while pending:
+        link = pending.pop()
+        if not isinstance(link, Link) or link.node in out.folded or not all(
+                unread(r, link.node) for r in readers.get(link.node, [])):
+            continue
+        out.folded[link.node] = BYPASSED
+        pending.extend(v for v in nodes[link.node][1].values() if isinstance(v, Link))
+
+
+def _enhancer_images(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """TextGenerateLTX2Prompt's image is left out, with a warning: ComfyUI shows it to Gemma
+    3's vision tower, and the farm's LTX-2 Gemma reads no images (no image processor in its
+    folders), so the prompt is enhanced from its text alone and the clip renders (an
+    image-to-video clip still starts from its image; refusing would block the template)."""
+    for nid, (comfy_type, inputs) in nodes.items():
+        if comfy_type == "TextGenerateLTX2Prompt" and isinstance(inputs.get("image"), Link):
+            out.inputs[nid] = {k: v for k, v in inputs.items() if k != "image"}
+            out.warnings.append((nid, comfy_type, (
+                f"its image (node {inputs['image'].node}) is not passed to Gemma 3: the farm's "
+                "LTX-2 text encoder reads no images, so the prompt is enhanced from its text "
+                "alone (the clip's own image conditioning is unchanged)")))
 
 
 def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],

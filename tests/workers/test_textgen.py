@@ -6,7 +6,7 @@ the file; a cancel stops it between chunks of tokens, and other runs' device wor
 those chunks without changing a token. A system prompt is the template's system turn, the
 presence penalty lowers the generated tokens' logits as a hand-written processor does, an image
 goes in through the encoder's processor, and ComfyUI's LTX-2 turns generate on the tiny LTX-2
-stack's Gemma 3."""
+stack's Gemma 3, with a Gemma LoRA (ComfyUI's keys) as its merged weights would."""
 
 from __future__ import annotations
 
@@ -377,6 +377,78 @@ def test_comfyuis_ltx_2_turns_generate_on_the_tiny_ltx_2_gemma(ltx2: tuple[Path,
                          eos=[tokenizer.eos_token_id])
     assert len(expected) > 0
     assert text == tokenizer.decode(expected, skip_special_tokens=True).strip()
+
+
+def test_a_gemma_lora_on_the_ltx_2_encoder_generates_as_its_merged_weights(
+    ltx2: tuple[Path, str], make_ctx: Any
+) -> None:
+    """TextGenerateLTX2Prompt's Gemma LoRA (ComfyUI's LoraLoader, strength_clip 0.8): the
+    node's text is transformers' generate on the Gemma 3 with W + 0.8 · α/r · B·A merged, and
+    not the text without it; a prompt encoded through that encoder is the merged Gemma's
+    encode."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    from workers.models.ltx2 import GEMMA_LORA_PREFIX
+    from workers.models.ltx2.tiny import write_tiny_gemma_lora
+
+    models_dir, name = ltx2
+    lora = write_tiny_gemma_lora(models_dir)
+    ctx = make_ctx(models_dir=models_dir)
+    loaded = RUNNERS["load/checkpoint"](ctx, {"file": name}, {})
+    adapted = RUNNERS["load/lora"](ctx, {"lora": lora, "strength": 1.0, "strength_clip": 0.8},
+                                   {"model": loaded["model"], "encoder": loaded["encoder"]})
+    assert adapted["model"].loras == ()  # a text-encoder half only
+    params = node_params(SAMPLED, template="ltx2", max_length=16)
+    text = RUNNERS["text/generate"](ctx, params, {"encoder": adapted["encoder"]})["text"]
+    plain = RUNNERS["text/generate"](ctx, params, {"encoder": loaded["encoder"]})["text"]
+    gemma = Gemma3ForConditionalGeneration.from_pretrained(
+        models_dir / "checkpoints" / name / "text_encoder", dtype=torch.float32).eval()
+    state = load_file(models_dir / "loras" / lora)
+    modules = dict(gemma.named_modules())
+    with torch.no_grad():
+        for key in [k for k in state if k.endswith(".lora_A.weight")]:
+            module = key.removeprefix(GEMMA_LORA_PREFIX).removesuffix(".lora_A.weight")
+            a, b = state[key], state[key.replace(".lora_A.", ".lora_B.")]
+            alpha = float(state[key.replace(".lora_A.weight", ".alpha")])
+            modules[f"model.language_model.{module}"].weight += 0.8 * alpha / a.shape[0] * b @ a
+    tokenizer = loaded["encoder"].tokenizer
+    turns = ("<start_of_turn>system\n<end_of_turn>\n<start_of_turn>user\n\n"
+             f"User Raw Input Prompt: {PROMPT}.<end_of_turn>\n<start_of_turn>model\n")
+    expected = generated(gemma, tokenizer([turns], return_tensors="pt"), tokenizer, params,
+                         eos=[tokenizer.eos_token_id])
+    assert text == tokenizer.decode(expected, skip_special_tokens=True).strip()
+    assert text != plain
+    # the LoRA'd encoder's prompt encode (CLIPTextEncode of its CLIP) is the merged Gemma's too
+    from workers.models.ltx2.engine import encode_prompts
+    from workers.models.ltx2.plugin import sequence_length
+
+    encoded = RUNNERS["encode/text"](ctx, {"text": PROMPT},
+                                     {"encoder": adapted["encoder"]})["conditioning"].embeds
+    components = {**loaded["encoder"].model, "text_encoder": gemma}
+    video, audio, _ = encode_prompts(components, [PROMPT], sequence_length(components))
+    torch.testing.assert_close(encoded.video, video, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(encoded.audio, audio, atol=1e-5, rtol=1e-5)
+    plain_encoded = RUNNERS["encode/text"](ctx, {"text": PROMPT},
+                                           {"encoder": loaded["encoder"]})["conditioning"].embeds
+    assert not torch.allclose(plain_encoded.video, video, atol=1e-3)
+
+
+def test_a_lora_with_other_text_encoder_keys_is_refused_on_the_ltx_2_encoder(
+    ltx2: tuple[Path, str], make_ctx: Any
+) -> None:
+    models_dir, name = ltx2
+    (models_dir / "loras").mkdir(exist_ok=True)
+    save_file({"lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight":
+               torch.zeros(4, 32),
+               "lora_te_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight":
+               torch.zeros(16, 4)}, models_dir / "loras" / "kohya-te.safetensors")
+    ctx = make_ctx(models_dir=models_dir)
+    loaded = RUNNERS["load/checkpoint"](ctx, {"file": name}, {})
+    with pytest.raises(NodeFailed, match=r"kohya-te\.safetensors has text-encoder weights "
+                                         r"this farm does not apply to LTX-2's Gemma 3"):
+        RUNNERS["load/lora"](ctx, {"lora": "kohya-te.safetensors", "strength": 1.0,
+                                   "strength_clip": 1.0},
+                             {"model": loaded["model"], "encoder": loaded["encoder"]})
 
 
 def test_an_image_into_an_encoder_without_an_image_processor_is_refused(

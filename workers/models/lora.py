@@ -313,7 +313,8 @@ def pipeline_lora_modules(pipeline: Any, path: Path) -> dict[str, tuple[Tensor, 
     `pipeline` class's `lora_state_dict` reads (its converters: ComfyUI `diffusion_model.`,
     kohya, AI-Toolkit, diffusers / PEFT; alphas as diffusers applies them), local files only.
     Text-encoder weights are left out. The families whose LoRAs diffusers reads share this."""
-    state = pipeline.lora_state_dict(str(path), local_files_only=True)
+    state = {k: v for k, v in pipeline.lora_state_dict(str(path), local_files_only=True).items()
+             if not k.startswith(TEXT_ENCODER_PREFIXES)}
     if not any(k.startswith("transformer.") for k in state):
         state = {f"transformer.{k}": v for k, v in state.items()}  # bare module names
     return peft_modules(state, None, "transformer.")

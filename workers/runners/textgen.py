@@ -198,7 +198,7 @@ def generate(lm: Any, encoder: TextEncoder, prompt: str, image: Any, params: dic
     generation = Generation(
         inputs=dict(batch), config=GenerationConfig(**generation_settings(params, tokenizer)),
         processors=presence_processors(params, batch["input_ids"]),
-        rng=seeded_rng(int(params["seed"]), lm.device))
+        rng=seeded_rng(int(params["seed"]), lm.device), loras=encoder.loras)
     return torch.tensor(generate_in_chunks(lm, generation, check_cancelled), dtype=torch.long)
 
 

@@ -32,6 +32,7 @@ class Generation:
     rng: dict[str, Any]  # the RNG states the next chunk resumes ("cpu", "cuda")
     cache: Any = None
     rope_deltas: Any = None
+    loras: tuple[Any, ...] = ()  # the encoder's AppliedLoras (`load/lora`'s strength_clip half)
     new: list[int] = field(default_factory=list)
     done: bool = False
 
@@ -61,10 +62,13 @@ def _next_chunk(lm: Any, generation: Generation) -> None:
     import torch
     from transformers import LogitsProcessorList
 
+    from workers.models.lora import rows as lora_rows
+
     config = generation.config
     wanted = min(CHUNK, int(config.max_new_tokens) - len(generation.new))
     model: Any = getattr(lm, "model", None)
-    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(lm.device)):
+    with (torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(lm.device)),
+          lora_rows([generation.loras])):
         _set_rng_state(generation.rng, lm.device)
         if generation.cache is not None and hasattr(model, "rope_deltas"):
             model.rope_deltas = generation.rope_deltas

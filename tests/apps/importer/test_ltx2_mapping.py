@@ -184,7 +184,26 @@ def test_a_text_to_video_template_s_bypassed_image_folds_away():
     graph = result.graph.model_dump()["nodes"]
     assert "23" not in graph and "21" not in graph
     assert graph["15"]["inputs"]["latent"] == {"node": "7", "port": "latent"}
-    assert "bypass" in {d["id"]: d["reason"] for d in result.report.dropped}["23"]
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    assert "bypass" in dropped["23"]
+    # what makes only its image (the shipped template's EmptyImage → LTXVPreprocess) folds
+    # with it, rather than being listed as unmapped
+    assert result.report.unmapped == []
+    assert dropped["21"] == dropped["22"] == (
+        "it makes only the image of a bypassed LTXVImgToVideoInplace, which is not used")
+
+
+def test_an_image_a_bypassed_clip_shares_with_another_reader_stays():
+    """The bypassed image's source also feeds a saved image: it is kept for that output."""
+    prompt = _api(t2v(image=True))
+    prompt["23"]["inputs"]["bypass"] = True
+    prompt["31"] = {"class_type": "SaveImage", "inputs": {"images": ["21", 0],
+                                                          "filename_prefix": "frame"}}
+    result = imported(prompt)
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    assert dropped["22"] == (
+        "it makes only the image of a bypassed LTXVImgToVideoInplace, which is not used")
+    assert "21" not in dropped and "21" in result.graph.model_dump()["nodes"]
 
 
 def test_an_encoded_sound_track_is_refused_not_dropped():

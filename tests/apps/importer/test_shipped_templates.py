@@ -211,6 +211,24 @@ def test_ltx_2s_prompt_enhancer_imports_as_text_generate_with_its_turns():
     assert any("own LTX-2 system prompt" in m and "not carried" in m for m in warned)
 
 
+def test_ltx_2_3_i2v_with_its_enhancer_on_leaves_the_enhancers_image_out_and_says_so():
+    """ComfyUI shows TextGenerateLTX2Prompt's image to Gemma 3's vision tower; the farm's
+    LTX-2 Gemma reads no images, so the image is left out of text/generate (a warning naming
+    it) and the enhanced prompt still feeds the encode; the clip keeps its first frame."""
+    workflow = shipped("video_ltx2_3_i2v")
+    instance(workflow)["widgets_values"][1] = True  # prompt_enhance (the values skip first_frame)
+    result = comfy_import(workflow=workflow, catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["320:325"]["type"] == "text/generate"
+    assert set(nodes["320:325"]["inputs"]) == {"prompt", "encoder"}
+    assert nodes["320:303"]["inputs"]["text"] == {"node": "320:325", "port": "text"}
+    assert nodes["320:296"]["inputs"]["image"]["node"] == "320:330"  # the first frame
+    [warned] = [w["message"] for w in result.report.warnings
+                if w["id"] == "320:325" and "image" in w["message"]]
+    assert warned.startswith("its image (node 320:330) is not passed to Gemma 3")
+    assert result.report.unmapped == []
+
+
 def test_ltx_2s_prompt_enhancer_in_the_api_format_takes_a_wired_system_prompt():
     prompt = {
         "1": {"class_type": "CLIPLoader", "inputs": {"clip_name": "g.safetensors", "type": "krea2"}},

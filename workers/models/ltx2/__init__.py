@@ -30,6 +30,9 @@ from workers.models.lookalikes import is_flux2_lora
 LATENT = LatentFormat(channels=128, downscale=32, patch=1)
 TEMPORAL = 8  # latent frames = (frames − 1) / 8 + 1
 GEMMA = ("Gemma3ForConditionalGeneration", "Gemma3Model", "Gemma4UnifiedForConditionalGeneration")
+# A LoRA file's Gemma 3 keys as ComfyUI names them (its generic `text_encoders.` + the state-dict
+# name in its LTX-2 text encoder): `<prefix>layers.0.self_attn.q_proj.lora_A.weight`, …
+GEMMA_LORA_PREFIX = "text_encoders.gemma3_12b.transformer.model."
 # A latent upsampler's keys (LTX2LatentUpsamplerModel's; ComfyUI's LatentUpscaleModelLoader test)
 UPSAMPLER_KEYS = ("initial_conv.weight", "post_upsample_res_blocks.0.conv2.bias")
 

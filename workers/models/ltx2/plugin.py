@@ -31,8 +31,8 @@ _components: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDic
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_checkpoint",
            "load_diffusion_model", "load_files", "load_text_encoder", "load_vae", "lora_state_dict",
-           "model_sampling", "predict", "preview_pixels", "renoise", "schedule", "to_denoised",
-           "write_tiny_stack"]
+           "model_sampling", "predict", "preview_pixels", "renoise", "schedule",
+           "text_encoder_lora_state_dict", "text_encoder_parts", "to_denoised", "write_tiny_stack"]
 _preview_fits: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -311,6 +311,36 @@ def lora_state_dict(path: Path, denoiser: Any) -> dict[str, Any]:
     from workers.models.lora import pipeline_lora_modules
 
     return pipeline_lora_modules(LTX2Pipeline, path)
+
+
+def text_encoder_parts(encoder: Any) -> dict[str, Any]:
+    """The text encoder an LTX-2 LoRA may adapt: the checkpoint's Gemma 3 (diffusers'
+    `text_encoder`; TextGenerateLTX2Prompt's abliterated Gemma LoRA goes on it)."""
+    return {"text_encoder": encoder.model["text_encoder"]}
+
+
+def text_encoder_lora_state_dict(path: Path, encoder: Any, denoiser: Any) -> dict[str, Any]:
+    """{"text_encoder.model.language_model.<module>": (A, B, alpha / r)} of a LoRA file's
+    Gemma 3 half in ComfyUI's keys: its generic `text_encoders.` + its Gemma's state-dict name
+    (`text_encoders.gemma3_12b.transformer.model.layers.0.self_attn.q_proj.lora_A.weight`,
+    `.lora_B.weight` or `.lora_down` / `.lora_up`, `.alpha`). Other text-encoder keys are
+    refused (LoraMismatch): a silent half would write another prompt than the trainer's."""
+    from safetensors.torch import load_file
+
+    from workers.models.lora import LoraMismatch, peft_modules, text_encoder_keys
+    from workers.models.ltx2 import GEMMA_LORA_PREFIX
+
+    other = [k for k in text_encoder_keys(path) if not k.startswith(GEMMA_LORA_PREFIX)]
+    if other:
+        raise LoraMismatch(f"loras/{path.name} has text-encoder weights this farm does not "
+                           f"apply to LTX-2's Gemma 3 ({other[0]}, …; it reads ComfyUI's "
+                           f"{GEMMA_LORA_PREFIX}layers.… keys): set strength_clip to 0")
+    state = {k.removeprefix(GEMMA_LORA_PREFIX).replace(".lora_down.", ".lora_A.")
+             .replace(".lora_up.", ".lora_B."): v
+             for k, v in load_file(str(path)).items() if k.startswith(GEMMA_LORA_PREFIX)}
+    alphas = {k: float(v) for k, v in state.items() if k.endswith(".alpha")}
+    return {f"text_encoder.model.language_model.{module}": weights
+            for module, weights in peft_modules(state, alphas, "").items()}
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:

@@ -361,3 +361,27 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
     save_file(state, Path(models_dir) / "loras" / name)
     return name
+
+
+def write_tiny_gemma_lora(models_dir: Path, name: str = f"{SMOKE}-gemma-lora.safetensors",
+                          seed: int = 0, rank: int = 4, alpha: float = 2.0) -> str:
+    """A random LoRA of the tiny Gemma 3's attention and MLP in ComfyUI's text-encoder keys
+    (`text_encoders.gemma3_12b.transformer.model.layers.0.self_attn.q_proj.lora_A.weight`,
+    `.lora_B.weight`, `.alpha`; the shipped templates' abliterated Gemma LoRA is of this kind)
+    under `loras/<name>`; returns the name."""
+    from safetensors.torch import save_file
+
+    from workers.models.ltx2 import GEMMA_LORA_PREFIX
+
+    targets = {"layers.0.self_attn.q_proj": (32, 16), "layers.0.self_attn.v_proj": (32, 8),
+               "layers.1.self_attn.o_proj": (16, 32), "layers.1.mlp.down_proj": (32, 32)}
+    generator = torch.Generator("cpu").manual_seed(6000 + seed)
+    state: dict[str, torch.Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"{GEMMA_LORA_PREFIX}{module}"
+        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator)
+        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator)
+        state[f"{key}.alpha"] = torch.tensor(alpha)
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
