@@ -291,6 +291,23 @@ MODELS = (
         "after a VAE encode): the prompt conditioned on the latent as is.",
     ),
     NodeDescriptor(
+        "flux1/reference", "FLUX.1 Kontext reference image", "conditioning",
+        inputs=(Port("conditioning", "conditioning"), Port("vae", "vae"), Port("image", "image")),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.1 Kontext image editing: the prompt conditioned on a reference image "
+        "(uploaded or upstream), scaled to the Kontext resolution nearest its aspect as "
+        "FluxKontextPipeline does, then VAE-encoded as a reference latent. Chain it for more "
+        "references.",
+    ),
+    NodeDescriptor(
+        "flux1/reference-latent", "FLUX.1 Kontext reference latent", "conditioning",
+        inputs=(Port("conditioning", "conditioning"), Port("latent", "latent")),
+        outputs=(Port("conditioning", "conditioning"),),
+        description="FLUX.1 Kontext image editing from an encoded reference (ComfyUI's "
+        "ReferenceLatent after a VAE encode): the prompt conditioned on the latent as is; "
+        "several sit side by side (ComfyUI's offset method).",
+    ),
+    NodeDescriptor(
         "qwenimage/edit", "Qwen-Image-Edit prompt", "conditioning",
         inputs=(
             Port("encoder", "text-encoder"),

@@ -62,6 +62,18 @@ IMAGE_OPS = (
         "ImageScaleToTotalPixels).",
     ),
     NodeDescriptor(
+        "image/scale-to-kontext", "Scale image to a Kontext resolution", "image",
+        inputs=_image_in, outputs=_image_out,
+        params=(
+            _method,
+            Param("fit", "enum", "crop", choices=("crop", "stretch"),
+                  description="crop: scale to cover it and cut the centre (ComfyUI's "
+                  "FluxKontextImageScale); stretch: to the size (FluxKontextPipeline)."),
+        ),
+        description="Scales to the resolution FLUX.1 Kontext was trained at nearest the "
+        "image's aspect (672×1568 … 1024² … 1568×672; ComfyUI's FluxKontextImageScale).",
+    ),
+    NodeDescriptor(
         "image/scale-side", "Scale image by one side", "image",
         inputs=(Port("image", "image"), _side_size[0]),
         outputs=_image_out,

@@ -31,6 +31,7 @@ from apps.importer.comfy_nodes import (
     FOLDED,
     NOTE_TYPES,
     PASSED,
+    PASSED_WHEN_UNWIRED,
     RULES,
     UNSUPPORTED,
     VIDEO_DECODE,
@@ -209,13 +210,21 @@ def _settle_switches(state: _State) -> None:
     its node, and a chosen value (steps, cfg, a LoRA'd model on its way to ModelSampling*)
     reaches its reader's params as ComfyUI's would. A switch decided at run time (a math
     expression's bool) stays a switch/<kind>. Readers of an echoing output (PreviewAny's) read
-    its input, so a value shown on its way reaches its readers whatever a switch settles to."""
+    its input, so a value shown on its way reaches its readers whatever a switch settles to;
+    readers of a node that passes an input through when another is unwired
+    (PASSED_WHEN_UNWIRED: an ImageStitch whose image2 was bypassed) read that input."""
     for _ in range(len(state.nodes) + 1):
         changed = False
         for node_id in sorted(state.nodes, key=id_order):
             comfy_type, inputs = state.nodes[node_id]
             if comfy_type in ECHOES:
                 changed |= _reread(state, node_id, inputs.get(ECHOES[comfy_type]))
+            elif comfy_type in PASSED_WHEN_UNWIRED and node_id not in state.settled:
+                read, unwired = PASSED_WHEN_UNWIRED[comfy_type]
+                if inputs.get(unwired) is None and isinstance(inputs.get(read), Link):
+                    state.settled[node_id] = (f"its {unwired} is unwired, so its readers read "
+                                              f"its {read} (ComfyUI passes it through)")
+                    changed |= _reread(state, node_id, inputs[read])
             elif comfy_type == SWITCH and node_id not in state.settled:
                 choice = _fixed_bool(state, inputs.get("switch"))
                 chosen, other = ("on_true", "on_false") if choice else ("on_false", "on_true")

@@ -272,17 +272,19 @@ def _qwen21_refuse(values: dict[str, Any]) -> str | None:
 
 def qwen_reference_latent(family: str | None, title: str) -> Rule | str:
     """ReferenceLatent by the family of its prompt: FLUX.2's node (also when no family is
-    known), Qwen-Image-Edit's, else why it cannot map."""
+    known), Qwen-Image-Edit's, FLUX.1 Kontext's, else why it cannot map."""
     if family in (None, "flux2"):
         return RULES["ReferenceLatent"]
     if family == "qwenimage":
         return QWEN_REFERENCE_LATENT
+    if family == "flux1":
+        return FLUX1_REFERENCE_LATENT
     if family == "qwenimage21":
         return ("ReferenceLatent on a Qwen-Image 2.1 prompt is not supported: 2.1 reads its "
                 "references through TextEncodeQwenImage21's images (each an image slot in the "
                 "prompt), wire the images there")
-    return (f"ReferenceLatent on a {title} prompt is not supported: only FLUX.2 and "
-            "Qwen-Image(-Edit) prompts take reference latents on this farm")
+    return (f"ReferenceLatent on a {title} prompt is not supported: only FLUX.2, FLUX.1 "
+            "Kontext and Qwen-Image(-Edit) prompts take reference latents on this farm")
 
 
 def qwen_reference_method(family: str | None, title: str, method: Any) -> Rule | str:
@@ -391,11 +393,8 @@ RULES: dict[str, Rule] = {
         refuse=_qwen21_refuse,
     ),
     "FluxKontextImageScale": Rule(  # edit templates size the latent from the reference
-        "image/scale-to-pixels", inputs={"image": "image"}, outputs=("image",),
-        derive=lambda _: {"method": "lanczos", "megapixels": 1.0, "resolution_steps": 16},
-        warnings=(lambda _: ["approximated: scaled to ~1 MP at the image's aspect ratio in "
-                             "multiples of 16, not snapped to FLUX.1 Kontext's list of preferred "
-                             "resolutions"],),
+        "image/scale-to-kontext", inputs={"image": "image"}, outputs=("image",),
+        derive=lambda _: {"method": "lanczos", "fit": "crop"},
     ),
     "Flux2Scheduler": Rule(  # its width / height may be wired (GetImageSize in edit templates)
         "flux2/scheduler", outputs=("sigmas",),
@@ -533,6 +532,11 @@ QWEN_REFERENCE_LATENT = Rule(
     "qwenimage/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
     outputs=("conditioning",),
 )
+# ReferenceLatent on a FLUX.1 prompt: FLUX.1 Kontext's reference (api_format picks it alike)
+FLUX1_REFERENCE_LATENT = Rule(
+    "flux1/reference-latent", inputs={"conditioning": "conditioning", "latent": "latent"},
+    outputs=("conditioning",),
+)
 RULES.update(comfy_vocab.VOCABULARY)
 WIDGETS.update(comfy_vocab.WIDGETS)
 RULES.update(comfy_ltx2.RULES)  # LTX-2: most of its nodes are settled per workflow (rewrite)
@@ -559,6 +563,11 @@ FOLDED["QwenImage21Cache"] = (
 )
 
 FOLDED.update(comfy_ltx2.FOLDED)
+
+# Pass one input through when another is unwired (a bypassed node's consumers lose that link):
+# type → (the input read instead, the input left unwired). ComfyUI's ImageStitch without an
+# image2 returns image1; with both it has no node here and stays unsupported.
+PASSED_WHEN_UNWIRED: dict[str, tuple[str, str]] = {"ImageStitch": ("image1", "image2")}
 
 # Cut: consumers get the input unwired, which means the same thing on this farm.
 CUT: dict[str, str] = {

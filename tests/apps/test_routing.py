@@ -64,6 +64,9 @@ def test_the_estimate_counts_the_reference_images_an_edit_hands_the_transformer(
     del nodes["edit"]["inputs"]["vae"]  # no VAE: the images only inform the prompt
     graph = GraphDoc.model_validate({"nodes": nodes})
     assert image_pixels(graph, list(nodes)) == 1024 * 512 + 2**20
+    nodes["kontext"] = {"type": "flux1/reference", "inputs": {"image": wired("b")}}
+    graph = GraphDoc.model_validate({"nodes": nodes})  # the largest Kontext resolution
+    assert image_pixels(graph, list(nodes)) == 1024 * 512 + 2**20 + 1328 * 800
 
 
 def test_a_run_goes_to_the_smallest_gpu_class_that_fits_and_holds_its_files():

@@ -21,6 +21,7 @@ def run(node_type: str, params: dict[str, Any] | None = None, **inputs: Any) -> 
 
 
 IMAGE = noise_image(64, 48, seed=3)
+LANCZOS = Image.Resampling.LANCZOS
 
 
 @pytest.mark.parametrize(("factor", "size"), [(1.5, (96, 72)), (0.33, (21, 16)), (2, (128, 96))])
@@ -35,6 +36,22 @@ def test_scale_to_total_pixels_keeps_the_aspect_and_rounds_to_steps(steps, size)
     out = run("image/scale-to-pixels", {"megapixels": 0.01, "resolution_steps": steps,
                                         "method": "lanczos"}, image=IMAGE)["image"]
     assert out.size == size
+
+
+@pytest.mark.parametrize(("size", "expected", "cut"), [
+    ((64, 48), (1184, 880), (0, 0, 64, 48)), ((40, 64), (800, 1328), (1, 0, 39, 64)),
+    ((30, 30), (1024, 1024), (0, 0, 30, 30)), ((300, 20), (1568, 672), (127, 0, 173, 20)),
+])
+def test_scale_to_kontext_picks_the_preferred_resolution_nearest_the_aspect(size, expected, cut):
+    """ComfyUI's FluxKontextImageScale: the centre cut to the resolution's aspect, then scaled
+    (Lanczos); stretch scales the whole image (FluxKontextPipeline)."""
+    image = IMAGE.resize(size)
+    cropped = run("image/scale-to-kontext", {"method": "lanczos", "fit": "crop"},
+                  image=image)["image"]
+    assert pixels(cropped).tolist() == pixels(image.crop(cut).resize(expected, LANCZOS)).tolist()
+    stretched = run("image/scale-to-kontext", {"method": "lanczos", "fit": "stretch"},
+                    image=image)["image"]
+    assert pixels(stretched).tolist() == pixels(image.resize(expected, LANCZOS)).tolist()
 
 
 @pytest.mark.parametrize(("side", "size", "expected"), [

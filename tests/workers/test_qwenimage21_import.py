@@ -7,19 +7,17 @@ ComfyUI's shipped 2.1 text-to-image and Qwen-Image-Edit-2511 templates render on
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from apps.importer.services import comfy_import
 from tests.apps.importer.builder import Ui
 from tests.workers.helpers import noise_image
-from tests.workers.vocab_helpers import asset_of, render
+from tests.workers.vocab_helpers import asset_of, render, take_image
 from workers.runners import RUNNERS
 
 STEPS, SEED = 2, 3
@@ -152,13 +150,6 @@ def qwen21_ui(names: dict[str, str], *, resolution: int = 96, images: int = 2) -
     return ui.doc()
 
 
-def _take(run: Any) -> Image.Image:
-    from apps.takes.storage import blob_read
-
-    [take] = run.takes.all()
-    return Image.open(io.BytesIO(blob_read(take.sha256))).convert("RGB")
-
-
 def _assets() -> dict[str, str]:
     return {"a.png": asset_of(IMAGES[0]), "b.png": asset_of(IMAGES[1])}
 
@@ -179,7 +170,7 @@ def test_a_comfyui_2_1_edit_workflow_imports_and_renders(q21, settings, tmp_path
     assert nodes["2"]["params"]["family"] == "qwenimage21"
     outcome, done = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    assert _take(done).size == (64, 128)  # the first image's size at resolution 96
+    assert take_image(done).size == (64, 128)  # the first image's size at resolution 96
 
 
 @pytest.mark.django_db
@@ -197,7 +188,7 @@ def test_a_2_1_workflow_with_five_images_at_resolution_0_imports_and_renders(q21
     assert set(nodes["6"]["inputs"]) == {"encoder", "vae", *(f"image_{i}" for i in range(1, 6))}
     outcome, done = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    assert _take(done).size == (64, 96)  # a.png's own 64×96: already sides of 32
+    assert take_image(done).size == (64, 96)  # a.png's own 64×96: already sides of 32
 
 
 def edit_ui(names: dict[str, str]) -> dict[str, Any]:
@@ -270,7 +261,7 @@ def test_a_qwen_image_edit_workflow_with_reference_latents_renders_the_edit_node
         del nodes[n]
     outcome, direct = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    assert np.array_equal(np.asarray(_take(done)), np.asarray(_take(direct)))
+    assert np.array_equal(np.asarray(take_image(done)), np.asarray(take_image(direct)))
 
 
 @pytest.mark.django_db
@@ -297,7 +288,7 @@ def test_comfyuis_shipped_2_1_text_to_image_template_renders(q21, settings, tmp_
     assert nodes["459:458"]["params"]["steps"] == STEPS
     outcome, done = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    width, height = _take(done).size
+    width, height = take_image(done).size
     assert width == height and abs(width * height - 100_000) < 20_000
 
 
@@ -335,15 +326,18 @@ def test_comfyuis_shipped_2511_edit_template_renders_its_references_at_timestep_
     assert [nodes[n]["params"]["method"] for n in ("170:147", "170:148")] == \
         ["index_timestep_zero"] * 2
     nodes["170:169"]["params"] |= {"steps": STEPS, "guidance": 3.0}  # the template's cfg 4
-    nodes["170:160"]["params"]["megapixels"] = 0.01  # the image (and latent): ~96² px
+    assert nodes["170:160"]["type"] == "image/scale-to-kontext"  # ~1 MP: CPU time, so
+    nodes["170:160"] |= {"type": "image/scale-to-pixels",  # the image (and latent): ~96² px
+                         "params": {"megapixels": 0.01, "resolution_steps": 16,
+                                    "method": "lanczos"}}
     for edit in ("170:149", "170:151"):
         nodes[edit]["params"]["megapixels"] = 0.004  # the reference latents: ~64² px
     outcome, done = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    image = np.asarray(_take(done))
+    image = np.asarray(take_image(done))
     assert image.shape[:2] == (96, 112)  # 96×80 scaled to ~0.01 MP in steps of 16
     for n in ("170:147", "170:148"):
         nodes[n]["params"]["method"] = "index"
     outcome, as_2509 = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    assert not np.array_equal(image, np.asarray(_take(as_2509)))
+    assert not np.array_equal(image, np.asarray(take_image(as_2509)))

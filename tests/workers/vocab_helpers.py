@@ -48,6 +48,18 @@ def done_nodes(run: Run) -> list[str]:
             .order_by("seq")]
 
 
+def take_image(run: Run) -> Any:
+    """The run's one take, as an RGB PIL image."""
+    import io
+
+    from PIL import Image
+
+    from apps.takes.storage import blob_read
+
+    [take] = run.takes.all()
+    return Image.open(io.BytesIO(blob_read(take.sha256))).convert("RGB")
+
+
 def asset_of(image: Any) -> str:
     """The id of an uploaded asset holding `image` (a PIL image) as PNG."""
     import io

@@ -94,6 +94,21 @@ def image_scale_to_pixels(
     return {"image": _resized(image, width, height, params["method"])}
 
 
+@runner("image/scale-to-kontext")
+def image_scale_to_kontext(
+    ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
+) -> dict[str, Any]:
+    """To the preferred FLUX.1 Kontext resolution nearest the image's aspect, its centre cut
+    first when `fit` is crop (ComfyUI's FluxKontextImageScale)."""
+    from workers.models.flux1 import kontext_size
+
+    image: Image.Image = inputs["image"]
+    width, height = kontext_size(image.width, image.height)
+    if params.get("fit", "crop") == "crop":
+        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+    return {"image": _resized(image, width, height, params["method"])}
+
+
 @runner("image/scale-side")
 def image_scale_side(
     ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]

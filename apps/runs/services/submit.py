@@ -24,6 +24,7 @@ from apps.runs.dispatch import dispatch_after_commit
 from apps.runs.models import IN_FLIGHT, ClientRunKey, Run, RunStatus
 from apps.takes.selectors import ASSETS_VISIBLE
 from inline_farm.ids import is_uuid
+from workers.models.flux1 import KONTEXT_RESOLUTIONS  # torch-free: the family's facts
 
 # Advisory-lock namespaces (pg_advisory_xact_lock(namespace, key)); the dispatcher's is
 # apps/runs/dispatch.py LOCK_QUEUE_DISPATCH.
@@ -283,6 +284,8 @@ MEGAPIXEL = 1024 * 1024
 # its sequence): its image ports, and the pixels each becomes from the node's params.
 REFERENCE_NODES: dict[str, tuple[tuple[str, ...], Any]] = {
     "flux2/reference": (("image", "image_2", "image_3"), lambda params: MEGAPIXEL),  # ≤ 1 MP
+    # a Kontext resolution (~1 MP; the largest, 1328×800, counted)
+    "flux1/reference": (("image",), lambda params: max(w * h for w, h in KONTEXT_RESOLUTIONS)),
     "qwenimage/edit": (("image", "image_2", "image_3"),  # only with a VAE: reference latents
                        lambda params: round(float(params.get("megapixels", 1.0)) * MEGAPIXEL)),
     # ~resolution² px each (they need the VAE); at resolution 0 each keeps its own size, which

@@ -2,7 +2,8 @@
 
 - `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
 - `plugin`: the contract's torch half; `loading`, `engine` (reproduces `FluxPipeline` /
-  `FluxImg2ImgPipeline` bit for bit on CPU), `keys` (the original / ComfyUI transformer layout),
+  `FluxImg2ImgPipeline` / `FluxKontextPipeline` bit for bit on CPU), `edit` (Kontext's
+  reference nodes), `keys` (the original / ComfyUI transformer layout),
   `tiny` (a random-weight stack as studios lay FLUX.1 out).
 Files: the transformer (original `double_blocks.*` keys or diffusers'), CLIP-L and T5 text
 encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
@@ -16,6 +17,21 @@ from workers.models.lookalikes import is_flux2_lora, is_flux2_transformer
 
 LATENT = LatentFormat(channels=16, downscale=8, patch=2)  # packed 2×2 into 64-wide tokens
 CLIP_L_WIDTH = 768  # full-size CLIP-L; tiny stacks declare theirs in their config
+# (width, height) FLUX.1 Kontext was trained at (FluxKontextPipeline's, ComfyUI's
+# FluxKontextImageScale's list)
+KONTEXT_RESOLUTIONS = (
+    (672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184),
+    (944, 1104), (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752),
+    (1456, 720), (1504, 688), (1568, 672),
+)
+
+
+def kontext_size(width: int, height: int) -> tuple[int, int]:
+    """The preferred Kontext resolution (width, height) nearest an image's aspect ratio (ties:
+    the narrower, as the pipeline's and ComfyUI's `min` over the list)."""
+    aspect = width / height
+    _, w, h = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
+    return w, h
 
 
 def recognise(header: ModelHeader) -> str | None:
@@ -77,6 +93,7 @@ FAMILY = FamilyInfo(
     latent=LATENT,
     recognise=recognise,
     splits=True,  # one image's tokens / CFG rows across a GPU group (workers/parallel/split_family.py)
+    nodes=("edit",),
     activation_gb=1.5,
     activation_gb_per_mpx=4.0,
     guidance="distilled",

@@ -6,6 +6,10 @@ On CPU in float32 every function here reproduces the matching part of `FluxPipel
 `FluxImg2ImgPipeline.__call__` bit for bit (tests prove it): the tokenizers' padding (CLIP to its
 model_max_length, T5 to 512), the scheduler's own sigmas with FLUX's resolution-dependent shift
 (mu), the guidance embedding, the same RNG draws from a `torch.Generator("cpu")`.
+FLUX.1 Kontext (`FluxKontextPipeline`): a prompt's reference latents (the `flux1/reference`
+node's) are packed after the image's tokens with positions of their own (first id 1) and the
+transformer's output for them is dropped; `encode_reference` sizes a reference as the pipeline
+does (the preferred Kontext resolution nearest its aspect).
 Not reproduced: true CFG (`true_cfg_scale`), IP-adapters.
 """
 
@@ -20,7 +24,7 @@ import torch
 from PIL import Image
 
 from workers.models import flow
-from workers.models.flux1 import LATENT
+from workers.models.flux1 import LATENT, kontext_size
 from workers.models.lora import rows as lora_rows
 from workers.models.values import TextEncoder, Vae
 from workers.sampling.job import SampleJob
@@ -31,13 +35,17 @@ MAX_SEQUENCE_LENGTH = 512  # the pipeline's T5 padding
 
 
 class FluxPrompt(NamedTuple):
-    """One prompt's conditioning: T5 embeddings [512, D] and CLIP-L's pooled vector [P]."""
+    """One prompt's conditioning: T5 embeddings [512, D], CLIP-L's pooled vector [P] and the
+    reference latents it edits from (`references`: each [1, 16, h, w], FLUX.1 Kontext's; empty
+    for text-to-image)."""
 
     embeds: torch.Tensor
     pooled: torch.Tensor
+    references: tuple[torch.Tensor, ...] = ()
 
     def to(self, device: Any) -> FluxPrompt:
-        return FluxPrompt(self.embeds.to(device), self.pooled.to(device))
+        return FluxPrompt(self.embeds.to(device), self.pooled.to(device),
+                          tuple(r.to(device) for r in self.references))
 
 
 @torch.no_grad()
@@ -85,29 +93,58 @@ renoise = flow.renoise
 pack, unpack = flow.pack_2x2, flow.unpack_2x2
 
 
-def image_ids(h: int, w: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
-    """[h/2 · w/2, 3] positions of the packed latent tokens (the pipeline's ids)."""
+def image_ids(h: int, w: int, dtype: torch.dtype, device: Any, index: int = 0,
+              h_offset: int = 0, w_offset: int = 0) -> torch.Tensor:
+    """[h/2 · w/2, 3] positions (index, row, column) of the packed latent tokens (the
+    pipeline's ids; a Kontext reference's have index 1), rows and columns shifted by the
+    offsets (in latent pixels)."""
     ids = torch.zeros(h // 2, w // 2, 3)
-    ids[..., 1] = ids[..., 1] + torch.arange(h // 2)[:, None]
-    ids[..., 2] = ids[..., 2] + torch.arange(w // 2)[None, :]
+    ids[..., 0] = index
+    ids[..., 1] = ids[..., 1] + torch.arange(h // 2)[:, None] + h_offset // 2
+    ids[..., 2] = ids[..., 2] + torch.arange(w // 2)[None, :] + w_offset // 2
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+
+
+def reference_ids(references: tuple[torch.Tensor, ...], dtype: torch.dtype, device: Any
+                  ) -> list[torch.Tensor]:
+    """Each reference's positions, all at index 1: the first at the origin (FluxKontextPipeline's
+    one image), each further one beside or below those before it, where the canvas grows least
+    (ComfyUI's Kontext "offset" method)."""
+    ids, height, width = [], 0, 0
+    for ref in references:
+        h, w = ref.shape[-2], ref.shape[-1]
+        h_offset = w_offset = 0
+        if h + height > w + width:
+            w_offset = width
+        else:
+            h_offset = height
+        height, width = max(height, h + h_offset), max(width, w + w_offset)
+        ids.append(image_ids(h, w, dtype, device, 1, h_offset, w_offset))
+    return ids
+
+
+def layout(job: SampleJob) -> Layout:
+    """What must match for jobs to share a forward: the latent's shape and each reference's
+    (the transformer reads one set of positions for its whole batch)."""
+    return Layout(tuple(job.latents.shape), tuple(tuple(r.shape) for r in job.positive.references))
 
 
 @torch.no_grad()
 def predict(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
-    """Each job's velocity [1, C, h, w]: one transformer forward per latent size over every job
-    of that size (FLUX's transformer takes a [B, S, 64] batch; sizes do not mix). A job's
-    distilled guidance is `job.extra["guidance"]`. Jobs of other sizes run apart (their
-    progress `batch` says so: workers/sampling/layouts.py)."""
-    return forward_by_layout(jobs, lambda job: Layout(tuple(job.latents.shape)),
-                             lambda group: _forward(transformer, group,
-                                                    tuple(group[0].latents.shape)))
+    """Each job's velocity [1, C, h, w]: one transformer forward per `layout` (latent size and
+    reference sizes) over every job of it (FLUX's transformer takes a [B, S, 64] batch; sizes
+    do not mix). A job's distilled guidance is `job.extra["guidance"]`; its prompt's references
+    follow its image tokens (Kontext). Jobs of other layouts run apart (their progress `batch`
+    says so: workers/sampling/layouts.py)."""
+    return forward_by_layout(jobs, layout, lambda group: _forward(transformer, group))
 
 
-def _forward(transformer: Any, jobs: list[SampleJob], shape: tuple[int, ...]) -> list[torch.Tensor]:
-    h, w = shape[-2], shape[-1]
+def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
+    h, w = jobs[0].latents.shape[-2:]
     dtype, device = transformer.dtype, jobs[0].latents.device
-    x = torch.cat([pack(job.latents) for job in jobs]).to(dtype)  # [B, S, 4C]
+    refs = jobs[0].positive.references
+    x = torch.cat([torch.cat([pack(job.latents), *(pack(r) for r in job.positive.references)],
+                             dim=1) for job in jobs]).to(dtype)  # [B, S + refs' tokens, 4C]
     t = torch.cat([job.timesteps[job.step].expand(1) for job in jobs]).to(dtype)  # [B]
     guidance = None
     if transformer.config.guidance_embeds:
@@ -116,11 +153,12 @@ def _forward(transformer: Any, jobs: list[SampleJob], shape: tuple[int, ...]) ->
     embeds = torch.stack([job.positive.embeds for job in jobs])  # [B, 512, D]
     pooled = torch.stack([job.positive.pooled for job in jobs])  # [B, P]
     txt_ids = torch.zeros(embeds.shape[1], 3).to(device=device, dtype=embeds.dtype)
+    img_ids = torch.cat([image_ids(h, w, x.dtype, device), *reference_ids(refs, x.dtype, device)])
     with lora_rows([job.loras for job in jobs]):  # one row per job (no CFG)
         pred = transformer(hidden_states=x, timestep=t / 1000, guidance=guidance,
                            pooled_projections=pooled, encoder_hidden_states=embeds,
-                           txt_ids=txt_ids, img_ids=image_ids(h, w, x.dtype, device),
-                           return_dict=False)[0]
+                           txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+    pred = pred[:, : (h // 2) * (w // 2)]  # the references' outputs are dropped
     return [unpack(pred[i : i + 1], h, w) for i in range(len(jobs))]  # each [1, C, h, w]
 
 
@@ -143,6 +181,16 @@ def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None
     dist = module.encode(pixels.to(device=vae.placement.device, dtype=module.dtype)).latent_dist
     latents = dist.sample(generator) if generator is not None else dist.mode()
     return ((latents - module.config.shift_factor) * module.config.scaling_factor).float()
+
+
+@torch.no_grad()
+def encode_reference(vae: Vae, image: Image.Image) -> torch.Tensor:
+    """A Kontext reference image's latents [1, 16, h, w] float32, sized as FluxKontextPipeline
+    sizes it: stretched (Lanczos) to the preferred Kontext resolution nearest its aspect, then
+    encoded (the posterior's mode)."""
+    width, height = kontext_size(image.width, image.height)
+    resized = _image_processor().resize(image, height, width)
+    return encode_image(vae, resized)
 
 
 @torch.no_grad()

@@ -106,12 +106,12 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     return names
 
 
-def smoke_pipeline(img2img: bool = False, seed: int = 0) -> Any:
-    """The reference `FluxPipeline` (or `FluxImg2ImgPipeline`) built from the same in-memory
-    tiny modules `write_smoke_stack(seed=seed)` saves."""
-    from diffusers import FluxImg2ImgPipeline, FluxPipeline
+def smoke_pipeline(img2img: bool = False, seed: int = 0, kontext: bool = False) -> Any:
+    """The reference `FluxPipeline` (or `FluxImg2ImgPipeline`, or `FluxKontextPipeline`) built
+    from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves."""
+    from diffusers import FluxImg2ImgPipeline, FluxKontextPipeline, FluxPipeline
 
-    cls = FluxImg2ImgPipeline if img2img else FluxPipeline
+    cls = FluxKontextPipeline if kontext else FluxImg2ImgPipeline if img2img else FluxPipeline
     pipe: Any = cls(**build_tiny_components(seed))
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -64,6 +64,8 @@ def flux2_reference_latent(ctx: NodeContext, params: dict[str, Any], inputs: dic
 
 
 def with_references(conditioning: Conditioning, latents: list[Any]) -> Conditioning:
+    """`conditioning` with `latents` appended to its prompt's `references` (FLUX.2's and
+    FLUX.1 Kontext's prompts alike)."""
     prompt = conditioning.embeds
     embeds = prompt._replace(references=(*prompt.references, *latents))
     return Conditioning(embeds, conditioning.text, conditioning.encoder)
