@@ -273,6 +273,32 @@ MODELS = (
         "ReferenceLatent). Chain it for more references.",
     ),
     NodeDescriptor(
+        "flux1/inpaint", "FLUX.1 inpaint conditioning", "conditioning",
+        inputs=(Port("positive", "conditioning"), Port("negative", "conditioning", required=False),
+                Port("vae", "vae"), Port("image", "image"), Port("mask", "mask")),
+        outputs=(Port("positive", "conditioning"), Port("negative", "conditioning",
+                                                          passes="negative"),
+                 Port("latent", "latent")),
+        params=(Param("noise_mask", "bool", True,
+                      description="Keep the unmasked part of the image while sampling (the "
+                      "latent's noise mask); off: the sampler repaints all of it."),),
+        description="Inpainting with FLUX.1 Fill (ComfyUI's InpaintModelConditioning): the "
+        "prompts conditioned on the image with the masked part grey and on the mask (the Fill "
+        "transformer's extra input, as FluxFillPipeline builds it), and the image's latent to "
+        "sample. The mask (1: repaint) is resized to the image; sides must be multiples of 16.",
+    ),
+    NodeDescriptor(
+        "model/differential-diffusion", "Differential diffusion", "sampling",
+        inputs=(Port("model", "model"),),
+        outputs=(Port("model", "model"),),
+        params=(Param("strength", "float", 1.0, min=0.0, max=1.0,
+                      description="1: the thresholded mask; below, blended with the mask "
+                      "itself (ComfyUI's rule: 0 counts as 1)."),),
+        description="The model with ComfyUI's DifferentialDiffusion: a noise mask's grey levels "
+        "set how long each pixel is repainted (a pixel of grey g joins the denoising once the "
+        "run's progress passes 1 − g), for soft inpainting edges.",
+    ),
+    NodeDescriptor(
         "flux2/scheduler", "FLUX.2 scheduler", "sampling",
         inputs=(Port("steps", "int", required=False), Port("width", "int", required=False),
                 Port("height", "int", required=False)),

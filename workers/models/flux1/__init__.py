@@ -1,11 +1,14 @@
-"""FLUX.1 (dev / schnell) through diffusers: the `flux1` model family. This module is torch-free.
+"""FLUX.1 (dev / schnell / Fill) through diffusers: the `flux1` model family. This module is
+torch-free.
 
 - `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
 - `plugin`: the contract's torch half; `loading`, `engine` (reproduces `FluxPipeline` /
-  `FluxImg2ImgPipeline` bit for bit on CPU), `keys` (the original / ComfyUI transformer layout),
-  `tiny` (a random-weight stack as studios lay FLUX.1 out).
-Files: the transformer (original `double_blocks.*` keys or diffusers'), CLIP-L and T5 text
-encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
+  `FluxImg2ImgPipeline` / `FluxFillPipeline` bit for bit on CPU), `keys` (the original /
+  ComfyUI transformer layout), `nodes` (Fill's inpaint conditioning), `tiny` (a random-weight
+  stack as studios lay FLUX.1 out).
+Files: the transformer (original `double_blocks.*` keys or diffusers'; Fill's reads 384
+channels), CLIP-L and T5 text encoders (two files, either order), and the 16-channel FLUX VAE
+(`ae`).
 """
 
 from __future__ import annotations
@@ -81,4 +84,5 @@ FAMILY = FamilyInfo(
     activation_gb_per_mpx=4.0,
     guidance="distilled",
     text_encoders=("CLIP-L", "T5"),
+    nodes=("nodes",),
 )

@@ -157,15 +157,17 @@ def _no_fill(latents: torch.Tensor, config: Any) -> torch.Tensor:
 def fill_condition(vae: Vae, image: Image.Image, mask: torch.Tensor,
                    generator: torch.Generator | None = None) -> torch.Tensor:
     """A Fill transformer's condition [1, 80, H/8, W/8]: the latents of `image` with the masked
-    part grey (`encode_image`; the posterior sampled with a generator as FluxFillPipeline's
-    draw), then `mask` [H, W] (1: repaint) as 64 channels, each latent pixel's 8×8 mask
-    pixels (FluxFillPipeline.prepare_mask_latents / ComfyUI's Flux.concat_cond)."""
+    part (the mask rounded, as ComfyUI's InpaintModelConditioning greys it) grey (the posterior
+    sampled with a generator as FluxFillPipeline's draw, else its mode), then `mask` [H, W]
+    (1: repaint) as 64 channels, each latent pixel's 8×8 mask pixels
+    (FluxFillPipeline.prepare_mask_latents / ComfyUI's Flux.concat_cond). A binary mask is
+    FluxFillPipeline's condition exactly."""
     d = LATENT.downscale
     if tuple(mask.shape) != (image.height, image.width):
         raise ValueError(f"the mask is {mask.shape[-1]}×{mask.shape[-2]}; the image "
                          f"{image.width}×{image.height}")
     pixels = _image_processor().preprocess(image, height=image.height, width=image.width)
-    masked = pixels * (1 - mask.float()[None, None])  # [-1, 1]: 0 is grey
+    masked = pixels * (1 - mask.float().round()[None, None])  # [-1, 1]: 0 is grey
     latents = _encode_pixels(vae, masked, generator)  # [1, 16, h, w]
     h, w = image.height // d, image.width // d
     cells = mask.float().view(1, h, d, w, d).permute(0, 2, 4, 1, 3).reshape(1, d * d, h, w)
