@@ -38,8 +38,9 @@ _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
 MAX_STEPS = 100
 MAX_END_STEP = 10000  # ComfyUI's KSamplerAdvanced end_step default: past any schedule
 _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
-_guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
-                  description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
+_guidance = Param("guidance", "float", 0.0, min=0.0, max=100.0,  # ComfyUI's cfg / FluxGuidance
+                  description="Classifier-free guidance scale; 0 disables CFG (Turbo default). "
+                  "A guidance-distilled model's embedded scale (FLUX.1 Fill's is 30).")
 _vae_tile = Param("tile_size", "int", 512, min=32, max=4096,
                   description="Image pixels per tile side: smaller tiles need less memory.")
 _vae_overlap = Param("overlap", "int", 64, min=0, max=4096,

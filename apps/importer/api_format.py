@@ -27,6 +27,7 @@ from apps.importer.comfy_families import (
 )
 from apps.importer.comfy_ltx2 import Rewrite, is_ltx2, rewrite
 from apps.importer.comfy_nodes import (
+    CARRIED,
     CUT,
     FOLDED,
     NOTE_TYPES,
@@ -389,10 +390,16 @@ def _sampler_family(state: _State, node_id: str) -> str | None:
 
 
 def _folded_along(state: _State, link: Any) -> list[str]:
-    """The folded nodes a link passes through, nearest first."""
+    """The folded nodes a link passes through (and through CARRIED outputs), nearest first."""
     found: list[str] = []
-    while isinstance(link, Link) and len(found) <= len(state.nodes):
+    for _ in range(len(state.nodes) + 1):
+        if not isinstance(link, Link):
+            break
         comfy_type, inputs = state.nodes[link.node]
+        carried = CARRIED.get(comfy_type, {}).get(link.slot)
+        if carried is not None:
+            link = inputs.get(carried)
+            continue
         if comfy_type not in FOLDED:
             break
         found.append(link.node)
@@ -651,6 +658,10 @@ def _resolve(state: _State, link: Link) -> Link | None:
                 return None
             link = upstream
             continue
+        carried = CARRIED.get(comfy_type, {}).get(link.slot)
+        if carried is not None:  # unwired with its carried input when that is cut
+            upstream = inputs.get(carried)
+            return link if isinstance(upstream, Link) and _resolve(state, upstream) else None
         if comfy_type not in FOLDED:
             return link
         upstream = inputs.get(FOLDED[comfy_type][0])
