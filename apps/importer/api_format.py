@@ -105,6 +105,7 @@ def prompt_to_graph(
         _classify(state, node_id)
     _video_decodes(state)
     _reference_latents(state)
+    _inpaint_conditionings(state)
     picked: set[str] = set()
     for node_id in sorted(state.mapped, key=id_order):
         _pick(state, node_id, picked)
@@ -557,6 +558,23 @@ def _reference_latents(state: _State) -> None:
             state.report.unmap(node.id, node.comfy_type, rule)
         else:
             node.rule = rule
+
+
+def _inpaint_conditionings(state: _State) -> None:
+    """InpaintModelConditioning conditions FLUX.1 Fill's prompts here: on a prompt whose encoder
+    is another family's, it is unmapped, with why."""
+    for node in list(state.mapped.values()):
+        if node.comfy_type != "InpaintModelConditioning":
+            continue
+        family = _encoder_family_of(state, state.nodes[node.id][1].get("positive"))
+        if family in (None, "flux1"):
+            continue
+        title = info(family).title if family in REGISTERED else str(family)
+        why = (f"InpaintModelConditioning on a {title} prompt is not supported: only FLUX.1 "
+               "prompts (for FLUX.1 Fill) take an inpaint condition on this farm")
+        del state.mapped[node.id]
+        state.unmapped[node.id] = why
+        state.report.unmap(node.id, node.comfy_type, why)
 
 
 def _encoder_family_of(state: _State, link: Any) -> str | None:

@@ -338,6 +338,18 @@ def test_a_reference_latents_method_on_a_flux1_prompt_is_refused_naming_the_meth
         refused.value.message
 
 
+def test_an_inpaint_conditioning_on_another_familys_prompt_is_refused_naming_the_family():
+    workflow = shipped("flux_fill_inpaint_example")
+    loader = next(n for n in workflow["definitions"]["subgraphs"][0]["nodes"]
+                  if n["type"] == "DualCLIPLoader")
+    loader["widgets_values"][2] = "qwen_image"
+    with pytest.raises(ImportInvalid) as refused:
+        comfy_import(workflow=workflow, catalog={})
+    assert refused.value.code == "unmapped_node" and refused.value.node_id == "47:38"
+    assert "InpaintModelConditioning on a Qwen-Image prompt is not supported" in \
+        refused.value.message
+
+
 def test_the_method_on_a_krea_2_or_longcat_prompt_is_refused_though_a_qwen_edit_node_encodes_it():
     """Krea 2's style reference and LongCat's edit template encode with ComfyUI's Qwen-Image-Edit
     prompt nodes: the prompt's family is its text encoder's (the loader's type), not the
