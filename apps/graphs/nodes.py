@@ -38,8 +38,9 @@ _seed = Param("seed", "int", 0, min=0, max=MAX_SEED, input="seed",
 MAX_STEPS = 100
 MAX_END_STEP = 10000  # ComfyUI's KSamplerAdvanced end_step default: past any schedule
 _steps = Param("steps", "int", 8, min=1, max=MAX_STEPS, description="Denoising steps.")
-_guidance = Param("guidance", "float", 0.0, min=0.0, max=20.0,
-                  description="Classifier-free guidance scale; 0 disables CFG (Turbo default).")
+_guidance = Param("guidance", "float", 0.0, min=0.0, max=100.0,  # ComfyUI's cfg / FluxGuidance
+                  description="Classifier-free guidance scale; 0 disables CFG (Turbo default). "
+                  "A guidance-distilled model's embedded scale (FLUX.1 Fill's is 30).")
 _vae_tile = Param("tile_size", "int", 512, min=32, max=4096,
                   description="Image pixels per tile side: smaller tiles need less memory.")
 _vae_overlap = Param("overlap", "int", 64, min=0, max=4096,
@@ -271,6 +272,32 @@ MODELS = (
         "(uploaded or upstream), each scaled to at most 1 MP and cropped to multiples of 16 "
         "as the pipelines do, then VAE-encoded as reference latents (ComfyUI's "
         "ReferenceLatent). Chain it for more references.",
+    ),
+    NodeDescriptor(
+        "flux1/inpaint", "FLUX.1 inpaint conditioning", "conditioning",
+        inputs=(Port("positive", "conditioning"), Port("negative", "conditioning", required=False),
+                Port("vae", "vae"), Port("image", "image"), Port("mask", "mask")),
+        outputs=(Port("positive", "conditioning"), Port("negative", "conditioning",
+                                                          passes="negative"),
+                 Port("latent", "latent")),
+        params=(Param("noise_mask", "bool", True,
+                      description="Keep the unmasked part of the image while sampling (the "
+                      "latent's noise mask); off: the sampler repaints all of it."),),
+        description="Inpainting with FLUX.1 Fill (ComfyUI's InpaintModelConditioning): the "
+        "prompts conditioned on the image with the masked part grey and on the mask (the Fill "
+        "transformer's extra input, as FluxFillPipeline builds it), and the image's latent to "
+        "sample. The mask (1: repaint) is resized to the image; sides must be multiples of 16.",
+    ),
+    NodeDescriptor(
+        "model/differential-diffusion", "Differential diffusion", "sampling",
+        inputs=(Port("model", "model"),),
+        outputs=(Port("model", "model"),),
+        params=(Param("strength", "float", 1.0, min=0.0, max=1.0,
+                      description="1: the thresholded mask; below, blended with the mask "
+                      "itself (ComfyUI's rule: 0 counts as 1)."),),
+        description="The model with ComfyUI's DifferentialDiffusion: a noise mask's grey levels "
+        "set how long each pixel is repainted (a pixel of grey g joins the denoising once the "
+        "run's progress passes 1 − g), for soft inpainting edges.",
     ),
     NodeDescriptor(
         "flux2/scheduler", "FLUX.2 scheduler", "sampling",

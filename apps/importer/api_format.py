@@ -27,6 +27,7 @@ from apps.importer.comfy_families import (
 )
 from apps.importer.comfy_ltx2 import Rewrite, is_ltx2, rewrite
 from apps.importer.comfy_nodes import (
+    CARRIED,
     CUT,
     FOLDED,
     NOTE_TYPES,
@@ -105,6 +106,7 @@ def prompt_to_graph(
         _classify(state, node_id)
     _video_decodes(state)
     _reference_latents(state)
+    _inpaint_conditionings(state)
     picked: set[str] = set()
     for node_id in sorted(state.mapped, key=id_order):
         _pick(state, node_id, picked)
@@ -398,10 +400,16 @@ def _sampler_family(state: _State, node_id: str) -> str | None:
 
 
 def _folded_along(state: _State, link: Any) -> list[str]:
-    """The folded nodes a link passes through, nearest first."""
+    """The folded nodes a link passes through (and through CARRIED outputs), nearest first."""
     found: list[str] = []
-    while isinstance(link, Link) and len(found) <= len(state.nodes):
+    for _ in range(len(state.nodes) + 1):
+        if not isinstance(link, Link):
+            break
         comfy_type, inputs = state.nodes[link.node]
+        carried = CARRIED.get(comfy_type, {}).get(link.slot)
+        if carried is not None:
+            link = inputs.get(carried)
+            continue
         if comfy_type not in FOLDED:
             break
         found.append(link.node)
@@ -561,6 +569,23 @@ def _reference_latents(state: _State) -> None:
             node.rule = rule
 
 
+def _inpaint_conditionings(state: _State) -> None:
+    """InpaintModelConditioning conditions FLUX.1 Fill's prompts here: on a prompt whose encoder
+    is another family's, it is unmapped, with why."""
+    for node in list(state.mapped.values()):
+        if node.comfy_type != "InpaintModelConditioning":
+            continue
+        family = _encoder_family_of(state, state.nodes[node.id][1].get("positive"))
+        if family in (None, "flux1"):
+            continue
+        title = info(family).title if family in REGISTERED else str(family)
+        why = (f"InpaintModelConditioning on a {title} prompt is not supported: only FLUX.1 "
+               "prompts (for FLUX.1 Fill) take an inpaint condition on this farm")
+        del state.mapped[node.id]
+        state.unmapped[node.id] = why
+        state.report.unmap(node.id, node.comfy_type, why)
+
+
 def _encoder_family_of(state: _State, link: Any) -> str | None:
     """The family of the text encoder a prompt was encoded by: its nearest upstream encoder
     loader's evidence (Qwen-Image's when named), else the loader's `type` as ComfyUI names it
@@ -660,6 +685,10 @@ def _resolve(state: _State, link: Link) -> Link | None:
                 return None
             link = upstream
             continue
+        carried = CARRIED.get(comfy_type, {}).get(link.slot)
+        if carried is not None:  # unwired with its carried input when that is cut
+            upstream = inputs.get(carried)
+            return link if isinstance(upstream, Link) and _resolve(state, upstream) else None
         if comfy_type not in FOLDED:
             return link
         upstream = inputs.get(FOLDED[comfy_type][0])

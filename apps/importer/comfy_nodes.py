@@ -59,6 +59,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     ),
     "EmptyHunyuanLatentVideo": ("width", "height", "length", "batch_size"),
     "WanImageToVideo": ("width", "height", "length", "batch_size"),
+    "InpaintModelConditioning": ("noise_mask",),
+    "DifferentialDiffusion": ("strength",),
     "WanFirstLastFrameToVideo": ("width", "height", "length", "batch_size"),
     "Wan22ImageToVideoLatent": ("width", "height", "length", "batch_size"),
     "ImageFromBatch": ("batch_index", "length"),
@@ -422,6 +424,17 @@ RULES: dict[str, Rule] = {
         params={"width": ParamMap("width"), "height": ParamMap("height"),
                 "length": ParamMap("length"), "batch_size": ParamMap("batch")},
     ),
+    "InpaintModelConditioning": Rule(  # FLUX.1 Fill's (the runner refuses other prompts)
+        "flux1/inpaint",
+        inputs={"positive": "positive", "negative": "negative", "vae": "vae", "pixels": "image",
+                "mask": "mask"},
+        outputs=("positive", "negative", "latent"),
+        params={"noise_mask": ParamMap("noise_mask")},
+    ),
+    "DifferentialDiffusion": Rule(
+        "model/differential-diffusion", inputs={"model": "model"}, outputs=("model",),
+        params={"strength": ParamMap("strength")},
+    ),
     "WanImageToVideo": Rule(  # clip_vision_output (Wan 2.1's CLIP image embeds) is not read
         "wan/image-to-video",
         inputs={"positive": "positive", "negative": "negative", "vae": "vae",
@@ -591,5 +604,14 @@ VIDEO_LATENTS = frozenset({"latent/empty-video", "wan/image-to-video", "wan/ti2v
 # Passed through: output slot → the input it is, unchanged, on this farm (none today; LoraLoader's
 # CLIP output was one until load/lora applied the text encoder's half).
 PASSED: dict[str, dict[int, str]] = {**comfy_ltx2.PASSED}
+
+# Carried: output slot → the input it carries on with something added (a prompt with an image's
+# condition, a model with a patch). A sampler's folded params (FluxGuidance, ModelSampling*) are
+# looked for through them, and an output whose carried input is cut (a ConditioningZeroOut
+# negative) is left unwired with it.
+CARRIED: dict[str, dict[int, str]] = {
+    "InpaintModelConditioning": {0: "positive", 1: "negative"},
+    "DifferentialDiffusion": {0: "model"},
+}
 
 

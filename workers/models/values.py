@@ -27,6 +27,9 @@ class DiffusionModel:
     # workers.models.lora.AppliedLora, in the order the load/lora nodes chain them: applied per
     # batch row at each forward; the base `transformer` is shared, never changed
     loras: tuple[Any, ...] = ()
+    # DifferentialDiffusion's strength (model/differential-diffusion): a noise mask's grey levels
+    # set how long each pixel is re-noised (workers/sampling/inpaint.py); None: the mask as it is
+    differential: float | None = None
 
 
 @dataclass(frozen=True, eq=False)

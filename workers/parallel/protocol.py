@@ -44,7 +44,8 @@ class StepItem:
     [1, C, F', h, w]) float32 at its current step, that step's timestep (0-d), the positive and
     (when guidance > 0) negative conditioning — caption embeds [L, D] (Z-Image, Wan) or the
     family's prompt (FLUX's, Qwen-Image's: a tuple of tensors with `.to(device)`) — and the job's
-    own denoiser inputs (`extra`: FLUX's distilled `guidance`, a Wan I2V job's `condition`
+    own denoiser inputs (`extra`: FLUX's distilled `guidance`, a FLUX.1 Fill job's `fill`
+    [1, 80, h, w], a Wan I2V job's `condition`
     [1, 20, F', h, w], a TI2V image-to-video job's kept start frame `keep`: samples and mask)."""
 
     latents: Tensor

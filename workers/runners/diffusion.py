@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from workers.device.thread import on_device_thread
@@ -68,7 +69,6 @@ def load_lora(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     (ComfyUI's LoraLoader). No base weight is touched: each half is applied per batch row at
     each forward / encode (workers/models/lora.py), so runs with other LoRAs, or none, share
     the same forwards and encodes."""
-    from dataclasses import replace
 
     from workers.models.lora import AppliedLora
 
@@ -168,6 +168,14 @@ def latent_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     return {"latent": Latent(torch.zeros(size), empty=True, downscale=EMPTY_DOWNSCALE)}
 
 
+@runner("model/differential-diffusion")
+def differential_diffusion(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The model with DifferentialDiffusion's strength: samplers threshold a noise mask by the
+    run's progress (workers/sampling/inpaint.py)."""
+    model = expect(inputs, "model", DiffusionModel)
+    return {"model": replace(model, differential=float(params["strength"]))}
+
+
 @runner("sample/advanced")
 def sample_advanced(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """`sample` with KSamplerAdvanced's window params (see `sample`)."""
@@ -196,14 +204,16 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     window = _Window.of(params)
     family, fmt = plugin(model.family), latent_format(model)
     _same_family(model, positive.encoder, "positive")
-    extra: dict[str, Any] = {**positive.extra, **_masked(model, latent)}
+    extra: dict[str, Any] = dict(positive.extra)
     if distilled(model):  # an embedded scale: no CFG, one forward
         extra, guidance = {**extra, "guidance": guidance}, 0.0
     width, height = latent.pixel_size
     shape = latent_shape(model, latent)
     shift = None if params.get("shift") is None else float(params["shift"])
     sampler = params.get("sampler", "default")
-    if (sampler, params.get("scheduler", "default")) != ("default", "default"):
+    comfy_mask = latent.mask is not None and not getattr(family, "keeps_masked", False)
+    if (sampler, params.get("scheduler", "default")) != ("default", "default") or comfy_mask:
+        # the generic samplers (a noise mask: ComfyUI's, the family's sigmas under euler)
         from workers.models.values import Sigmas
 
         values = window.sigmas(_ksampler_sigmas(params, model, latent).values)
@@ -213,6 +223,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                              guidance, extra, latent, Sigmas(values=values), sampler, seed,
                              add_noise=window.add_noise, shift=shift)
         return {"latent": out}
+    extra = {**extra, **_masked(model, latent)}
     sigmas, timesteps = checked(lambda: family.schedule(steps, width, height, denoise,
                                                         shift=shift))
     cut = window.cut(sigmas, timesteps)
@@ -342,14 +353,21 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     the last x0 estimate)."""
     import torch
 
+    from workers.sampling.inpaint import NoiseMask
     from workers.sampling.samplers import Stepper, eval_timesteps, plan
 
     family, fmt = plugin(model.family), latent_format(model)
     _same_family(model, positive.encoder, "positive")
-    extra = {**extra, **_masked(model, latent)}
+    # a family that keeps a masked latent in its own way (Wan) gets `keep`; others ComfyUI's
+    comfy_mask = None if getattr(family, "keeps_masked", False) else latent.mask
+    if comfy_mask is None:
+        extra = {**extra, **_masked(model, latent)}
     width, height = latent.pixel_size
     shape = latent_shape(model, latent)
     if not (hasattr(family, "to_denoised") and hasattr(family, "model_sampling")):
+        if comfy_mask is not None:
+            raise NodeFailed(f"the latent keeps part of itself (a noise mask); {model.name} "
+                             f"({model.family}) cannot sample such a latent")
         raise NodeFailed(f"{model.family} models have no generic samplers yet: use sampler "
                          "\"default\"")
     ms = family.model_sampling(width, height, shift=shift)
@@ -362,12 +380,15 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     if len(values) == 0:
         raise NodeFailed("the sigmas are empty")
     name = "euler" if sampler == "default" else sampler
-    stepper = Stepper(name, values, ms, seed, family.to_denoised)
+    init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
+    eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if add_noise
+           else torch.zeros(shape))
+    inpaint = None
+    if comfy_mask is not None:
+        inpaint = NoiseMask(init, comfy_mask.float().cpu(), eps, ms, values, model.differential)
+    stepper = Stepper(name, values, ms, seed, family.to_denoised, inpaint=inpaint)
 
     def start() -> Any:
-        init = torch.zeros(shape) if latent.empty else latent.samples.float().cpu()
-        eps = (noise(shape, torch.Generator("cpu").manual_seed(seed), "cpu") if add_noise
-               else torch.zeros(shape))
         max_denoise = math.isclose(ms.sigma_max, float(values[0]), rel_tol=1e-05) or (
             float(values[0]) > ms.sigma_max)
         return ms.noise_scaling(values[0], eps, init, max_denoise).to(model.placement.device)
@@ -382,6 +403,9 @@ def sample_with(ctx: NodeContext, model: DiffusionModel, positive: Conditioning,
     if ms.const and values[-1] < 1:  # CONST.inverse_noise_scaling (σ 1 would divide by 0)
         x = x / (1.0 - values[-1].to(x.device))
     denoised = stepper.denoised if stepper.denoised is not None else x
+    if comfy_mask is not None:  # the stepper kept the rest (ComfyUI's KSampler: no blend after the last step)
+        return (Latent(x, downscale=fmt.downscale, mask=latent.mask),
+                Latent(denoised, downscale=fmt.downscale, mask=latent.mask))
     return _kept(latent, x, fmt.downscale), _kept(latent, denoised, fmt.downscale)
 
 

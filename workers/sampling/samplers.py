@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from apps.graphs.nodes import SAMPLERS  # the names, declared once with the node types
+from workers.sampling.inpaint import NoiseMask
 from workers.sampling.schedulers import ModelSampling
 
 Noise = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # noise(σ, σ_next) like x
@@ -464,6 +465,8 @@ class Stepper:
     seed: int
     to_denoised: Callable[[Any, torch.Tensor], torch.Tensor]
     denoised: torch.Tensor | None = field(default=None, repr=False)  # the last x0 estimate
+    inpaint: NoiseMask | None = None  # ComfyUI's noise-mask sampling (workers/sampling/inpaint.py)
+    _sigma: torch.Tensor = field(default_factory=lambda: torch.zeros(()), repr=False)  # next eval's σ
     _run: Sampler | None = field(default=None, repr=False)
     _done: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -474,20 +477,28 @@ class Stepper:
         # The sigmas stay on the CPU (0-d tensors mix with any device's), so the generator
         # computes each evaluation's σ exactly as `plan` did.
         self._run = SAMPLER_FUNCTIONS[self.name](x, sigmas, Context(self.ms, noise))
-        first, _, _ = next(self._run)
-        return first
+        first, self._sigma, _ = next(self._run)
+        return self._model_input(first)
 
     def advance(self, job: Any, output: torch.Tensor) -> torch.Tensor:
         if job.step in self._done:
             return self._done[job.step]
         assert self._run is not None, "start the stepper first"
-        denoised = self.denoised = self.to_denoised(job, output)
+        denoised = self.to_denoised(job, output)
+        if self.inpaint is not None:
+            denoised = self.inpaint.denoised(denoised, self._sigma)
+        self.denoised = denoised
         try:
-            x, _, _ = self._run.send(denoised)
+            x, self._sigma, _ = self._run.send(denoised)
+            x = self._model_input(x)
         except StopIteration as end:
             x = end.value
         self._done = {job.step: x}
         return x
+
+    def _model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The evaluation's x as the model sees it: a noise mask's kept part put in."""
+        return x if self.inpaint is None else self.inpaint.model_input(x, self._sigma)
 
 
 def eval_timesteps(evals: torch.Tensor, ms: ModelSampling) -> torch.Tensor:

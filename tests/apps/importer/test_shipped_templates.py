@@ -338,6 +338,18 @@ def test_a_reference_latents_method_on_a_flux1_prompt_is_refused_naming_the_meth
         refused.value.message
 
 
+def test_an_inpaint_conditioning_on_another_familys_prompt_is_refused_naming_the_family():
+    workflow = shipped("flux_fill_inpaint_example")
+    loader = next(n for n in workflow["definitions"]["subgraphs"][0]["nodes"]
+                  if n["type"] == "DualCLIPLoader")
+    loader["widgets_values"][2] = "qwen_image"
+    with pytest.raises(ImportInvalid) as refused:
+        comfy_import(workflow=workflow, catalog={})
+    assert refused.value.code == "unmapped_node" and refused.value.node_id == "47:38"
+    assert "InpaintModelConditioning on a Qwen-Image prompt is not supported" in \
+        refused.value.message
+
+
 def test_the_method_on_a_krea_2_or_longcat_prompt_is_refused_though_a_qwen_edit_node_encodes_it():
     """Krea 2's style reference and LongCat's edit template encode with ComfyUI's Qwen-Image-Edit
     prompt nodes: the prompt's family is its text encoder's (the loader's type), not the
@@ -373,6 +385,7 @@ MOST_USED_THAT_RUN_HERE = (
     "video_wan2_2_5B_ti2v", "image_sdxl_simple", "flux_dev_checkpoint_example",
     "video_ltx2_3_i2v", "video_ltx2_3_t2v", "video_ltx2_5_i2v", "video_ltx2_5_t2v",
     "flux_kontext_dev_basic",
+    "flux_fill_inpaint_example", "flux_fill_outpaint_example", "image_flux.1_fill_dev_OneReward",
 )
 
 
@@ -382,12 +395,13 @@ def test_the_most_used_shipped_workflows_of_the_farms_families_import():
     this session's (2026-12-04: 34.2%; 42.1% with LTX-2.3 image-to-video; 42.3% with its
     text-to-video, whose prompt enhancer TextGenerateLTX2Prompt imports as text/generate; 44.8%
     with LTX-2.5's image- and text-to-video, from ComfyUI's separate files: ltx2/load-files;
-    44.9% with FLUX.1 Kontext dev: flux1/reference-latent)."""
+    44.9% with FLUX.1 Kontext dev: flux1/reference-latent; 45.1% with FLUX.1 Fill's inpaint,
+    outpaint and OneReward: flux1/inpaint, model/differential-diffusion)."""
     from apps.importer.comfy_templates import shipped_coverage, shipped_imports
 
     why_not = {name: shipped_imports().get(name, "not shipped") for name in MOST_USED_THAT_RUN_HERE}
     assert {name: why for name, why in why_not.items() if why is not None} == {}
-    assert shipped_coverage()["share"] >= 0.4490
+    assert shipped_coverage()["share"] >= 0.4504
 
 
 def test_a_reference_on_a_zeroed_negative_is_cut_with_it():

@@ -1,12 +1,15 @@
-"""FLUX.1 (dev / schnell) through diffusers: the `flux1` model family. This module is torch-free.
+"""FLUX.1 (dev / schnell / Fill) through diffusers: the `flux1` model family. This module is
+torch-free.
 
 - `FAMILY` (here): the family's facts and how it recognises its files (workers/models/family.py).
 - `plugin`: the contract's torch half; `loading`, `engine` (reproduces `FluxPipeline` /
-  `FluxImg2ImgPipeline` / `FluxKontextPipeline` bit for bit on CPU), `edit` (Kontext's
-  reference nodes), `keys` (the original / ComfyUI transformer layout),
-  `tiny` (a random-weight stack as studios lay FLUX.1 out).
-Files: the transformer (original `double_blocks.*` keys or diffusers'), CLIP-L and T5 text
-encoders (two files, either order), and the 16-channel FLUX VAE (`ae`).
+  `FluxImg2ImgPipeline` / `FluxKontextPipeline` / `FluxFillPipeline` bit for bit on CPU),
+  `edit` (Kontext's reference nodes), `keys` (the original / ComfyUI transformer layout),
+  `nodes` (Fill's inpaint conditioning), `tiny` (a random-weight stack as studios lay FLUX.1
+  out).
+Files: the transformer (original `double_blocks.*` keys or diffusers'; Fill's reads 384
+channels), CLIP-L and T5 text encoders (two files, either order), and the 16-channel FLUX VAE
+(`ae`).
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ FAMILY = FamilyInfo(
     latent=LATENT,
     recognise=recognise,
     splits=True,  # one image's tokens / CFG rows across a GPU group (workers/parallel/split_family.py)
-    nodes=("edit",),
+    nodes=("edit", "nodes"),
     activation_gb=1.5,
     activation_gb_per_mpx=4.0,
     guidance="distilled",

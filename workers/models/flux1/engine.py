@@ -143,8 +143,9 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     h, w = jobs[0].latents.shape[-2:]
     dtype, device = transformer.dtype, jobs[0].latents.device
     refs = jobs[0].positive.references
-    x = torch.cat([torch.cat([pack(job.latents), *(pack(r) for r in job.positive.references)],
-                             dim=1) for job in jobs]).to(dtype)  # [B, S + refs' tokens, 4C]
+    x = torch.cat([torch.cat([pack(_with_fill(transformer, job)),
+                              *(pack(r) for r in job.positive.references)], dim=1)
+                   for job in jobs]).to(dtype)  # [B, S + refs' tokens, 4C (Fill: 4C + masks)]
     t = torch.cat([job.timesteps[job.step].expand(1) for job in jobs]).to(dtype)  # [B]
     guidance = None
     if transformer.config.guidance_embeds:
@@ -162,6 +163,56 @@ def _forward(transformer: Any, jobs: list[SampleJob]) -> list[torch.Tensor]:
     return [unpack(pred[i : i + 1], h, w) for i in range(len(jobs))]  # each [1, C, h, w]
 
 
+VAE_SCALE, VAE_SHIFT = 0.3611, 0.1159  # FLUX's ae (ComfyUI's latent_formats.Flux)
+
+
+def is_fill(transformer: Any) -> bool:
+    """FLUX.1 Fill: its transformer reads the latents (16 channels) beside the masked image's
+    latents (16) and the mask (64: each latent pixel's 8×8 mask pixels), 96 · 2×2 = 384 wide."""
+    return int(transformer.config.in_channels) > 4 * LATENT.channels
+
+
+def _with_fill(transformer: Any, job: SampleJob) -> torch.Tensor:
+    """The job's latents [1, 16, h, w], with a Fill transformer's condition [1, 80, h, w] beside
+    them (the job's `fill`, else ComfyUI's default: a zero image, all masked)."""
+    if not is_fill(transformer):
+        return job.latents
+    fill = job.extra.get("fill")
+    if fill is None:
+        fill = _no_fill(job.latents, transformer.config)
+    return torch.cat([job.latents, fill.to(job.latents.device, job.latents.dtype)], dim=1)
+
+
+def _no_fill(latents: torch.Tensor, config: Any) -> torch.Tensor:
+    """ComfyUI's Flux.concat_cond without an image: zero latents brought into the model's
+    space (as its process_latent_in does) and a mask of ones."""
+    b, _, h, w = latents.shape
+    image = (torch.zeros(b, LATENT.channels, h, w) - VAE_SHIFT) * VAE_SCALE
+    mask = torch.ones(b, LATENT.downscale**2, h, w)
+    return torch.cat([image, mask], dim=1).to(latents.device)
+
+
+@torch.no_grad()
+def fill_condition(vae: Vae, image: Image.Image, mask: torch.Tensor,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """A Fill transformer's condition [1, 80, H/8, W/8]: the latents of `image` with the masked
+    part (the mask rounded, as ComfyUI's InpaintModelConditioning greys it) grey (the posterior
+    sampled with a generator as FluxFillPipeline's draw, else its mode), then `mask` [H, W]
+    (1: repaint) as 64 channels, each latent pixel's 8×8 mask pixels
+    (FluxFillPipeline.prepare_mask_latents / ComfyUI's Flux.concat_cond). A binary mask is
+    FluxFillPipeline's condition exactly."""
+    d = LATENT.downscale
+    if tuple(mask.shape) != (image.height, image.width):
+        raise ValueError(f"the mask is {mask.shape[-1]}×{mask.shape[-2]}; the image "
+                         f"{image.width}×{image.height}")
+    pixels = _image_processor().preprocess(image, height=image.height, width=image.width)
+    masked = pixels * (1 - mask.float().round()[None, None])  # [-1, 1]: 0 is grey
+    latents = _encode_pixels(vae, masked, generator)  # [1, 16, h, w]
+    h, w = image.height // d, image.width // d
+    cells = mask.float().view(1, h, d, w, d).permute(0, 2, 4, 1, 3).reshape(1, d * d, h, w)
+    return torch.cat([latents, cells.to(latents.device)], dim=1)
+
+
 def _image_processor() -> Any:
     from diffusers.image_processor import VaeImageProcessor
 
@@ -176,6 +227,12 @@ def encode_image(vae: Vae, image: Image.Image, generator: torch.Generator | None
     if image.width % m or image.height % m:
         raise ValueError(f"image sides must be multiples of {m}, got {image.width}×{image.height}")
     pixels = _image_processor().preprocess(image, height=image.height, width=image.width)
+    return _encode_pixels(vae, pixels, generator)
+
+
+def _encode_pixels(vae: Vae, pixels: torch.Tensor,
+                   generator: torch.Generator | None) -> torch.Tensor:
+    """Latents [1, 16, H/8, W/8] float32 of pixels [1, 3, H, W] in [-1, 1]."""
     pixels = pixels.to(dtype=torch.float32)
     module = vae.module
     dist = module.encode(pixels.to(device=vae.placement.device, dtype=module.dtype)).latent_dist

@@ -114,6 +114,9 @@ def _transformer_from_file(cls: Any, path: Path, placement: Placement) -> Any:
         state = keys.from_original(state)
     if not any(k.startswith("time_text_embed.guidance_embedder.") for k in state):
         config = {**config, "guidance_embeds": False}  # schnell
+    if "x_embedder.weight" in state:  # Fill reads 384 channels, writes 64 (engine.is_fill)
+        config = {**config, "in_channels": int(state["x_embedder.weight"].shape[1]),
+                  "out_channels": int(state["proj_out.weight"].shape[0])}
     return assign_state(cls, config, state, path).to(placement.torch_dtype)
 
 

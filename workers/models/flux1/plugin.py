@@ -11,13 +11,15 @@ from workers.models.flux1.engine import (
     decode_latents_batch,
     encode_image,
     encode_prompts,
+    fill_condition,
     predict,
     renoise,
     schedule,
 )
 from workers.models.flux1.loading import load_diffusion_model, load_text_encoder, load_vae
 
-__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
+__all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "fill_condition",
+           "load_diffusion_model",
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
            "renoise", "schedule", "text_encoder_lora_state_dict", "text_encoder_parts",
            "to_denoised", "write_tiny_stack"]

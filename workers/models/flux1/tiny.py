@@ -6,6 +6,9 @@ tests). The same seed always builds the same weights. What `write_smoke_stack` w
     text_encoders/smoke-flux1-clip-l.safetensors   CLIP-L (+ .config.json, .tokenizer/)
     text_encoders/smoke-flux1-t5xxl.safetensors    T5 encoder (+ .config.json, .tokenizer/)
 
+and `write_fill_transformer` a FLUX.1 Fill transformer (384 channels in, 64 out) beside them:
+    diffusion_models/smoke-flux1-fill-dev.safetensors
+
 Sizes follow diffusers' own FLUX tests (tests/pipelines/flux/): one double and one single
 block, 2 heads of 16 (rope axes 4+4+8), T5 width 32 = joint_attention_dim, CLIP width 32 =
 pooled_projection_dim; the VAE has 4 blocks (÷8) as FLUX's. Tokenizers are byte-level (no
@@ -31,6 +34,7 @@ TRANSFORMER_CONFIG: dict[str, Any] = {
     "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": WIDTH,
     "pooled_projection_dim": WIDTH, "guidance_embeds": True, "axes_dims_rope": [4, 4, 8],
 }
+FILL_CONFIG = {**TRANSFORMER_CONFIG, "in_channels": 384, "out_channels": 64}  # FLUX.1 Fill
 VAE_CONFIG: dict[str, Any] = {
     "in_channels": 3, "out_channels": 3, "latent_channels": 16,
     "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
@@ -53,8 +57,9 @@ def tiny_tokenizer(max_length: int) -> Any:
     return tok
 
 
-def build_tiny_components(seed: int = 0) -> dict[str, Any]:
-    """Fresh random modules (float32, CPU, eval) under FluxPipeline's component names."""
+def build_tiny_components(seed: int = 0, fill: bool = False) -> dict[str, Any]:
+    """Fresh random modules (float32, CPU, eval) under FluxPipeline's component names; with
+    `fill`, the Fill transformer (the other modules as without)."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
@@ -73,6 +78,9 @@ def build_tiny_components(seed: int = 0) -> dict[str, Any]:
         vocab_size=len(t5_tok), d_model=WIDTH, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, pad_token_id=t5_tok.pad_token_id,
         eos_token_id=t5_tok.eos_token_id))
+    if fill:
+        torch.manual_seed(seed)
+        transformer = FluxTransformer2DModel(**FILL_CONFIG)
     return {
         "transformer": transformer.eval(), "vae": vae.eval(),
         "text_encoder": clip.eval(), "tokenizer": clip_tok,
@@ -106,13 +114,31 @@ def write_smoke_stack(models_dir: Path, seed: int = 0) -> dict[str, str]:
     return names
 
 
-def smoke_pipeline(img2img: bool = False, seed: int = 0, kontext: bool = False) -> Any:
-    """The reference `FluxPipeline` (or `FluxImg2ImgPipeline`, or `FluxKontextPipeline`) built
-    from the same in-memory tiny modules `write_smoke_stack(seed=seed)` saves."""
-    from diffusers import FluxImg2ImgPipeline, FluxKontextPipeline, FluxPipeline
+def write_fill_transformer(models_dir: Path, seed: int = 0) -> str:
+    """The tiny FLUX.1 Fill transformer (original keys) under diffusion_models/; returns its
+    name. Its sidecar config is FLUX.1's own (64 channels), as the shipped full-size one is: the
+    loader reads Fill's channels from the weights."""
+    from safetensors.torch import save_file
 
-    cls = FluxKontextPipeline if kontext else FluxImg2ImgPipeline if img2img else FluxPipeline
-    pipe: Any = cls(**build_tiny_components(seed))
+    name = f"{SMOKE}-fill-dev.safetensors"
+    (Path(models_dir) / "diffusion_models").mkdir(parents=True, exist_ok=True)
+    transformer = build_tiny_components(seed, fill=True)["transformer"]
+    path = Path(models_dir) / "diffusion_models" / name
+    save_file(keys.to_original(transformer.state_dict()), path)
+    _config(path, "FluxTransformer2DModel", TRANSFORMER_CONFIG)
+    return name
+
+
+def smoke_pipeline(img2img: bool = False, seed: int = 0, kontext: bool = False,
+                   fill: bool = False) -> Any:
+    """The reference `FluxPipeline` (or `FluxImg2ImgPipeline`, `FluxKontextPipeline`, or with
+    `fill` `FluxFillPipeline` on `write_fill_transformer`'s) built from the same in-memory tiny
+    modules `write_smoke_stack(seed=seed)` saves."""
+    from diffusers import FluxFillPipeline, FluxImg2ImgPipeline, FluxKontextPipeline, FluxPipeline
+
+    cls = (FluxFillPipeline if fill else FluxKontextPipeline if kontext
+           else FluxImg2ImgPipeline if img2img else FluxPipeline)
+    pipe: Any = cls(**build_tiny_components(seed, fill=fill))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
