@@ -339,21 +339,46 @@ def peft_modules(state: dict[str, Tensor], alphas: dict[str, Any] | None,
     return out
 
 
+def random_lora(targets: dict[str, tuple[int, int]], generator: Any, *, prefix: str = "",
+                rank: int = 4, scale: float = 0.3, alpha: float | None = None,
+                names: tuple[str, str] = ("lora_A", "lora_B")) -> dict[str, Tensor]:
+    """A random LoRA state dict for the tiny stacks: per `<prefix><module>` of `targets`
+    ({module: (in, out)}, in order) a down [rank, in] then an up [out, rank] weight, drawn from
+    `generator` and scaled by `scale`, under `names` (PEFT's lora_A / lora_B, or kohya's
+    lora_down / lora_up), and its `.alpha` when given."""
+    import torch
+
+    down, up = names
+    state: dict[str, Tensor] = {}
+    for module, (fan_in, fan_out) in targets.items():
+        key = f"{prefix}{module}"
+        state[f"{key}.{down}.weight"] = torch.randn(rank, fan_in, generator=generator) * scale
+        state[f"{key}.{up}.weight"] = torch.randn(fan_out, rank, generator=generator) * scale
+        if alpha is not None:
+            state[f"{key}.alpha"] = torch.tensor(alpha)
+    return state
+
+
+def save_lora(models_dir: Path, name: str, state: dict[str, Tensor]) -> str:
+    """`state` as `loras/<name>` in `models_dir`; returns the name."""
+    from safetensors.torch import save_file
+
+    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
+    save_file(state, Path(models_dir) / "loras" / name)
+    return name
+
+
 def random_clip_lora(prefix: str, width: int, ffn: int, layers: Sequence[int], generator: Any,
                      rank: int = 4, alpha: float = 2.0) -> dict[str, Tensor]:
     """A random kohya LoRA of a CLIP text encoder's attention and MLP Linears (`<prefix>`
     `lora_te1` / `lora_te2`: `lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.
     weight`, …), as kohya's trainers write them: the tiny stacks' text-encoder halves."""
-    import torch
-
     shapes = {"self_attn_q_proj": (width, width), "self_attn_v_proj": (width, width),
               "self_attn_out_proj": (width, width), "mlp_fc1": (width, ffn),
               "mlp_fc2": (ffn, width)}
     state: dict[str, Tensor] = {}
     for layer in layers:
-        for module, (fan_in, fan_out) in shapes.items():
-            key = f"{prefix}_text_model_encoder_layers_{layer}_{module}"
-            state[f"{key}.lora_down.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-            state[f"{key}.lora_up.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
-            state[f"{key}.alpha"] = torch.tensor(alpha)
+        state |= random_lora(shapes, generator, prefix=f"{prefix}_text_model_encoder_layers_"
+                             f"{layer}_", rank=rank, alpha=alpha,
+                             names=("lora_down", "lora_up"))
     return state

@@ -167,7 +167,7 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     """A random LoRA of the tiny transformer in the original / ComfyUI keys
     (`diffusion_model.blocks.0.attn.wq.lora_A.weight`, `.lora_B.weight`), as Krea 2's
     reference trainer writes them, under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
+    from workers.models.lora import random_lora, save_lora
 
     d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
     kv = TRANSFORMER_CONFIG["num_key_value_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
@@ -177,11 +177,5 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
         "blocks.1.mlp.gate": (d, ff), "blocks.1.mlp.down": (ff, d),
     }
     generator = torch.Generator("cpu").manual_seed(3000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"diffusion_model.{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix="diffusion_model.", rank=rank)
+    return save_lora(models_dir, name, state)

@@ -346,21 +346,15 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     (`diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`, `.lora_B.weight`; no
     `.alpha`, as Lightricks publishes them and as diffusers' LTX-2 reader wants) on video,
     audio and cross-modal layers, under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
+    from workers.models.lora import random_lora, save_lora
 
     targets = {"transformer_blocks.0.attn1.to_q": (16, 16),  # video width 16, audio 8
                "transformer_blocks.0.audio_attn1.to_v": (8, 8),
                "transformer_blocks.1.audio_to_video_attn.to_q": (16, 8),
                "transformer_blocks.1.ff.net.2": (64, 16)}
     generator = torch.Generator("cpu").manual_seed(5000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"diffusion_model.{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix="diffusion_model.", rank=rank)
+    return save_lora(models_dir, name, state)
 
 
 def write_tiny_gemma_lora(models_dir: Path, name: str = f"{SMOKE}-gemma-lora.safetensors",
@@ -369,19 +363,12 @@ def write_tiny_gemma_lora(models_dir: Path, name: str = f"{SMOKE}-gemma-lora.saf
     (`text_encoders.gemma3_12b.transformer.model.layers.0.self_attn.q_proj.lora_A.weight`,
     `.lora_B.weight`, `.alpha`; the shipped templates' abliterated Gemma LoRA is of this kind)
     under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
-
+    from workers.models.lora import random_lora, save_lora
     from workers.models.ltx2 import GEMMA_LORA_PREFIX
 
     targets = {"layers.0.self_attn.q_proj": (32, 16), "layers.0.self_attn.v_proj": (32, 8),
                "layers.1.self_attn.o_proj": (16, 32), "layers.1.mlp.down_proj": (32, 32)}
     generator = torch.Generator("cpu").manual_seed(6000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"{GEMMA_LORA_PREFIX}{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator)
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator)
-        state[f"{key}.alpha"] = torch.tensor(alpha)
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix=GEMMA_LORA_PREFIX, scale=1.0, alpha=alpha,
+                        rank=rank)
+    return save_lora(models_dir, name, state)

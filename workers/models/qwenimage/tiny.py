@@ -180,7 +180,7 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     """A random LoRA of the tiny transformer in ComfyUI / diffusers-PEFT keys
     (`diffusion_model.transformer_blocks.0.img_mlp.net.2.lora_A.weight`, `.lora_B.weight`,
     `.alpha`), as Qwen-Image trainers publish them, under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
+    from workers.models.lora import random_lora, save_lora
 
     d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
     targets = {  # module: (in, out)
@@ -190,12 +190,5 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
         "transformer_blocks.1.txt_mlp.net.2": (4 * d, d),
     }
     generator = torch.Generator("cpu").manual_seed(3000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"diffusion_model.{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
-        state[f"{key}.alpha"] = torch.tensor(alpha)
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix="diffusion_model.", alpha=alpha, rank=rank)
+    return save_lora(models_dir, name, state)

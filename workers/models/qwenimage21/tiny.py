@@ -153,7 +153,7 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`, `.lora_B.weight`) on block 0's
     attention projections and block 1's SwiGLU gate (2.1's own name: what tells the file from a
     Qwen-Image or FLUX.1 LoRA at this width), under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
+    from workers.models.lora import random_lora, save_lora
 
     d = TRANSFORMER_CONFIG["num_attention_heads"] * TRANSFORMER_CONFIG["attention_head_dim"]
     targets = {  # module: (in, out); the MLP is 3× wide (mlp_ratio)
@@ -162,11 +162,5 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
         "transformer_blocks.1.img_mlp.gate_layer": (d, 3 * d),
     }
     generator = torch.Generator("cpu").manual_seed(3000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"transformer.{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator)
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator)
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix="transformer.", scale=1.0, rank=rank)
+    return save_lora(models_dir, name, state)

@@ -190,22 +190,15 @@ def write_tiny_lora(models_dir: Path, name: str = f"{SMOKE}-lora.safetensors", s
     """A random LoRA of the tiny T2V transformer in ComfyUI's (original Wan) keys
     (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `.lora_B.weight`, `.alpha`), as Wan
     trainers publish them, under `loras/<name>`; returns the name."""
-    from safetensors.torch import save_file
+    from workers.models.lora import random_lora, save_lora
 
     config = transformer_config()
     d = config["num_attention_heads"] * config["attention_head_dim"]
     targets = {"blocks.0.self_attn.q": (d, d), "blocks.0.cross_attn.o": (d, d),
                "blocks.1.ffn.0": (d, config["ffn_dim"]), "blocks.1.ffn.2": (config["ffn_dim"], d)}
     generator = torch.Generator("cpu").manual_seed(4000 + seed)
-    state: dict[str, torch.Tensor] = {}
-    for module, (fan_in, fan_out) in targets.items():
-        key = f"diffusion_model.{module}"
-        state[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) * 0.3
-        state[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=generator) * 0.3
-        state[f"{key}.alpha"] = torch.tensor(alpha)
-    (Path(models_dir) / "loras").mkdir(parents=True, exist_ok=True)
-    save_file(state, Path(models_dir) / "loras" / name)
-    return name
+    state = random_lora(targets, generator, prefix="diffusion_model.", alpha=alpha, rank=rank)
+    return save_lora(models_dir, name, state)
 
 
 def _single_file_encoder(model: Any, tokenizer: Any, path: Path) -> None:
