@@ -24,11 +24,13 @@ class SmokeStack:
 
 @dataclass
 class Recorder:
-    """What a node reported: progress calls, and a switch that cancels the run."""
+    """What a node reported: progress calls, each one's `batch` (0 when none: pass a list to
+    share it between runs), and a switch that cancels the run."""
 
     progress: list[tuple[int, int]] = field(default_factory=list)
     cancel_after_step: int | None = None
     frames: list[int | None] = field(default_factory=list)  # a video sampler's, per report
+    batches: list[int] = field(default_factory=list)
 
     def record(self, step: int, total: int, preview: bytes | None, batch: int | None = None,
                frames: int | None = None) -> None:
@@ -38,6 +40,7 @@ class Recorder:
 
     def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
         self.progress.append((step, total))
+        self.batches.append(batch or 0)
 
     def check_cancelled(self) -> None:
         if (

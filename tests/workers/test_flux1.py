@@ -131,14 +131,8 @@ def test_eight_concurrent_runs_share_forwards_and_each_matches_its_solo_run(flux
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(seed: int) -> None:
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed)[0].samples
 
     threads = [threading.Thread(target=one, args=(s,)) for s in range(8)]

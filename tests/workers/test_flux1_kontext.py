@@ -104,13 +104,7 @@ def test_runs_with_different_references_batch_by_layout_and_each_matches_its_sol
     batches: dict[int, list[int]] = {seed: [] for seed in cases}
 
     def one(seed: int) -> None:
-        class Batches(Recorder):
-            def report(self, step: int, total: int, preview: bytes | None,
-                       batch: int | None = None) -> None:
-                batches[seed].append(batch or 0)
-                super().report(step, total, preview, batch)
-
-        results[seed] = chain(make_ctx(Batches(), models_dir=models_dir), seed).samples
+        results[seed] = chain(make_ctx(Recorder(batches=batches[seed]), models_dir=models_dir), seed).samples
 
     threads = [threading.Thread(target=one, args=(s,)) for s in cases]
     for t in threads:

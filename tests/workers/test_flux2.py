@@ -151,14 +151,8 @@ def test_eight_concurrent_runs_share_forwards_and_each_matches_its_solo_run(flux
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(seed: int) -> None:
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, guidance=guidance[seed])[0].samples
 
     threads = [threading.Thread(target=one, args=(s,)) for s in range(8)]
@@ -319,13 +313,7 @@ def test_runs_with_different_references_batch_by_layout_and_each_matches_its_sol
     batches: dict[int, list[int]] = {seed: [] for seed in cases}
 
     def one(seed: int) -> None:
-        class Batches(Recorder):
-            def report(self, step: int, total: int, preview: bytes | None,
-                       batch: int | None = None) -> None:
-                batches[seed].append(batch or 0)
-                super().report(step, total, preview, batch)
-
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches[seed]), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, references=cases[seed])[0].samples
 
     threads = [threading.Thread(target=one, args=(s,)) for s in cases]
@@ -428,15 +416,9 @@ def test_runs_with_and_without_loras_and_cfg_share_forwards(flux2_stack, make_ct
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(i: int) -> None:
         loras, guidance = runs[i]
-        results[i] = lora_chain(make_ctx(Batches(), models_dir=models_dir), names, loras,
+        results[i] = lora_chain(make_ctx(Recorder(batches=batches), models_dir=models_dir), names, loras,
                                 seed=i, guidance=guidance)[0].samples
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]

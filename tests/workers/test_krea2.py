@@ -157,14 +157,8 @@ def test_eight_concurrent_runs_of_mixed_prompts_sizes_and_guidance_batch_as_thei
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(seed: int, prompt: str, g: float, size: tuple[int, int]) -> None:
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, prompt=prompt, guidance=g, width=size[0],
                               height=size[1])[0].samples
 

@@ -113,14 +113,9 @@ def test_eight_runs_with_eight_lora_sets_share_forwards_over_one_base_model(lora
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(i: int) -> None:
-        results[i] = render(make_ctx(Batches(), models_dir=models_dir), names, sets[i], seed=i)[0]
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
+        results[i] = render(ctx, names, sets[i], seed=i)[0]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
     for t in threads:
@@ -232,14 +227,8 @@ def assert_sdxl_sets_share_forwards_as_solo(make_ctx: Any, models_dir: Any, name
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(i: int) -> None:
-        results[i] = render_sdxl(make_ctx(Batches(), models_dir=models_dir), names, sets[i],
+        results[i] = render_sdxl(make_ctx(Recorder(batches=batches), models_dir=models_dir), names, sets[i],
                                  seed=i)[0]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(sets))]
@@ -323,15 +312,9 @@ def test_z_image_runs_with_and_without_loras_and_cfg_share_forwards(zimage_lora_
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(i: int) -> None:
         loras, guidance = runs[i]
-        results[i] = render_zimage(make_ctx(Batches(), models_dir=models_dir), names, loras,
+        results[i] = render_zimage(make_ctx(Recorder(batches=batches), models_dir=models_dir), names, loras,
                                    seed=i, guidance=guidance)[0]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(runs))]

@@ -42,16 +42,6 @@ class PreviewRecorder(Recorder):
         super().report(step, total, preview, batch)
 
 
-class BatchRecorder(Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[int | None] = []
-
-    def report(self, step: int, total: int, preview: bytes | None, batch: int | None = None) -> None:
-        self.batches.append(batch)
-        super().report(step, total, preview, batch)
-
-
 def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Any:
     return RUNNERS[node_type](ctx, params, inputs or {})
 
@@ -135,7 +125,7 @@ def test_concurrent_runs_share_forwards_and_equal_their_solo_renders(ltx2_stack,
     models_dir, name = ltx2_stack
     prompts = [PROMPT, "a cat on a piano", "rain on a window"]
     solo = [render(make_ctx(models_dir=models_dir), name, p, seed=i) for i, p in enumerate(prompts)]
-    recorders = [BatchRecorder() for _ in prompts]
+    recorders = [Recorder() for _ in prompts]
     videos: list[Any] = [None] * len(prompts)
 
     def one(i: int) -> None:

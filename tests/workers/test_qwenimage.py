@@ -196,14 +196,8 @@ def test_eight_concurrent_runs_of_mixed_prompts_and_guidance_share_forwards_as_t
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(seed: int, prompt: str, g: float) -> None:
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, prompt=prompt, guidance=g)[0].samples
 
     threads = [threading.Thread(target=one, args=r) for r in runs]

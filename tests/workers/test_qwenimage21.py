@@ -117,14 +117,8 @@ def test_runs_of_one_prompt_length_share_a_forward_each_as_its_solo_run(q21_stac
     batches: list[int] = []
     results: dict[int, Any] = {}
 
-    class Batches(Recorder):
-        def report(self, step: int, total: int, preview: bytes | None,
-                   batch: int | None = None) -> None:
-            batches.append(batch or 0)
-            super().report(step, total, preview, batch)
-
     def one(seed: int, prompt: str) -> None:
-        ctx = make_ctx(Batches(), models_dir=models_dir)
+        ctx = make_ctx(Recorder(batches=batches), models_dir=models_dir)
         results[seed] = chain(ctx, names, seed=seed, prompt=prompt)[0].samples
 
     threads = [threading.Thread(target=one, args=r) for r in runs]
