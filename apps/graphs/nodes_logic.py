@@ -49,6 +49,24 @@ VALUES = (
         description="string_a + delimiter + string_b (ComfyUI's StringConcatenate).",
     ),
     NodeDescriptor(
+        "text/camera-angle", "Camera angle prompt", "text",
+        outputs=(Port("prompt", "text"),),
+        params=(
+            Param("horizontal_angle", "int", 0, min=0, max=360,
+                  description="Azimuth around the subject in degrees: 0 the front, 90 the right "
+                  "side, 180 the back."),
+            Param("vertical_angle", "int", 0, min=-30, max=60,
+                  description="Elevation in degrees: negative looks up from below, positive "
+                  "down from above."),
+            Param("zoom", "float", 5.0, min=0.0, max=10.0,
+                  description="How close the camera is: 0 a wide shot, 10 a close-up."),
+        ),
+        description="The shot as words for a multi-angle prompt, e.g. \"front-left quarter view "
+        "elevated shot medium shot\" (ComfyUI's CameraAngle, its prompt output: one of 8 "
+        "azimuth, 4 elevation and 3 distance terms, the 96 camera positions of the Qwen-Image-"
+        "Edit-2511 multiple-angles LoRA).",
+    ),
+    NodeDescriptor(
         "math/expression", "Math expression", "math",
         inputs=tuple(Port(name, "float", required=False, accepts=("int", "bool"))
                      for name in MATH_NAMES),

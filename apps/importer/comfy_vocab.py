@@ -35,6 +35,7 @@ TEXTGEN_WIDGETS = ("prompt", "max_length", "sampling_mode",
 WIDGETS: dict[str, tuple[str, ...]] = {
     "PrimitiveBoolean": ("value",),
     "StringConcatenate": ("string_a", "string_b", "delimiter"),
+    "CameraAngle": ("horizontal_angle", "vertical_angle", "zoom", "view"),
     "ComfyMathExpression": ("expression",),
     "GetImageSize": (),
     "ResolutionSelector": ("aspect_ratio", "megapixels", "multiple", "minimum"),
@@ -323,6 +324,12 @@ VOCABULARY: dict[str, Rule] = {
     "StringConcatenate": Rule(
         "text/concat", outputs=("text",),
         params={name: ParamMap(name) for name in ("string_a", "string_b", "delimiter")},
+    ),
+    # Its camera_info (a 3D preview's camera) feeds no node here; `image` and `view` only
+    # dress the editor's preview.
+    "CameraAngle": Rule(
+        "text/camera-angle", outputs=(None, "prompt"),
+        params={name: ParamMap(name) for name in ("horizontal_angle", "vertical_angle", "zoom")},
     ),
     "ComfyMathExpression": Rule(
         "math/expression",

@@ -3,7 +3,8 @@ QwenImage21Pipeline's image mode (also with five images, and at resolution 0: ea
 own size); a UI-format Qwen-Image 2.1 edit workflow imports and renders
 through the real executor; a Qwen-Image-Edit workflow with two references written the ComfyUI
 way (ReferenceLatent of a VAEEncode per image) renders what the edit node with its VAE renders;
-ComfyUI's shipped 2.1 text-to-image and Qwen-Image-Edit-2511 templates render on the tiny stacks."""
+ComfyUI's shipped 2.1 text-to-image and Qwen-Image-Edit-2511 templates, and its multi-angle app
+(CameraAngle's prompt into the 2511 edit), render on the tiny stacks."""
 
 from __future__ import annotations
 
@@ -292,52 +293,88 @@ def test_comfyuis_shipped_2_1_text_to_image_template_renders(q21, settings, tmp_
     assert width == height and abs(width * height - 100_000) < 20_000
 
 
-@pytest.mark.django_db
-def test_comfyuis_shipped_2511_edit_template_renders_its_references_at_timestep_zero(
-        settings, tmp_path):
-    """The workflow ComfyUI ships for Qwen-Image-Edit-2511 (image_qwen_image_edit_2511_int8: a
-    subgraph, its Lightning switch off, FluxKontextMultiReferenceLatentMethod
-    "index_timestep_zero" on both prompts) with the tiny stack's files and its LoadImage bound
-    to an uploaded asset: it imports and renders, at 2 steps and a small size; the same graph
-    with the 2509 reading ("index") renders another image (the method reaches the sampler)."""
+def shipped_2511_on_tiny_stack(name: str, asset: str, settings: Any, tmp_path: Any
+                                ) -> tuple[dict[str, Any], str]:
+    """ComfyUI's shipped Qwen-Image-Edit-2511 workflow `name` imported with the tiny stack's
+    files in its loaders (each LoRA: the tiny one) and its LoadImage `asset` bound to a 96×80
+    upload, made quick for the CPU: 2 steps at cfg 3, the image (and latent) ~96² px and the
+    reference latents ~64² px. (its nodes, its target)."""
     from apps.importer.comfy_templates import shipped_file
     from workers.models.qwenimage.plugin import write_tiny_stack
 
     models_dir = tmp_path / "models"
     held = write_tiny_stack(models_dir)
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
-    workflow = json.loads(shipped_file("image_qwen_image_edit_2511_int8.json") or b"{}")
+    workflow = json.loads(shipped_file(f"{name}.json") or b"{}")
     files = {"UNETLoader": held["model"], "CLIPLoader": held["text_encoder"],
              "VAELoader": held["vae"], "LoraLoaderModelOnly": held["lora"]}
-    for node in workflow["definitions"]["subgraphs"][0]["nodes"]:
-        if node["type"] in files:
-            node["widgets_values"][0] = files[node["type"]]
+    every = [*workflow["nodes"], *(n for sub in workflow["definitions"]["subgraphs"]
+                                  for n in sub["nodes"])]
+    ours = {n["widgets_values"][0]: files[n["type"]] for n in every if n["type"] in files}
+    for node in every:  # the loaders' own widgets and their promoted copies on the instance
+        values = node.get("widgets_values")
+        if isinstance(values, list):
+            node["widgets_values"] = [ours.get(v, v) if isinstance(v, str) else v
+                                      for v in values]
     catalog = {"diffusion_models": [held["model"]], "text_encoders": [held["text_encoder"]],
                "vae": [held["vae"]], "loras": [held["lora"]]}
     kinds = {("diffusion_models", held["model"]): ("qwenimage",),
              ("text_encoders", held["text_encoder"]): ("qwenimage",),
              ("vae", held["vae"]): ("qwenimage",)}
-    assets = {"lily_girl_blue.png": asset_of(noise_image(96, 80, seed=4))}
+    assets = {asset: asset_of(noise_image(96, 80, seed=4))}
     result = comfy_import(workflow=workflow, catalog=catalog, files=kinds,
                           resolve_asset=assets.get)
     assert result.report.unmapped == []
     nodes = result.graph.model_dump()["nodes"]
-    assert nodes["41"]["params"]["asset"] == assets["lily_girl_blue.png"]
+    assert [n["params"]["asset"] for n in nodes.values() if n["type"] == "image/load"] == \
+        [assets[asset]]
+    for node in nodes.values():
+        if node["type"] == "sample":
+            node["params"] |= {"steps": STEPS, "guidance": 3.0}
+        elif node["type"] == "image/scale-to-kontext":  # ~1 MP: CPU time, so ~96² px
+            node |= {"type": "image/scale-to-pixels",
+                     "params": {"megapixels": 0.01, "resolution_steps": 16, "method": "lanczos"}}
+        elif node["type"] == "qwenimage/edit":
+            node["params"]["megapixels"] = 0.004
+    return nodes, result.target
+
+
+@pytest.mark.django_db
+def test_comfyuis_shipped_2511_edit_template_renders_its_references_at_timestep_zero(
+        settings, tmp_path):
+    """The workflow ComfyUI ships for Qwen-Image-Edit-2511 (image_qwen_image_edit_2511_int8: a
+    subgraph, its Lightning switch off, FluxKontextMultiReferenceLatentMethod
+    "index_timestep_zero" on both prompts) on the tiny stack: it imports and renders; the same
+    graph with the 2509 reading ("index") renders another image (the method reaches the
+    sampler)."""
+    nodes, target = shipped_2511_on_tiny_stack("image_qwen_image_edit_2511_int8",
+                                               "lily_girl_blue.png", settings, tmp_path)
     assert [nodes[n]["params"]["method"] for n in ("170:147", "170:148")] == \
         ["index_timestep_zero"] * 2
-    nodes["170:169"]["params"] |= {"steps": STEPS, "guidance": 3.0}  # the template's cfg 4
-    assert nodes["170:160"]["type"] == "image/scale-to-kontext"  # ~1 MP: CPU time, so
-    nodes["170:160"] |= {"type": "image/scale-to-pixels",  # the image (and latent): ~96² px
-                         "params": {"megapixels": 0.01, "resolution_steps": 16,
-                                    "method": "lanczos"}}
-    for edit in ("170:149", "170:151"):
-        nodes[edit]["params"]["megapixels"] = 0.004  # the reference latents: ~64² px
-    outcome, done = render(nodes, result.target)
+    outcome, done = render(nodes, target)
     assert outcome.status == "succeeded", outcome.error
     image = np.asarray(take_image(done))
     assert image.shape[:2] == (96, 112)  # 96×80 scaled to ~0.01 MP in steps of 16
     for n in ("170:147", "170:148"):
         nodes[n]["params"]["method"] = "index"
-    outcome, as_2509 = render(nodes, result.target)
+    outcome, as_2509 = render(nodes, target)
     assert outcome.status == "succeeded", outcome.error
     assert not np.array_equal(image, np.asarray(take_image(as_2509)))
+
+
+@pytest.mark.django_db
+def test_comfyuis_multi_angle_app_renders_the_camera_angle_s_prompt(settings, tmp_path):
+    """ComfyUI's Qwen multi-angle app (template_qwen_multiangle.app: CameraAngle's prompt into
+    the 2511 edit with the multiple-angles LoRA and Lightning's) on the tiny stack: it imports
+    and renders; another angle is another prompt, so another image."""
+    nodes, target = shipped_2511_on_tiny_stack("template_qwen_multiangle.app",
+                                               "cyber_genesis.png", settings, tmp_path)
+    assert nodes["219:151"]["inputs"]["text"] == {"node": "221", "port": "prompt"}
+    outcome, done = render(nodes, target)
+    assert outcome.status == "succeeded", outcome.error
+    image = np.asarray(take_image(done))
+    assert image.shape[:2] == (96, 112)
+    nodes["221"]["params"] |= {"horizontal_angle": 180, "vertical_angle": -30}
+    outcome, back = render(nodes, target)
+    assert outcome.status == "succeeded", outcome.error
+    assert not np.array_equal(image, np.asarray(take_image(back)))

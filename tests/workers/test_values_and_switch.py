@@ -170,3 +170,38 @@ def test_a_preview_off_the_target_s_path_does_not_run():
     assert outcome.status == "succeeded"
     assert [v["nodeId"] for v in run.shown_values] == ["show"]
     assert {"lonely", "show_lonely", "show_no", "no"}.isdisjoint(done_nodes(run))
+
+
+@pytest.mark.parametrize(("horizontal", "vertical", "zoom", "prompt"), [
+    (333, 17, 5.0, "front-left quarter view elevated shot medium shot"),  # the shipped template's
+    (0, 0, 5.0, "front view eye-level shot medium shot"),  # ComfyUI's defaults
+    (22, -30, 0.0, "front view low-angle shot wide shot"),
+    (23, 15, 2.0, "front-right quarter view elevated shot medium shot"),  # each bound is the next
+    (90, -16, 1.9, "right side view low-angle shot wide shot"),
+    (135, -15, 6.0, "back-right quarter view eye-level shot close-up"),
+    (180, 44, 5.9, "back view elevated shot medium shot"),
+    (225, 45, 10.0, "back-left quarter view high-angle shot close-up"),
+    (270, 60, 7.5, "left side view high-angle shot close-up"),
+    (337, 14, 3.0, "front-left quarter view eye-level shot medium shot"),
+    (338, 0, 5.0, "front view eye-level shot medium shot"),  # past 337.5: the front again
+    (360, 0, 5.0, "front view eye-level shot medium shot"),
+])
+def test_a_camera_angle_is_comfyui_s_shot_description(horizontal, vertical, zoom, prompt):
+    nodes = {
+        "angle": {"type": "text/camera-angle", "params": {
+            "horizontal_angle": horizontal, "vertical_angle": vertical, "zoom": zoom}},
+        "show": _preview("angle", "prompt"),
+    }
+    outcome, run = render(nodes, "show")
+    assert outcome.status == "succeeded", outcome.error
+    assert run.shown_values[0]["value"] == prompt
+
+
+@pytest.mark.parametrize(("param", "value"), [("horizontal_angle", 361), ("vertical_angle", -31),
+                                              ("zoom", 10.5)])
+def test_a_camera_angle_out_of_comfyui_s_range_is_refused_at_submit(param, value):
+    nodes = {"angle": {"type": "text/camera-angle", "params": {param: value}},
+             "show": _preview("angle", "prompt")}
+    with pytest.raises(GraphInvalid) as err:
+        graph_validate(GraphDoc.model_validate({"nodes": nodes}), target="show")
+    assert err.value.node_id == "angle" and param in str(err.value)

@@ -23,6 +23,36 @@ def text_concat(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]
     return {"text": params["delimiter"].join((params["string_a"], params["string_b"]))}
 
 
+# ComfyUI's CameraAngle terms (its comfy_extras node, "Compose Camera Angle Prompt"): 8 azimuth sectors of 45°
+# from the front, clockwise; elevation and distance buckets as (upper bound, term).
+HORIZONTAL_TERMS = (
+    "front view", "front-right quarter view", "right side view", "back-right quarter view",
+    "back view", "back-left quarter view", "left side view", "front-left quarter view",
+)
+VERTICAL_TERMS = ((-15, "low-angle shot"), (15, "eye-level shot"), (45, "elevated shot"),
+                  (None, "high-angle shot"))
+DISTANCE_TERMS = ((2, "wide shot"), (6, "medium shot"), (None, "close-up"))
+
+
+def _bucket(value: float, terms: tuple[tuple[int | None, str], ...]) -> str:
+    """The first term whose upper bound is above the value (the last has none)."""
+    return next(term for upper, term in terms if upper is None or value < upper)
+
+
+def camera_angle_prompt(horizontal_angle: int, vertical_angle: int, zoom: float) -> str:
+    """ComfyUI's CameraAngle prompt: azimuth, elevation and distance terms, space-joined. The
+    azimuth's sector is centred on its term (front is 337.5°…22.5°)."""
+    sector = int(((horizontal_angle % 360) + 22.5) // 45) % len(HORIZONTAL_TERMS)
+    return " ".join((HORIZONTAL_TERMS[sector], _bucket(vertical_angle, VERTICAL_TERMS),
+                     _bucket(zoom, DISTANCE_TERMS)))
+
+
+@runner("text/camera-angle")
+def camera_angle(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": camera_angle_prompt(params["horizontal_angle"], params["vertical_angle"],
+                                          params["zoom"])}
+
+
 @runner("math/expression")
 def math_expression(
     ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]

@@ -386,6 +386,7 @@ MOST_USED_THAT_RUN_HERE = (
     "video_ltx2_3_i2v", "video_ltx2_3_t2v", "video_ltx2_5_i2v", "video_ltx2_5_t2v",
     "flux_kontext_dev_basic",
     "flux_fill_inpaint_example", "flux_fill_outpaint_example", "image_flux.1_fill_dev_OneReward",
+    "template_qwen_multiangle.app",
 )
 
 
@@ -396,12 +397,25 @@ def test_the_most_used_shipped_workflows_of_the_farms_families_import():
     text-to-video, whose prompt enhancer TextGenerateLTX2Prompt imports as text/generate; 44.8%
     with LTX-2.5's image- and text-to-video, from ComfyUI's separate files: ltx2/load-files;
     44.9% with FLUX.1 Kontext dev: flux1/reference-latent; 45.2% with FLUX.1 Fill's inpaint,
-    outpaint and OneReward: flux1/inpaint, model/differential-diffusion)."""
+    outpaint and OneReward: flux1/inpaint, model/differential-diffusion; 45.5% with the Qwen
+    multi-angle app: text/camera-angle)."""
     from apps.importer.comfy_templates import shipped_coverage, shipped_imports
 
     why_not = {name: shipped_imports().get(name, "not shipped") for name in MOST_USED_THAT_RUN_HERE}
     assert {name: why for name, why in why_not.items() if why is not None} == {}
-    assert shipped_coverage()["share"] >= 0.4516
+    assert shipped_coverage()["share"] >= 0.455
+
+
+def test_the_multi_angle_app_s_camera_angle_writes_its_edit_prompt():
+    """ComfyUI's CameraAngle becomes text/camera-angle with its three angles; its prompt output
+    is the edit's text (its camera_info feeds nothing, its image only its 3D preview)."""
+    result = comfy_import(workflow=shipped("template_qwen_multiangle.app"), catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["221"]["type"] == "text/camera-angle"
+    assert nodes["221"]["params"] == {"horizontal_angle": 333, "vertical_angle": 17, "zoom": 5.0}
+    edit = nodes["219:151"]
+    assert edit["type"] == "qwenimage/edit"
+    assert edit["inputs"]["text"] == {"node": "221", "port": "prompt"}
 
 
 def test_a_reference_on_a_zeroed_negative_is_cut_with_it():
