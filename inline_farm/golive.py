@@ -214,17 +214,10 @@ def cancel(setup: Setup) -> Check:
     """A run cancelled mid-way ends `cancelled`, its worker's memory comes back to what it was
     before the run (within 5%), and the slot then renders the next run."""
     before = _memory_by_worker(setup.farm, fresh=True)
-    body = _graph(setup, seed=setup.seed + 1, steps=max(setup.steps, 30))
-    run_id = setup.farm.submit(_labelled(body, "check cancel"))
-    started = time.monotonic()
-    worker = ""
-    for event in setup.farm.events(run_id):
-        if event["type"] == "status" and event.get("worker"):
-            worker = str(event["worker"]).split("#")[0]
-        if event["type"] == "progress" and event["step"] >= 2:
-            break
-        if time.monotonic() - started > 300:
-            return Check("cancel", False, "the run never reached step 2")
+    caught = _mid_run(setup, seed=setup.seed + 1, steps=30, label="check cancel")
+    if isinstance(caught, str):
+        return Check("cancel", False, caught)
+    run_id, worker = caught
     asked = time.monotonic()
     setup.farm.cancel(run_id)
     run = _wait(setup.farm, run_id)
@@ -243,19 +236,44 @@ def cancel(setup: Setup) -> Check:
                  f"{memory_text}; the next run {nxt['status']}")
 
 
-FAILOVER_STEPS = (40, 400, 2000)  # longer runs when a fast card finishes one before the kill
-
-
 def failover(setup: Setup) -> Check:
     """A worker SIGKILLed mid-run: the run finishes elsewhere (another worker, or the one its
-    supervisor restarts) exactly once: succeeded, one take, a later attempt. A run that ended
-    before the kill could land (a small model on a fast card) proves nothing: the check cancels
-    nothing then, and tries again with a longer run."""
-    for steps in FAILOVER_STEPS:
-        body = _graph(setup, seed=setup.seed + 3, steps=max(setup.steps, steps))
-        run_id = setup.farm.submit(_labelled(body, "check failover"))
-        worker = ""
-        started = time.monotonic()
+    supervisor restarts) exactly once: succeeded, one take, a later attempt."""
+    caught = _mid_run(setup, seed=setup.seed + 3, steps=40, label="check failover")
+    if isinstance(caught, str):
+        return Check("failover", False, caught)
+    run_id, worker = caught
+    entry = _worker(setup.farm, worker) or {}
+    if entry.get("pid") is None:
+        setup.farm.cancel(run_id)
+        return Check("failover", None, "n/a: needs a staff token (to see the worker's pid)")
+    if entry.get("host") != socket.gethostname():
+        setup.farm.cancel(run_id)
+        return Check("failover", None, f"n/a: {worker} runs on {entry.get('host')}, not on this "
+                     "host: run the check there")
+    killed = time.monotonic()
+    os.kill(int(entry["pid"]), signal.SIGKILL)
+    run = _wait(setup.farm, run_id)
+    took = time.monotonic() - killed
+    takes = len(run.get("takes") or [])
+    ok = run["status"] == "succeeded" and takes == 1 and run["attempts"] >= 2
+    return Check("failover", ok, f"killed {worker} (pid {entry['pid']}) mid-run: {run['status']} "
+                 f"{took:.1f} s later after {run['attempts']} attempts, {takes} take(s)")
+
+
+LONGER = (1, 2, 4)  # image side factors of the retries when a run ended before it was caught
+
+
+def _mid_run(setup: Setup, *, seed: int, steps: int, label: str) -> tuple[str, str] | str:
+    """A run of the check's graph (at least `steps` steps) caught at step 2 or later while it
+    still runs: (its id, its worker); else why not. A run that ended before it could be caught
+    (a small model on a fast card: its events arrive after its end) proves nothing: it is tried
+    again at 100 steps and twice, then four times the side."""
+    for factor in LONGER:
+        body = _graph(setup, seed=seed, steps=max(setup.steps, steps if factor == 1 else 100),
+                      scale=factor)
+        run_id = setup.farm.submit(_labelled(body, label))
+        worker, started = "", time.monotonic()
         for event in setup.farm.events(run_id):
             if event["type"] == "status" and event.get("worker"):
                 worker = str(event["worker"]).split("#")[0]
@@ -263,28 +281,11 @@ def failover(setup: Setup) -> Check:
                 break
             if time.monotonic() - started > 300:
                 setup.farm.cancel(run_id)
-                return Check("failover", False, "the run never reached step 2")
-        entry = _worker(setup.farm, worker) or {}
-        if entry.get("pid") is None:
-            setup.farm.cancel(run_id)
-            return Check("failover", None, "n/a: needs a staff token (to see the worker's pid)")
-        if entry.get("host") != socket.gethostname():
-            setup.farm.cancel(run_id)
-            return Check("failover", None, f"n/a: {worker} runs on {entry.get('host')}, not on "
-                         "this host: run the check there")
-        if setup.farm.run(run_id)["status"] in TERMINAL:
-            continue  # over before the kill: a longer run
-        killed = time.monotonic()
-        os.kill(int(entry["pid"]), signal.SIGKILL)
-        run = _wait(setup.farm, run_id)
-        took = time.monotonic() - killed
-        takes = len(run.get("takes") or [])
-        ok = run["status"] == "succeeded" and takes == 1 and run["attempts"] >= 2
-        return Check("failover", ok, f"killed {worker} (pid {entry['pid']}) mid-run: "
-                     f"{run['status']} {took:.1f} s later after {run['attempts']} attempts, "
-                     f"{takes} take(s)")
-    return Check("failover", False, f"every run ended before its worker could be killed (up to "
-                 f"{FAILOVER_STEPS[-1]} steps)")
+                return "the run never reached step 2"
+        if setup.farm.run(run_id)["status"] not in TERMINAL:
+            return run_id, worker
+    return (f"every run ended before the check could act on it (up to 100 steps at "
+            f"{LONGER[-1]}× the side)")
 
 
 def overload(setup: Setup) -> Check:
@@ -395,8 +396,8 @@ def group(setup: Setup) -> Check:
 
 
 def _graph(setup: Setup, *, seed: int, steps: int | None = None, parallel: str | None = None,
-           files: dict[str, str] | None = None) -> dict[str, Any]:
-    width, height = setup.size
+           files: dict[str, str] | None = None, scale: int = 1) -> dict[str, Any]:
+    width, height = (side * scale for side in setup.size)
     body = prompt_graph(prompt="a lighthouse on a cliff at dusk, go-live check", negative="",
                         files=files or setup.files, width=width, height=height,
                         steps=steps or setup.steps, seed=seed, guidance=None, image_asset=None,
