@@ -141,6 +141,10 @@ Policy = Any  # workers.device.policy.DevicePolicy
 # - preview_pixels(job) -> uint8 [h, w, 3] | None: a live preview from the job alone (device
 #   thread), for a sampler with no preview VAE (LTX-2: its job holds its video VAE and the last
 #   step's middle-frame x0 estimate).
+# - split_plan(transformer) -> (context-parallel plan, per-row forward arguments): how a GPU
+#   group splits one image's denoise (workers/parallel/split_family.py: diffusers'
+#   `_cp_plan` form; the rows the CFG pair divides). A family with `splits` but no split_plan
+#   is Z-Image (its own split in workers/parallel/split.py).
 
 
 class FamilyPlugin(Protocol):

@@ -75,8 +75,9 @@ def _serve(rank: int, world: int, port: int, degrees: Degrees, backend: str,
         if message[0] == "forward":
             forward: Forward = message[1]
             if forward.model not in models:
-                transformer, predict = _load(forward.model, device)
-                models[forward.model] = split.prepare(transformer), predict
+                transformer, family_plugin = _load(forward.model, device)
+                models[forward.model] = (split.prepare(transformer, family_plugin),
+                                         family_plugin.predict)
             transformer, predict = models[forward.model]
             items = _on(forward.items, device)
             velocities = split.velocities(transformer, items, predict)
@@ -108,7 +109,7 @@ def _next_message(conn: Connection | None) -> tuple[Any, ...]:
 
 
 def _load(model: ModelRef, device: str) -> tuple[Any, Any]:
-    """The model's transformer on this rank's device, and its family's predict."""
+    """The model's transformer on this rank's device, and its family's plugin."""
     from workers.device.policy import DevicePolicy
     from workers.models.catalog import resolve
     from workers.models.families import loader_family, plugin
@@ -120,7 +121,7 @@ def _load(model: ModelRef, device: str) -> tuple[Any, Any]:
     family = loader_family(resolve(models_dir, "diffusion_models", model.name), "diffusion_models")
     family_plugin = plugin(family)
     transformer = family_plugin.load_diffusion_model(models_dir, model.name, policy).transformer
-    return transformer, family_plugin.predict
+    return transformer, family_plugin
 
 
 def _on(items: list[Any], device: str) -> list[Any]:

@@ -66,14 +66,14 @@ class CpuSplit:
         # FLUX.1, FLUX.2, Qwen-Image, Krea 2: their own predict, split on the transformer
         self.family = FamilySplit(degrees, rank, torch.device("cpu") if device is None else device)
 
-    def prepare(self, transformer: Any) -> Any:
+    def prepare(self, transformer: Any, family_plugin: Any = None) -> Any:
         """Install the sequence split on `transformer`'s main layers (once per loaded model):
-        Z-Image's here, every other family's in split_family.py."""
+        Z-Image's here, every family whose plugin has a `split_plan` in split_family.py."""
         from workers.parallel import split_family
 
-        if split_family.handles(transformer):
+        if split_family.handles(family_plugin):
             self.last = self.family
-            return self.family.prepare(transformer)
+            return self.family.prepare(transformer, family_plugin)
         if self.degrees.sp > 1:
             _install_sequence_split(transformer, self.sp_group, self.sp_rank, self.degrees.sp,
                                     self.shards)
@@ -91,9 +91,7 @@ class CpuSplit:
         """The guided velocity [1, C, H, W] float32 of every StepItem of one forward (every
         rank calls it with the same items); a split_family model's from its family's
         `predict`, shaped as its latents, as on one device."""
-        from workers.parallel import split_family
-
-        if split_family.handles(transformer):
+        if id(transformer) in self.family.models:
             self.last = self.family
             return self.family.velocities(transformer, items, predict)
         self.last = self

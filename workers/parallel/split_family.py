@@ -3,10 +3,15 @@ Qwen-Image (and its edit models), Krea 2 and Wan on the ranks run the family's `
 unchanged (workers/models/<family>/engine.py: the same rows, guidance, layouts, I2V conditions
 and TI2V per-token steps as on one device); the split lives on the transformer:
 
+Each family's plugin says how (`split_plan(transformer)`: the context-parallel plan for the
+arguments its predict passes, and which forward arguments hold one entry per batch row); this
+module knows no family.
+
 - **Sequence parallel** (`ulysses` × `ring` = sp): diffusers' own context parallelism
   (`_cp_plan` on its FLUX.1, FLUX.2, Qwen-Image and Wan transformers, xDiT's Ulysses attention
-  built into diffusers; ours for Krea 2): every sp rank holds 1/sp of the tokens from the first
-  block on, all-to-alls heads ↔ tokens around each attention, and the output is all-gathered back
+  built into diffusers; Krea 2's plan is the family's own): every sp rank holds 1/sp of the
+  tokens from the first block on, all-to-alls heads ↔ tokens around each attention, and the
+  output is all-gathered back
   (by this module: the ranks' shares differ by a token when sp does not divide the tokens).
   It runs as Ulysses of degree sp in "anything" mode (any token and head count); Ring attention
   needs a backend that returns the log-sum-exp, which torch's native SDPA on CPU does not, so
@@ -33,58 +38,25 @@ from workers.parallel.config import Degrees
 
 log = logging.getLogger(__name__)
 
-# The forward arguments that hold one entry per batch row, per transformer class (the rows the
-# cfg ranks divide); every other argument (positions, ids) is shared by the rows.
-ROW_ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "FluxTransformer2DModel": ("hidden_states", "encoder_hidden_states", "pooled_projections",
-                               "timestep", "guidance"),
-    "Flux2Transformer2DModel": ("hidden_states", "encoder_hidden_states", "timestep",
-                                "guidance"),
-    "QwenImageTransformer2DModel": ("hidden_states", "encoder_hidden_states",
-                                    "encoder_hidden_states_mask", "timestep", "img_shapes",
-                                    "guidance", "additional_t_cond"),
-    "Krea2Transformer2DModel": ("hidden_states", "encoder_hidden_states", "timestep",
-                                "encoder_attention_mask"),
-    "WanTransformer3DModel": ("hidden_states", "encoder_hidden_states", "timestep",
-                              "encoder_hidden_states_image"),
-}
+
+def handles(family_plugin: Any) -> bool:
+    """Whether this module splits the family's transformer: its plugin says how
+    (`split_plan(transformer)` -> (context-parallel plan, the forward's per-row arguments))."""
+    return callable(getattr(family_plugin, "split_plan", None))
 
 
-def handles(transformer: Any) -> bool:
-    """Whether this module splits `transformer` (FLUX.1, FLUX.2, Qwen-Image, Krea 2, Wan)."""
-    return type(transformer).__name__ in ROW_ARGUMENTS
+def context_parallel_input(split_dim: int, dims: int, output: bool = False) -> Any:
+    """diffusers' ContextParallelInput, for the families' plans."""
+    from diffusers.models._modeling_parallel import ContextParallelInput
+
+    return ContextParallelInput(split_dim=split_dim, expected_dims=dims, split_output=output)
 
 
-def plan(transformer: Any) -> dict[str, Any] | None:
-    """The transformer's context-parallel plan for the arguments the farm's predicts pass, None
-    when this module does not split its class.
+def context_parallel_output(gather_dim: int, dims: int) -> Any:
+    """diffusers' ContextParallelOutput, for the families' plans."""
+    from diffusers.models._modeling_parallel import ContextParallelOutput
 
-    - FLUX.1, Qwen-Image, Wan: diffusers' own (Wan's splits TI2V's per-token timesteps
-      with the tokens).
-    - FLUX.2: diffusers' splits batched ids [B, S, 4]; the farm passes the rows' shared ids
-      [S, 4] (the transformer takes either), split on their first dimension as FLUX.1's are.
-    - Krea 2 (none in diffusers 0.42): its single-stream blocks run over [text; image]; the
-      first block's input and the rotary table are split by tokens, the last block's output is
-      gathered before the image tokens are sliced off; the key mask stays whole (Ulysses
-      attention sees every token)."""
-    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
-
-    name = type(transformer).__name__
-    if name not in ROW_ARGUMENTS:
-        return None
-    tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=False)
-    if name == "Krea2Transformer2DModel":
-        last = len(transformer.transformer_blocks) - 1
-        table = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
-        return {"transformer_blocks.0": {"hidden_states": tokens},
-                "rotary_emb": {0: table, 1: table},
-                f"transformer_blocks.{last}": ContextParallelOutput(gather_dim=1,
-                                                                    expected_dims=3)}
-    own = dict(transformer._cp_plan)
-    if name == "Flux2Transformer2DModel":
-        ids = ContextParallelInput(split_dim=0, expected_dims=2, split_output=False)
-        own[""] = {**own[""], "img_ids": ids, "txt_ids": ids}
-    return own
+    return ContextParallelOutput(gather_dim=gather_dim, expected_dims=dims)
 
 
 class FamilySplit:
@@ -100,14 +72,18 @@ class FamilySplit:
         self.mesh = init_device_mesh(device.type, (degrees.cfg, 1, degrees.sp),
                                      mesh_dim_names=("cfg", "ring", "ulysses"))
         self.cfg_group = self.mesh["cfg"].get_group() if degrees.cfg > 1 else None
+        self.models: set[int] = set()  # the transformers prepared here (by id)
         self.rows = 0  # the last forward's rows (what rank 0 reports)
         self.tokens = 0  # and its tokens per row before the sequence split
 
-    def prepare(self, transformer: Any) -> Any:
+    def prepare(self, transformer: Any, family_plugin: Any) -> Any:
+        """Install the split on `transformer` as its family's `split_plan` says."""
+        plan, rows = family_plugin.split_plan(transformer)
         if self.degrees.sp > 1:
-            self._context_parallel(transformer)
-        self._row_split(transformer)
-        self._count_tokens(transformer)
+            self._context_parallel(transformer, plan)
+        self._row_split(transformer, rows)
+        self._count_tokens(transformer, plan)
+        self.models.add(id(transformer))
         return transformer
 
     @torch.no_grad()
@@ -130,7 +106,7 @@ class FamilySplit:
         return {"tokens": self.tokens, "local_tokens": -(-self.tokens // sp),
                 "rows": self.rows, "local_rows": -(-self.rows // cfg)}
 
-    def _context_parallel(self, transformer: Any) -> None:
+    def _context_parallel(self, transformer: Any, own: dict[str, Any]) -> None:
         """diffusers' `enable_parallelism` for context parallelism, with this rank's device:
         its own call derives the device from the accelerator count, which is 0 on CPU."""
         from diffusers.hooks.context_parallel import apply_context_parallel
@@ -146,8 +122,6 @@ class FamilySplit:
             processor = getattr(module, "processor", None)
             if processor is not None and hasattr(processor, "_parallel_config"):
                 processor._parallel_config = config
-        own = plan(transformer)
-        assert own is not None
         inputs = {name: entry for name, entry in own.items() if isinstance(entry, dict)}
         apply_context_parallel(transformer, cp, inputs)
         group, size = self.mesh["ulysses"].get_group(), self.degrees.sp
@@ -157,11 +131,9 @@ class FamilySplit:
                     lambda _m, _a, out, dim=entry.gather_dim: all_gather_uneven(
                         out, group, size, dim=dim))
 
-    def _count_tokens(self, transformer: Any) -> None:
+    def _count_tokens(self, transformer: Any, own: dict[str, Any]) -> None:
         """The report's tokens: the hidden states' where the plan starts the sequence split
         (a torch pre-hook runs before diffusers' split of the same module)."""
-        own = plan(transformer)
-        assert own is not None
         name = next(key for key, entry in own.items()
                     if isinstance(entry, dict) and "hidden_states" in entry)
         split = self
@@ -172,8 +144,7 @@ class FamilySplit:
 
         transformer.get_submodule(name).register_forward_pre_hook(count, with_kwargs=True)
 
-    def _row_split(self, transformer: Any) -> None:
-        names = ROW_ARGUMENTS[type(transformer).__name__]
+    def _row_split(self, transformer: Any, names: tuple[str, ...]) -> None:
         size, rank, split = self.degrees.cfg, self.cfg_rank, self
 
         def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

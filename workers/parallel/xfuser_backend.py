@@ -48,9 +48,11 @@ class XfuserSplit:
 
         self.torch_split = CpuSplit(degrees, rank, torch.device("cuda", rank))
 
-    def prepare(self, transformer: Any) -> Any:
-        if _torch_split(transformer):
-            return self.torch_split.prepare(transformer)
+    def prepare(self, transformer: Any, family_plugin: Any = None) -> Any:
+        from workers.parallel import split_family
+
+        if split_family.handles(family_plugin):
+            return self.torch_split.prepare(transformer, family_plugin)
         from xfuser.model_executor.models.transformers.transformer_z_image import (
             xFuserZImageTransformer2DWrapper,
         )
@@ -71,7 +73,7 @@ class XfuserSplit:
         jobs' items at once has not been checked on GPUs. Jobs still join, leave, report and
         cancel per step through the step batcher; only the forward is not shared. Every other
         family (split_family.py): its own predict on the torch split, one shared forward."""
-        if _torch_split(transformer):
+        if id(transformer) in self.torch_split.family.models:
             return self.torch_split.velocities(transformer, items, predict)
         return [self._velocity(transformer, item) for item in items]
 
@@ -91,13 +93,6 @@ class XfuserSplit:
         if guided:
             pred = pred + item.guidance * (pred - outs[1].float())
         return -pred.unsqueeze(0).squeeze(2)
-
-
-def _torch_split(transformer: Any) -> bool:
-    """Whether the torch.distributed split (not xfuser's wrapper) runs `transformer`."""
-    from workers.parallel import split_family
-
-    return split_family.handles(transformer)
 
 
 class _DeclaredKwargsOnly:

@@ -19,10 +19,9 @@ from workers.models.flux1.engine import (
 from workers.models.flux1.loading import load_diffusion_model, load_text_encoder, load_vae
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "fill_condition",
-           "load_diffusion_model",
-           "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "text_encoder_lora_state_dict", "text_encoder_parts",
-           "to_denoised", "write_tiny_stack"]
+           "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
+           "model_sampling", "predict", "renoise", "schedule", "split_plan",
+           "text_encoder_lora_state_dict", "text_encoder_parts", "to_denoised", "write_tiny_stack"]
 
 T5_KEYS = ("lora_te2_", "text_encoder_2.", "text_encoders.t5xxl.")  # a FLUX LoRA's T5 half
 
@@ -93,3 +92,10 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
                          cfg["base_image_seq_len"], cfg["max_image_seq_len"],
                          cfg["base_shift"], cfg["max_shift"])
     return FlowSampling(float(mu), flux=True)
+
+
+def split_plan(transformer: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """How a worker group splits the transformer (workers/parallel/split_family.py): diffusers'
+    context-parallel plan, and the forward arguments that hold one entry per batch row."""
+    return dict(transformer._cp_plan), ("hidden_states", "encoder_hidden_states",
+                                        "pooled_projections", "timestep", "guidance")

@@ -20,7 +20,8 @@ from workers.models.flux2.loading import load_diffusion_model, load_text_encoder
 
 __all__ = ["decode_latents_batch", "distilled", "encode_image", "encode_prompts",
            "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
-           "model_sampling", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "model_sampling", "predict", "renoise", "schedule", "split_plan", "to_denoised",
+           "write_tiny_stack"]
 
 COMFY_MU = 2.02  # ComfyUI's Flux2 model sampling (ModelSamplingFlux, shift = mu)
 
@@ -52,3 +53,16 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
     from workers.sampling.schedulers import FlowSampling
 
     return FlowSampling(COMFY_MU if shift is None else math.log(float(shift)), flux=True)
+
+
+def split_plan(transformer: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """How a worker group splits the transformer (workers/parallel/split_family.py): diffusers'
+    context-parallel plan — its ids entries for batched ids [B, S, 4]; the farm passes the rows'
+    shared ids [S, 4] (the transformer takes either), split on their first dimension — and the
+    forward arguments that hold one entry per batch row."""
+    from workers.parallel.split_family import context_parallel_input
+
+    plan = dict(transformer._cp_plan)
+    ids = context_parallel_input(0, 2)
+    plan[""] = {**plan[""], "img_ids": ids, "txt_ids": ids}
+    return plan, ("hidden_states", "encoder_hidden_states", "timestep", "guidance")

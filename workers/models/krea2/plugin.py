@@ -19,7 +19,7 @@ from workers.models.krea2.loading import load_diffusion_model, load_text_encoder
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "renoise", "schedule", "split_plan", "to_denoised", "write_tiny_stack"]
 
 
 def write_tiny_stack(models_dir: Path) -> dict[str, str]:
@@ -53,3 +53,19 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
         return FlowSampling(math.log(float(shift)), flux=True)
     tokens = LATENT.tokens(height // LATENT.downscale, width // LATENT.downscale)
     return FlowSampling(resolution_mu(scheduler_config(), tokens), flux=True)
+
+
+def split_plan(transformer: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """How a worker group splits the transformer (workers/parallel/split_family.py; diffusers
+    0.42 has no plan for Krea 2): its single-stream blocks run over [text; image], so the first
+    block's input and the rotary table are split by tokens and the last block's output gathered
+    before the image tokens are sliced off; the key mask stays whole (Ulysses attention sees
+    every token). And the forward arguments that hold one entry per batch row."""
+    from workers.parallel.split_family import context_parallel_input, context_parallel_output
+
+    last = len(transformer.transformer_blocks) - 1
+    table = context_parallel_input(0, 2, output=True)
+    plan = {"transformer_blocks.0": {"hidden_states": context_parallel_input(1, 3)},
+            "rotary_emb": {0: table, 1: table},
+            f"transformer_blocks.{last}": context_parallel_output(1, 3)}
+    return plan, ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask")

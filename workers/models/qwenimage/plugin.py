@@ -19,7 +19,7 @@ from workers.models.qwenimage.loading import load_diffusion_model, load_text_enc
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "load_diffusion_model",
            "load_text_encoder", "load_vae", "lora_state_dict", "model_sampling", "predict",
-           "renoise", "schedule", "to_denoised", "write_tiny_stack"]
+           "renoise", "schedule", "split_plan", "to_denoised", "write_tiny_stack"]
 
 SHIFT = 1.15  # ComfyUI's model sampling for Qwen-Image (its workflows set AuraFlow's 3.1)
 
@@ -46,3 +46,11 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
     from workers.sampling.schedulers import FlowSampling
 
     return FlowSampling(SHIFT if shift is None else float(shift))
+
+
+def split_plan(transformer: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """How a worker group splits the transformer (workers/parallel/split_family.py): diffusers'
+    context-parallel plan, and the forward arguments that hold one entry per batch row."""
+    return dict(transformer._cp_plan), (
+        "hidden_states", "encoder_hidden_states", "encoder_hidden_states_mask", "timestep",
+        "img_shapes", "guidance", "additional_t_cond")

@@ -21,8 +21,8 @@ from workers.models.wan.loading import load_diffusion_model, load_text_encoder, 
 
 __all__ = ["decode_latents_batch", "encode_image", "encode_prompts", "keeps_masked",
            "latent_format", "load_diffusion_model", "load_text_encoder", "load_vae",
-           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule", "to_denoised",
-           "video_frames", "write_tiny_stack"]
+           "lora_state_dict", "model_sampling", "predict", "renoise", "schedule", "split_plan",
+           "to_denoised", "video_frames", "write_tiny_stack"]
 
 keeps_masked = True  # a masked latent (TI2V's start frame) is held at its samples (engine)
 
@@ -65,3 +65,11 @@ def model_sampling(width: int, height: int, shift: float | None = None) -> Any:
 def video_frames(latent_frames: int) -> int:
     """The frames a clip of `latent_frames` latent frames decodes to (F = 4(F' − 1) + 1)."""
     return (latent_frames - 1) * TEMPORAL + 1
+
+
+def split_plan(transformer: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """How a worker group splits the transformer (workers/parallel/split_family.py): diffusers'
+    context-parallel plan (it splits TI2V's per-token timesteps with the tokens), and the
+    forward arguments that hold one entry per batch row."""
+    return dict(transformer._cp_plan), ("hidden_states", "encoder_hidden_states", "timestep",
+                                        "encoder_hidden_states_image")
