@@ -221,7 +221,7 @@ def test_an_artist_renders_zimage_in_the_editor_and_another_sees_none_of_it(
                            " return [r.status, r.headers.get('content-type')] }", link)
     assert opened == [200, "image/png"], opened
     # The queue panel's entry for the job shows the take through that link (resultItemUrl).
-    page.locator(f"img[src^='{link}']").first.wait_for(timeout=10_000)
+    page.locator(f"img[src^='{link}']").first.wait_for(timeout=30_000)  # the panel refreshes on its own poll
 
     # The other artist: no jobs, no workflows, and A's run is a stranger's to B.
     b_jobs = b.api("/jobs?status=completed,failed,cancelled,pending,in_progress&limit=50&offset=0")
