@@ -239,6 +239,9 @@ def cancel(setup: Setup) -> Check:
 def failover(setup: Setup) -> Check:
     """A worker SIGKILLed mid-run: the run finishes elsewhere (another worker, or the one its
     supervisor restarts) exactly once: succeeded, one take, a later attempt."""
+    if not any(w.get("pid") is not None for w in setup.farm.workers()):
+        # /v1/workers shows pids to staff only: decided before rendering anything
+        return Check("failover", None, "n/a: needs a staff token (to see the worker's pid)")
     caught = _mid_run(setup, seed=setup.seed + 3, steps=40, label="check failover")
     if isinstance(caught, str):
         return Check("failover", False, caught)
@@ -246,7 +249,7 @@ def failover(setup: Setup) -> Check:
     entry = _worker(setup.farm, worker) or {}
     if entry.get("pid") is None:
         setup.farm.cancel(run_id)
-        return Check("failover", None, "n/a: needs a staff token (to see the worker's pid)")
+        return Check("failover", None, f"n/a: {worker} reports no pid")
     if entry.get("host") != socket.gethostname():
         setup.farm.cancel(run_id)
         return Check("failover", None, f"n/a: {worker} runs on {entry.get('host')}, not on this "
@@ -261,17 +264,18 @@ def failover(setup: Setup) -> Check:
                  f"{took:.1f} s later after {run['attempts']} attempts, {takes} take(s)")
 
 
-LONGER = (1, 2, 4)  # image side factors of the retries when a run ended before it was caught
+# (image side factor, steps) of the retries when a run ended before it was caught; the run is
+# cancelled or killed at step 2, so a long last try costs nothing
+LONGER = ((2, 100), (4, 400))
 
 
 def _mid_run(setup: Setup, *, seed: int, steps: int, label: str) -> tuple[str, str] | str:
     """A run of the check's graph (at least `steps` steps) caught at step 2 or later while it
     still runs: (its id, its worker); else why not. A run that ended before it could be caught
     (a small model on a fast card: its events arrive after its end) proves nothing: it is tried
-    again at 100 steps and twice, then four times the side."""
-    for factor in LONGER:
-        body = _graph(setup, seed=seed, steps=max(setup.steps, steps if factor == 1 else 100),
-                      scale=factor)
+    again at twice the side and 100 steps, then four times the side and 400 steps."""
+    for factor, at_least in ((1, steps), *LONGER):
+        body = _graph(setup, seed=seed, steps=max(setup.steps, at_least), scale=factor)
         run_id = setup.farm.submit(_labelled(body, label))
         worker, started = "", time.monotonic()
         for event in setup.farm.events(run_id):
@@ -284,8 +288,8 @@ def _mid_run(setup: Setup, *, seed: int, steps: int, label: str) -> tuple[str, s
                 return "the run never reached step 2"
         if setup.farm.run(run_id)["status"] not in TERMINAL:
             return run_id, worker
-    return (f"every run ended before the check could act on it (up to 100 steps at "
-            f"{LONGER[-1]}× the side)")
+    return (f"every run ended before the check could act on it (up to {LONGER[-1][1]} steps "
+            f"at {LONGER[-1][0]}× the side)")
 
 
 def overload(setup: Setup) -> Check:
