@@ -286,7 +286,8 @@ MODELS = (
         description="Inpainting with FLUX.1 Fill (ComfyUI's InpaintModelConditioning): the "
         "prompts conditioned on the image with the masked part grey and on the mask (the Fill "
         "transformer's extra input, as FluxFillPipeline builds it), and the image's latent to "
-        "sample. The mask (1: repaint) is resized to the image; sides must be multiples of 16.",
+        "sample. The mask (1: repaint) is resized to the image; an image whose sides are not "
+        "multiples of 16 is cut to its centre that is (the take is that size).",
     ),
     NodeDescriptor(
         "model/differential-diffusion", "Differential diffusion", "sampling",

@@ -177,3 +177,36 @@ def test_differential_diffusion_samples_as_comfyui_s_rule_step_by_step(inpaint_p
     assert torch.equal(ours, comfyui_differential_inpaint(inpaint_parts))
     plain = sampled(inpaint_parts, inpaint_parts["model"])  # the grey mask blended as it is
     assert not torch.allclose(ours, plain, atol=1e-3)
+
+
+def test_an_image_off_the_16_pixel_grid_is_inpainted_at_its_centre_on_it(inpaint_parts,
+                                                                        fill_stack):
+    """A 75×58 photo (a phone's crop) is cut to its 64×48 centre, its mask with it: the same
+    condition and latent as the cut image and mask given whole."""
+    ctx, positive = inpaint_parts["ctx"], inpaint_parts["positive"]
+    from workers.models.values import Mask
+
+    vae = run(ctx, "load/vae", {"file": fill_stack[1]["vae"]}, {})["vae"]
+    big, cells = noise_image(75, 58), np.random.default_rng(3).random((58, 75), dtype=np.float32)
+    off = run(ctx, "flux1/inpaint", {}, {"positive": positive, "vae": vae, "image": big,
+                                         "mask": Mask(cells)})
+    cut = run(ctx, "flux1/inpaint", {}, {"positive": positive, "vae": vae,
+                                         "image": big.crop((5, 5, 69, 53)),
+                                         "mask": Mask(cells[5:53, 5:69].copy())})
+    assert tuple(off["latent"].samples.shape) == (1, 16, 6, 8)
+    assert torch.equal(off["latent"].samples, cut["latent"].samples)
+    assert torch.equal(off["latent"].mask, cut["latent"].mask)
+    assert torch.equal(off["positive"].extra["fill"], cut["positive"].extra["fill"])
+
+
+def test_an_image_smaller_than_the_grid_is_refused_by_name(inpaint_parts, fill_stack):
+    from workers.models.values import Mask
+    from workers.runners.base import NodeFailed
+
+    ctx = inpaint_parts["ctx"]
+    vae = run(ctx, "load/vae", {"file": fill_stack[1]["vae"]}, {})["vae"]
+    with pytest.raises(NodeFailed, match=r"input 'image' is 12×40: FLUX\.1 inpaints images "
+                                         r"of at least 16×16"):
+        run(ctx, "flux1/inpaint", {}, {"positive": inpaint_parts["positive"], "vae": vae,
+                                       "image": noise_image(12, 40),
+                                       "mask": Mask(np.ones((40, 12), np.float32))})

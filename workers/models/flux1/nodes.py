@@ -21,7 +21,7 @@ FAMILY = "flux1"
 def flux1_inpaint(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """The prompts with the image's Fill condition, and the image's latent (its posterior's
     mode), masked by `mask` resized to the latent (ComfyUI's noise mask) unless `noise_mask`
-    is off."""
+    is off. The mask is first resized to the image, and both cut to the 16-pixel grid."""
     import torch
     from PIL import Image
 
@@ -31,7 +31,7 @@ def flux1_inpaint(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, An
     if vae.module.config.latent_channels != LATENT.channels:
         raise NodeFailed(f"input 'vae' is {vae.name}, not FLUX.1's 16-channel VAE")
     image = expect(inputs, "image", Image.Image).convert("RGB")
-    mask = pixel_mask(expect(inputs, "mask", Mask), image.width, image.height)
+    image, mask = on_grid(image, pixel_mask(expect(inputs, "mask", Mask), *image.size))
     fill = checked(lambda: on_device_thread(fill_condition, vae, image, mask))
     samples = checked(lambda: on_device_thread(encode_image, vae, image)).cpu()
     noise_mask = None
@@ -45,6 +45,22 @@ def flux1_inpaint(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, An
     if inputs.get("negative") is not None:
         out["negative"] = _with_fill(expect(inputs, "negative", Conditioning), fill, "negative")
     return out
+
+
+def on_grid(image: Any, mask: Any) -> tuple[Any, Any]:
+    """The image and its mask [H, W] cut to their centre on FLUX.1's 16-pixel grid (ComfyUI's
+    InpaintModelConditioning cuts to the VAE's 8 and its model pads to the 2×2 patches; here one
+    cut does both)."""
+    m = LATENT.pixel_multiple
+    width, height = image.width // m * m, image.height // m * m
+    if not width or not height:
+        raise NodeFailed(f"input 'image' is {image.width}×{image.height}: FLUX.1 inpaints "
+                         f"images of at least {m}×{m}")
+    if (width, height) == image.size:
+        return image, mask
+    left, top = (image.width % m) // 2, (image.height % m) // 2
+    return (image.crop((left, top, left + width, top + height)),
+            mask[top:top + height, left:left + width])
 
 
 def pixel_mask(mask: Mask, width: int, height: int) -> Any:
