@@ -111,6 +111,16 @@ IMAGE_OPS = (
         "kept as it is.",
     ),
     NodeDescriptor(
+        "image/empty", "Empty image", "image",
+        inputs=(_width[0], _height[0]),
+        outputs=_image_out,
+        params=(_wired_int("width", 512, 1, MAX_SIDE * 2)[1],
+                _wired_int("height", 512, 1, MAX_SIDE * 2)[1],
+                Param("color", "int", 0, min=0, max=0xFFFFFF,
+                      description="The colour as 0xRRGGBB (0: black).")),
+        description="An image of one colour (ComfyUI's EmptyImage, one image).",
+    ),
+    NodeDescriptor(
         "image/invert", "Invert image", "image",
         inputs=_image_in, outputs=_image_out,
         description="255 − every colour value (alpha kept), ComfyUI's ImageInvert.",

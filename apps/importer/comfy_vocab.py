@@ -43,6 +43,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "PreviewAny": (),
     "ImageCompare": (),
     "ImageScaleToTotalPixels": ("upscale_method", "megapixels", "resolution_steps"),
+    "EmptyImage": ("width", "height", "batch_size", "color"),
     "ImageInvert": (),
     "ImageCompositeMasked": ("x", "y", "resize_source"),
     "ImageToMask": ("channel",),
@@ -377,6 +378,12 @@ VOCABULARY: dict[str, Rule] = {
                 "interpolation": ParamMap("method", resample)},
         derive=lambda values: {"fit": "pad"},
         warnings=(lambda v: area_warning({"upscale_method": v.get("interpolation")}),),
+    ),
+    "EmptyImage": Rule(
+        "image/empty", inputs={"width": "width", "height": "height"}, outputs=("image",),
+        params={name: ParamMap(name) for name in ("width", "height", "color")},
+        refuse=lambda values: (f"batch_size {values['batch_size']}: an image here is one image"
+                               if values.get("batch_size", 1) != 1 else None),
     ),
     "ImageInvert": Rule("image/invert", inputs=_IMAGE_IN, outputs=("image",)),
     "ImageCompositeMasked": Rule(

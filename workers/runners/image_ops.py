@@ -161,6 +161,13 @@ def image_scale_to_multiple(
     return {"image": scaled.crop((x0, y0, x0 + target_w, y0 + target_h))}
 
 
+@runner("image/empty")
+def image_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    color = int(params["color"])
+    rgb = ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF)
+    return {"image": Image.new("RGB", (int(params["width"]), int(params["height"])), rgb)}
+
+
 @runner("image/invert")
 def image_invert(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     image: Image.Image = inputs["image"]
