@@ -246,3 +246,29 @@ def test_bad_guides_are_clear_errors(ltx2_stack, make_ctx):
     with pytest.raises(NodeFailed, match="input 'latent' must be an LTX-2 latent"):
         run(ctx, "ltx2/add-guide", {"frame_idx": 0, "strength": 1.0, "crf": 0},
             {**inputs, "latent": None})
+
+
+def test_a_sampled_clip_takes_guides_again_and_is_refined_over_wired_sigmas(ltx2_stack,
+                                                                            make_ctx):
+    """A second stage (ComfyUI's two-stage workflows condition the refined clip again): the
+    sampled clip with a last-frame guide, refined from σ 0.9, keeps its length and is not the
+    refine without the guide."""
+    models_dir, name = ltx2_stack
+    ctx = make_ctx(models_dir=models_dir)
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
+        "conditioning"]
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
+                                            "fps": FPS})["latent"]
+    common = {"model": parts["model"], "positive": positive}
+    sampled = run(ctx, "ltx2/sample", {"seed": 1, "steps": 2, **GUIDANCE},
+                  {**common, "latent": latent})["latent"]
+    sigmas = run(ctx, "sampling/manual-sigmas", {"sigmas": "0.9, 0.5, 0"})["sigmas"]
+    again = run(ctx, "ltx2/add-guide", {"frame_idx": -1, "strength": 1.0, "crf": 0},
+                {"positive": positive, "vae": parts["vae"], "latent": sampled,
+                 "image": picture(5)})["latent"]
+    refined = [run(ctx, "ltx2/sample", {"seed": 2, "steps": 2, **GUIDANCE},
+                   {**common, "latent": clip, "sigmas": sigmas})["latent"]
+               for clip in (again, sampled)]
+    assert refined[0].samples.shape == refined[1].samples.shape == sampled.samples.shape
+    assert not torch.allclose(refined[0].samples, refined[1].samples)
