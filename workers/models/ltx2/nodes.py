@@ -21,14 +21,13 @@ latent is sized by the sampler, which knows the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 from itertools import pairwise
 from typing import Any
 
 from workers.device.thread import on_device_thread
 from workers.models.values import Conditioning, DiffusionModel, Latent, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
-from workers.runners.diffusion import checked, encode, expect, noise
+from workers.runners.diffusion import checked, encode, expect
 
 FAMILY = "ltx2"
 
@@ -204,121 +203,6 @@ def _sigmas(inputs: dict[str, Any], empty: bool) -> Any:
     return value.values
 
 
-@dataclass(frozen=True, eq=False)
-class _Start:
-    """A clip's first state: video latents [1, C, F' (+ one frame per appended guide), h, w],
-    packed audio latents, and its conditioning as engine.Ltx2Run holds it (held, clean, mixed
-    over the packed video tokens; the appended guides' pixel frames and positions)."""
-
-    video: Any
-    audio: Any
-    held: Any = None
-    clean: Any = None
-    mixed: Any = None
-    guide_frames: tuple[int, ...] = ()
-    keyframes: Any = None
-
-
-def _start(latent: AvLatent, components: dict[str, Any], sizes: tuple[int, int, int, int],
-           seed: int, s0: float, dtype: Any, device: Any) -> _Start:
-    """A clip's first state from `seed`'s noise (video then audio, as LTX2Pipeline draws them),
-    for image-to-video the strength on frame 0's tokens and the image packed over every frame.
-    A sampled clip is noised to σ₀ = `s0` over itself (LTX2ImageToVideoPipeline's noise_scale),
-    the image written into its frame 0 as ComfyUI does; at strength 0 the image is ignored
-    (ComfyUI's noise mask 1)."""
-    import torch
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
-
-    tcfg, audio_vae = components["transformer"].config, components["audio_vae"]
-    f, h, w, audio_len = sizes
-    pack = partial(LTX2Pipeline._pack_latents, patch_size=tcfg.patch_size,
-                   patch_size_t=tcfg.patch_size_t)
-    generator = torch.Generator("cpu").manual_seed(seed)
-    video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
-    if not latent.empty:
-        base = latent.samples.float().clone()
-        if latent.first is not None:
-            base[:, :, :1] = latent.first.float()
-        video = s0 * video + (1 - s0) * base
-    frame0 = first = None
-    if latent.first is not None and latent.strength > 0:
-        mask = torch.zeros((1, 1, f, h, w))
-        mask[:, :, 0] = 1.0
-        image = latent.first.to(dtype).float().repeat(1, 1, f, 1, 1)
-        if latent.strength >= 1:  # LTX2ImageToVideoPipeline: frame 0 is the image's
-            video = image * mask + video * (1 - mask)
-        frame0 = pack(mask * latent.strength).squeeze(-1).to(device)
-        first = pack(image).to(device)
-    if not latent.empty:  # the packed sound, noised as the pipeline noises it
-        audio = noise(tuple(latent.audio.shape), generator, "cpu")
-        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
-    else:
-        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
-        audio = LTX2Pipeline._pack_audio_latents(audio)
-    return _Start(video.to(device), audio.to(device), frame0, first, frame0)
-
-
-def _start_guided(latent: AvLatent, components: dict[str, Any],
-                  sizes: tuple[int, int, int, int], seed: int, s0: float, dtype: Any,
-                  device: Any) -> _Start:
-    """The first state of a clip with guides, as LTX2ConditionPipeline.prepare_latents makes
-    it: a frame-0 guide written over the first frame's tokens, the others' tokens appended
-    after the clip's (LTX-2's temporal patch is 1: one latent frame each), then `seed`'s noise
-    drawn over all the packed tokens and mixed in at (1 − strength)·σ₀ per token, then the
-    packed sound's noise. An image-to-video first frame is held as `_start` holds it."""
-    import torch
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
-
-    from workers.models.ltx2.engine import keyframe_coords
-
-    vae, audio_vae = components["vae"], components["audio_vae"]
-    tcfg = components["transformer"].config
-    f, h, w, audio_len = sizes
-    ps, pt = tcfg.patch_size, tcfg.patch_size_t
-    pack = partial(LTX2Pipeline._pack_latents, patch_size=ps, patch_size_t=pt)
-    per_frame = (h // ps) * (w // ps)  # tokens of one latent frame
-    base = (torch.zeros((1, tcfg.in_channels, f, h, w)) if latent.empty
-            else latent.samples.float().clone())
-    if latent.first is not None and not latent.empty:
-        base[:, :, :1] = latent.first.float()
-    video = pack(base)  # [1, tokens, C]
-    held, clean = torch.zeros(video.shape[:2]), torch.zeros_like(video)
-    scales = (vae.temporal_compression_ratio,) + (vae.spatial_compression_ratio,) * 2
-    frames, coords = [], []
-    for guide in latent.guides:
-        tokens = pack(guide.latents.float())  # [1, h·w / p², C]
-        if guide.frame == 0:
-            video[:, :per_frame] = clean[:, :per_frame] = tokens
-            held[:, :per_frame] = guide.strength
-            continue
-        video, clean = torch.cat([video, tokens], dim=1), torch.cat([clean, tokens], dim=1)
-        held = torch.cat([held, torch.full(tokens.shape[:2], guide.strength)], dim=1)
-        frames.append(guide.frame)
-        coords.append(keyframe_coords(guide.frame, h, w, scales, (ps, pt), latent.fps))
-    generator = torch.Generator("cpu").manual_seed(seed)
-    scaled = (1.0 - held.unsqueeze(-1)) * s0  # the noise each token starts at
-    video = noise(tuple(video.shape), generator, "cpu") * scaled + video * (1 - scaled)
-    mixed = None
-    if latent.first is not None and latent.strength > 0:  # image-to-video, as `_start` holds it
-        image = pack(latent.first.to(dtype).float())
-        mixed = torch.zeros_like(held)
-        held[:, :per_frame] = mixed[:, :per_frame] = latent.strength
-        clean[:, :per_frame] = image
-        if latent.strength >= 1:
-            video[:, :per_frame] = image
-    if latent.empty:
-        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-        audio = noise((1, audio_len, audio_vae.config.latent_channels * mel), generator, "cpu")
-    else:
-        audio = noise(tuple(latent.audio.shape), generator, "cpu")
-        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
-    video = LTX2Pipeline._unpack_latents(video, f + len(frames), h, w, ps, pt)
-    return _Start(video.to(device), audio.to(device), held.to(device), clean.to(device),
-                  None if mixed is None else mixed.to(device), tuple(frames),
-                  torch.cat(coords, dim=2) if coords else None)
-
-
 @runner("ltx2/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
@@ -330,6 +214,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 
     from workers.models.ltx2.engine import Ltx2Run, latent_sizes, manual_schedule, schedule
     from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
+    from workers.models.ltx2.start import first_state
     from workers.runners.diffusion import denoise_job
 
     model = expect(inputs, "model", DiffusionModel)
@@ -371,8 +256,8 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     if any(tuple(e.shape[-2:]) != (h, w) for e in encoded + [g.latents for g in latent.guides]):
         raise NodeFailed("the image-to-video or guide latent was encoded by another VAE")
     s0 = float(manual[0]) if manual is not None else 1.0
-    begin = on_device_thread(_start_guided if latent.guides else _start, latent, components,
-                             (f, h, w, audio_len), seed, s0, dtype, device)
+    begin = on_device_thread(first_state, latent, components, (f, h, w, audio_len), seed, s0,
+                             dtype, device)
     video, audio = begin.video, begin.audio
     if manual is not None:
         sigmas, timesteps = manual_schedule(manual)
