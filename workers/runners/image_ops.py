@@ -42,14 +42,14 @@ def image_resize(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     width, height, method = params["width"], params["height"], params["method"]
     fit = params.get("fit", "stretch")  # .get: graphs stored before `fit` existed
     if fit == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
     elif fit == "pad":
         return {"image": _fit_and_pad(image, width, height, method,
                                       params.get("pad_color", "black"))}
     return {"image": _resized(image, width, height, method)}
 
 
-def _centre_crop_box(old_w: int, old_h: int, new_aspect: float) -> tuple[int, int, int, int]:
+def centre_crop_box(old_w: int, old_h: int, new_aspect: float) -> tuple[int, int, int, int]:
     """ComfyUI's `common_upscale(crop="center")`: cut the sides (or top and bottom) so the
     image has the target's aspect, before scaling."""
     old_aspect = old_w / old_h
@@ -105,7 +105,7 @@ def image_scale_to_kontext(
     image: Image.Image = inputs["image"]
     width, height = kontext_size(image.width, image.height)
     if params.get("fit", "crop") == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
     return {"image": _resized(image, width, height, params["method"])}
 
 
@@ -136,7 +136,7 @@ def image_resize_to_match(
     match = inputs["match"]  # an image or a Mask: both have width and height
     width, height = int(match.width), int(match.height)
     if params.get("fit", "crop") == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
     return {"image": _resized(image, width, height, params["method"])}
 
 
