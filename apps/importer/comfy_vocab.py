@@ -312,6 +312,15 @@ def _crop_or_stretch(values: dict[str, Any]) -> dict[str, Any]:
 
 
 _IMAGE_IN = {"image": "image"}
+
+
+def _upscale_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ImageUpscaleWithModel of a clip's frames (GetVideoComponents) → frames/upscale-with-model."""
+    if kind_of("image") == "frames":
+        return Rule("frames/upscale-with-model",
+                    inputs={"upscale_model": "upscale_model", "image": "frames"},
+                    outputs=("frames",))
+    return VOCABULARY["ImageUpscaleWithModel"]
 # Outputs that hand on an input unchanged while the node also does its own thing (PreviewAny
 # shows its value in the editor and passes it on): their readers read that input instead.
 ECHOES: dict[str, str] = {"PreviewAny": "source"}
@@ -406,7 +415,7 @@ VOCABULARY: dict[str, Rule] = {
     ),
     "ImageUpscaleWithModel": Rule(
         "image/upscale-with-model", inputs={"upscale_model": "upscale_model", "image": "image"},
-        outputs=("image",),
+        outputs=("image",), pick=_upscale_pick,
     ),
     # Video (ComfyUI's comfy_extras/nodes_video.py): its IMAGE batch of a clip is our `frames`.
     "CreateVideo": Rule(
