@@ -403,8 +403,8 @@ def test_the_most_used_shipped_workflows_of_the_farms_families_import():
     multi-angle app: text/camera-angle; 45.8% with LTX-2.5's and LTX-2.3's first-last-frame
     to video and LTX-2.3's style transition: ltx2/add-guide; 45.9% with LTX-2's image-to-video,
     whose half size is an EmptyImage scaled: image/empty, and SDXL Turbo's example:
-    sampling/sd-turbo-scheduler; 46.0% with the GAN video upscaler: frames/upscale-with-model, and the six-key-frame
-    Wan 2.2 film: frames/batch)."""
+    sampling/sd-turbo-scheduler; 46.0% with the GAN video upscaler: frames/upscale-with-model,
+    and the six-key-frame Wan 2.2 film: frames/batch)."""
     from apps.importer.comfy_templates import shipped_coverage, shipped_imports
 
     why_not = {name: shipped_imports().get(name, "not shipped") for name in MOST_USED_THAT_RUN_HERE}
