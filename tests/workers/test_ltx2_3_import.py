@@ -9,7 +9,6 @@ with the templates' Gemma LoRA writes the prompt (a few tokens) that the clip is
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
-from tests.workers.vocab_helpers import asset_of, render
+from tests.workers.vocab_helpers import assert_mp4_with_sound, asset_of, render
 
 SIDE, SECONDS, FPS = 64, 1, 8  # the final clip: 64² px, 1 s × 8 fps + 1 = 9 frames
 
@@ -102,17 +101,7 @@ def assert_two_stages(nodes: dict[str, Any], stages: tuple[str, str], upsample: 
 
 def assert_clip_with_sound(run: Any) -> None:
     """The run's one take: a SIDE² MP4 of SECONDS × FPS + 1 frames at FPS, with a sound track."""
-    import av
-
-    from apps.takes.storage import blob_read
-
-    [take] = run.takes.all()
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        stream = mp4.streams.video[0]
-        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (SIDE, SIDE, FPS)
-        assert len(list(mp4.decode(stream))) == SECONDS * FPS + 1
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        assert mp4.streams.audio, "the clip has its sound track"
+    assert_mp4_with_sound(run, side=SIDE, fps=FPS, frames=SECONDS * FPS + 1)
 
 
 @pytest.mark.django_db

@@ -8,7 +8,6 @@ keyframe guides at the first and last frames)."""
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
-from tests.workers.vocab_helpers import asset_of, render
+from tests.workers.vocab_helpers import assert_mp4_with_sound, asset_of, render
 
 SIDE, SECONDS, FPS = 64, 1, 8  # the final clip: 64² px, 1 s × 8 fps + 1 = 9 frames
 
@@ -24,10 +23,7 @@ SIDE, SECONDS, FPS = 64, 1, 8  # the final clip: 64² px, 1 s × 8 fps + 1 = 9 f
 @pytest.mark.django_db
 @pytest.mark.parametrize("template", ["video_ltx2_5_t2v", "video_ltx2_5_i2v"])
 def test_comfyuis_shipped_ltx2_5_template_imports_and_renders(settings, tmp_path, template):
-    import av
-
     from apps.importer.comfy_templates import shipped_file
-    from apps.takes.storage import blob_read
     from workers.models.ltx2.tiny import write_tiny_files, write_tiny_upsampler
 
     models_dir = tmp_path / "models"
@@ -71,12 +67,7 @@ def test_comfyuis_shipped_ltx2_5_template_imports_and_renders(settings, tmp_path
     assert [n["type"] for n in nodes.values()].count("ltx2/sample") == 2
     outcome, run = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    [take] = run.takes.all()
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        stream = mp4.streams.video[0]
-        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (SIDE, SIDE, FPS)
-        assert len(list(mp4.decode(stream))) == SECONDS * FPS + 1
-        assert mp4.streams.audio, "the clip has its sound track"
+    assert_mp4_with_sound(run, side=SIDE, fps=FPS, frames=SECONDS * FPS + 1)
 
 
 @pytest.mark.django_db
@@ -85,10 +76,7 @@ def test_comfyuis_shipped_ltx2_5_first_last_frame_template_imports_and_renders(s
     """video_ltx2_5_flf2v: its two LTXVAddGuide (frame 0 and -1, strength 0.7, each image
     through LTXVPreprocess) become ltx2/add-guide with the images' crf, LTXVCropGuides folds
     into ltx2/sample, and the clip renders at the clip's length (the guides cropped off)."""
-    import av
-
     from apps.importer.comfy_templates import shipped_file
-    from apps.takes.storage import blob_read
     from workers.models.ltx2.tiny import write_tiny_files
 
     models_dir = tmp_path / "models"
@@ -119,9 +107,4 @@ def test_comfyuis_shipped_ltx2_5_first_last_frame_template_imports_and_renders(s
     assert nodes[sample["inputs"]["latent"]["node"]]["type"] == "ltx2/add-guide"
     outcome, run = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    [take] = run.takes.all()
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        stream = mp4.streams.video[0]
-        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (SIDE, SIDE, FPS)
-        assert len(list(mp4.decode(stream))) == SECONDS * FPS + 1
-        assert mp4.streams.audio, "the clip has its sound track"
+    assert_mp4_with_sound(run, side=SIDE, fps=FPS, frames=SECONDS * FPS + 1)

@@ -6,22 +6,17 @@ rendered through the real executor into an MP4 with sound."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
 from tests.workers.helpers import noise_image
 from tests.workers.test_ltx2_3_import import import_tiny, shipped_clip, tiny_files
-from tests.workers.vocab_helpers import asset_of, render
+from tests.workers.vocab_helpers import assert_mp4_with_sound, asset_of, render
 
 SIDE, FRAMES, FPS = 64, 9, 25  # the final clip: 64² px, 9 frames at the template's 25 fps
 
 
 @pytest.mark.django_db
 def test_comfyuis_shipped_ltx2_i2v_template_imports_and_renders(settings, tmp_path):
-    import av
-
-    from apps.takes.storage import blob_read
 
     files = tiny_files(tmp_path / "models")
     settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", tmp_path / "models"
@@ -40,13 +35,7 @@ def test_comfyuis_shipped_ltx2_i2v_template_imports_and_renders(settings, tmp_pa
     assert [n["type"] for n in nodes.values()].count("ltx2/sample") == 2
     outcome, run = render(nodes, result.target)
     assert outcome.status == "succeeded", outcome.error
-    [take] = run.takes.all()
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        stream = mp4.streams.video[0]
-        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (SIDE, SIDE, FPS)
-        assert len(list(mp4.decode(stream))) == FRAMES
-    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
-        assert mp4.streams.audio, "the clip has its sound track"
+    assert_mp4_with_sound(run, side=SIDE, fps=FPS, frames=FRAMES)
 
 
 def test_an_empty_image_is_its_size_and_colour(make_ctx):

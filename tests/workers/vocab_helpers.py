@@ -71,3 +71,20 @@ def asset_of(image: Any) -> str:
     image.save(out, format="PNG")
     asset, _ = asset_create(owner=owner, data=out.getvalue())
     return str(asset.pk)
+
+
+def assert_mp4_with_sound(run: Run, *, side: int, fps: float, frames: int) -> None:
+    """The run's one take: a side² MP4 of `frames` frames at `fps`, with a sound track."""
+    import io
+
+    import av
+
+    from apps.takes.storage import blob_read
+
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        stream = mp4.streams.video[0]
+        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (side, side, fps)
+        assert len(list(mp4.decode(stream))) == frames
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        assert mp4.streams.audio, "the clip has its sound track"
