@@ -48,6 +48,16 @@ def picture(seed: int, width: int = 64, height: int = 64) -> Image.Image:
     return Image.fromarray(pixels)
 
 
+def loaded(ctx: Any, name: str) -> tuple[dict[str, Any], Any, Any]:
+    """The checkpoint's parts, PROMPT encoded, and an empty W×H clip of FRAMES frames."""
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
+        "conditioning"]
+    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
+                                            "fps": FPS})["latent"]
+    return parts, positive, latent
+
+
 def guided(ctx: Any, name: str, guides: list[tuple[Image.Image, int, float]], seed: int = 5,
            prompt: str = PROMPT) -> Any:
     """A clip of checkpoint `name` with (image, frame_idx, strength) guides, decoded."""
@@ -130,11 +140,7 @@ def test_negative_frames_count_from_the_end_as_comfyui_does(ltx2_stack, make_ctx
 
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
-    parts = run(ctx, "load/checkpoint", {"file": name})
-    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
-        "conditioning"]
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
-                                            "fps": FPS})["latent"]
+    parts, positive, latent = loaded(ctx, name)
     frames = []
     for frame_idx in (-1, -2, -FRAMES, 0, 4):
         out = run(ctx, "ltx2/add-guide", {"frame_idx": frame_idx, "strength": 1.0, "crf": 0},
@@ -157,11 +163,7 @@ def test_a_frame_0_guide_replaces_the_image_to_video_first_frame(ltx2_stack, mak
     ltx2/image-to-video's image, and image-to-video after it drops the guide."""
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
-    parts = run(ctx, "load/checkpoint", {"file": name})
-    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
-        "conditioning"]
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
-                                            "fps": FPS})["latent"]
+    parts, positive, latent = loaded(ctx, name)
     i2v = run(ctx, "ltx2/image-to-video", {"crf": 0, "strength": 1.0},
               {"vae": parts["vae"], "image": picture(1), "latent": latent})["latent"]
     base = {"positive": positive, "vae": parts["vae"], "image": picture(2)}
@@ -230,11 +232,7 @@ def test_bad_guides_are_clear_errors(ltx2_stack, make_ctx):
 
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
-    parts = run(ctx, "load/checkpoint", {"file": name})
-    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
-        "conditioning"]
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
-                                            "fps": FPS})["latent"]
+    parts, positive, latent = loaded(ctx, name)
     inputs = {"positive": positive, "vae": parts["vae"], "latent": latent, "image": picture(1)}
     for frame_idx in (FRAMES, 40, -FRAMES - 1):
         with pytest.raises(NodeFailed, match=f"frame_idx {frame_idx} is outside the clip's 9 "
@@ -255,11 +253,7 @@ def test_a_sampled_clip_takes_guides_again_and_is_refined_over_wired_sigmas(ltx2
     refine without the guide."""
     models_dir, name = ltx2_stack
     ctx = make_ctx(models_dir=models_dir)
-    parts = run(ctx, "load/checkpoint", {"file": name})
-    positive = run(ctx, "encode/text", {"text": PROMPT}, {"encoder": parts["encoder"]})[
-        "conditioning"]
-    latent = run(ctx, "ltx2/empty-latent", {"width": W, "height": H, "length": FRAMES,
-                                            "fps": FPS})["latent"]
+    parts, positive, latent = loaded(ctx, name)
     common = {"model": parts["model"], "positive": positive}
     sampled = run(ctx, "ltx2/sample", {"seed": 1, "steps": 2, **GUIDANCE},
                   {**common, "latent": latent})["latent"]
