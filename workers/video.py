@@ -197,11 +197,13 @@ def video_read(path_or_file: Any, *, max_bytes: int) -> Video:
                 raise ValueError(f"its {frame.width}x{frame.height} frames decoded exceed "
                                  f"{max_bytes >> 20} MiB after {len(rgb)} frames")
             rgb.append(frame.to_ndarray(format="rgb24"))
-    audio = _audio_read(path_or_file)
+    audio = audio_read(path_or_file)
     return Video(Frames(np.stack(rgb)), fps, audio)
 
 
-def _audio_read(path_or_file: Any) -> Audio | None:
+def audio_read(path_or_file: Any) -> Audio | None:
+    """The first sound track of a file (a clip, a sound file) as float32 samples (its first two
+    channels) at its own rate; None when it has none."""
     if hasattr(path_or_file, "seek"):
         path_or_file.seek(0)
     with av.open(path_or_file) as clip:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from apps.graphs.descriptors import NodeDescriptor, Param, Port
+from apps.graphs.nodes_audio import AUDIO
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
 from apps.graphs.nodes_ltx2 import LTX2
@@ -471,5 +472,5 @@ SAMPLING = (
 )
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
-                                         + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + VIDEO
+                                         + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + VIDEO + AUDIO
                                          + WAN + LTX2 + QWEN + TEXTGEN)

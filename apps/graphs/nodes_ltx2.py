@@ -58,6 +58,21 @@ LTX2 = (
         "latent, or a sampled one (the two-stage workflows' upsampled clip, refined next).",
     ),
     NodeDescriptor(
+        "ltx2/encode-audio", "LTX-2 encode audio", "latent",
+        inputs=(Port("vae", "vae"), Port("audio", "audio"), Port("latent", "latent")),
+        outputs=(Port("latent", "latent"),),
+        params=(Param("keep", "bool", True,
+                      description="Keep the sound as given (ComfyUI's SetLatentNoiseMask of an "
+                      "all-0 mask: only the video is generated, lip-synced to it); off: it is "
+                      "only the sound's starting point, noised at the sampler's first sigma "
+                      "(an all-1 mask)."),),
+        description="The clip's sound from a sound track (ComfyUI's LTXVAudioVAEEncode + "
+        "LTXVConcatAVLatent): resampled to the audio VAE's rate, its log mel spectrogram "
+        "through the VAE's encoder (as ComfyUI computes it; diffusers only decodes sound). "
+        "The sound sets the clip's audio length; ltx2/sample sees its tokens clean (timestep "
+        "0) and keeps them, through a second stage too.",
+    ),
+    NodeDescriptor(
         "ltx2/add-guide", "LTX-2 add guide", "latent",
         inputs=(Port("positive", "conditioning"),
                 Port("negative", "conditioning", required=False), Port("vae", "vae"),

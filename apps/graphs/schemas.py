@@ -36,7 +36,7 @@ class ParamOut(WireOut):
     maxLength: int | None = None
     description: str
     family: str | None = None  # a model param bound to one family: its choices are that family's
-    media: str | None = None  # an asset param: the media of its assets ("image" or "video")
+    media: str | None = None  # an asset param: the media of its assets ("image", "video", "audio")
 
 
 class DescriptorOut(WireOut):

@@ -678,6 +678,8 @@ def _resolve(state: _State, link: Link) -> Link | None:
         comfy_type, inputs = state.nodes[link.node]
         if comfy_type in CUT or comfy_type in NOTE_TYPES or link.node in state.settled_cut:
             return None
+        if link.node in state.ltx2.rules:  # mapped by the LTX-2 rewrite (ltx2/encode-audio)
+            return link
         passed = state.ltx2.passed.get(link.node, PASSED.get(comfy_type, {}).get(link.slot))
         if passed is not None:  # an output that is one of the node's inputs, unchanged
             upstream = inputs.get(passed)
@@ -700,7 +702,8 @@ def _resolve(state: _State, link: Link) -> Link | None:
 
 def _map_node(state: _State, node: _Mapped) -> None:
     _, inputs = state.nodes[node.id]
-    passed = set(PASSED.get(node.comfy_type, {}).values())  # read by consumers, not the node
+    # read by consumers, not the node (unless the LTX-2 rewrite maps it: ltx2/encode-audio)
+    passed = set() if node.id in state.ltx2.rules else set(PASSED.get(node.comfy_type, {}).values())
     for name, value in inputs.items():
         if isinstance(value, Link) and name not in passed:
             _map_link(state, node, name, value)
@@ -764,7 +767,7 @@ def _set_param(state: _State, node: _Mapped, name: str, value: Any) -> None:
     mapping = node.rule.params[name]
     if mapping.folder is not None:
         value = _model(state, node, mapping.folder, str(value))
-    elif node.rule.type in ("image/load", "video/load"):
+    elif node.rule.type in ("image/load", "video/load", "audio/load"):
         value = _asset(state, node, str(value))
     try:
         node.params[mapping.name] = mapping.convert(value)

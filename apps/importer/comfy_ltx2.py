@@ -61,6 +61,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "LTXVCropGuides": (),
     "LTXVAudioVAELoader": ("ckpt_name",),
     "LTXVAudioVAEDecode": (),
+    "LTXVAudioVAEEncode": (),
     "VAEDecodeAudio": (),
     "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name", "device"),
     "LTXVLatentUpsampler": (),
@@ -192,8 +193,9 @@ UNSUPPORTED: dict[str, str] = {
     "LTXVImgToVideo": "LTXVImgToVideo (latent and prompts in one node) is not mapped yet: "
     "wire EmptyLTXVLatentVideo → LTXVImgToVideoInplace instead, as ComfyUI's LTX-2 template "
     "does",
-    "LTXVAudioVAEEncode": "LTX-2 audio-to-video (an encoded sound track) is not built on this "
-    "farm yet",
+    "LTXVAudioVAEEncode": "LTXVAudioVAEEncode is read only as an LTX-2 clip's given sound "
+    "(LTXVConcatAVLatent's audio_latent through SetLatentNoiseMask of a SolidMask 0 or 1: "
+    "ltx2/encode-audio)",
     "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
     "CreateVideo of the clip's VAEDecode and its audio decode)",
     "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace or "
@@ -230,6 +232,50 @@ def sample_rule(outputs: tuple[str | None, ...],
                 params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps"),
                         "cfg": ParamMap("cfg", float), "audio_cfg": ParamMap("audio_cfg", float)},
                 derive=_fixed_guidance, warnings=warnings)
+
+
+ENCODE_AUDIO_RULE = Rule(
+    "ltx2/encode-audio", inputs={"audio_vae": "vae", "audio": "audio", "video_latent": "latent"},
+    outputs=("latent",), params={"keep": ParamMap("keep", bool)},
+)
+GIVEN = "the clip's sound is given: ltx2/encode-audio {} encodes it and keeps it"
+
+
+def _given_sound(out: Rewrite, node: Any, concat: tuple[str, dict[str, Any]],
+                 masked: tuple[str, str, dict[str, Any]]) -> str | None:
+    """A clip whose sound is given (ComfyUI's LTXVAudioVAEEncode → SetLatentNoiseMask of a
+    SolidMask → LTXVConcatAVLatent's audio_latent): the concat becomes ltx2/encode-audio of
+    the video latent, the sound and the audio VAE, kept at mask 0 and only a start at mask 1;
+    the encode, the mask and the SolidMask fold into it. Returns why not, else None."""
+    encoded, solid = node(masked[2].get("samples")), node(masked[2].get("mask"))
+    if encoded is None or encoded[1] != "LTXVAudioVAEEncode":
+        return (f"its audio latent is SetLatentNoiseMask {masked[0]} of "
+                f"{encoded[1] if encoded else 'nothing'}: an LTX-2 clip's sound is given as "
+                "LTXVAudioVAEEncode of a sound track")
+    if solid is None or solid[1] != "SolidMask":
+        return (f"its sound's noise mask is {solid[1] if solid else 'not wired'}: "
+                "ltx2/encode-audio takes a SolidMask of 0 (the sound kept) or 1 (a start)")
+    value = _number(solid[2].get("value"))
+    if value not in (0.0, 1.0):
+        return (f"its sound's noise mask is a SolidMask of value {solid[2].get('value')!r}: "
+                "ltx2/encode-audio keeps a sound whole (mask 0) or starts from it whole (mask "
+                "1); a partial sound mask is not built on this farm")
+    nid, inputs = concat
+    out.rules[nid] = ENCODE_AUDIO_RULE
+    out.inputs[nid] = {"video_latent": inputs.get("video_latent"),
+                       "audio": encoded[2].get("audio"),
+                       "audio_vae": encoded[2].get("audio_vae"), "keep": value == 0.0}
+    for folded in (masked[0], encoded[0], solid[0]):
+        out.folded[folded] = GIVEN.format(nid)
+    return None
+
+
+def _conditioning_rate(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Any:
+    """The clip's frame rate where no audio latent says it: LTXVConditioning's frame_rate (a
+    value or the link that gives it), when the workflow's agree; else DEFAULT_FPS."""
+    rates = {repr(inputs.get("frame_rate", DEFAULT_FPS)): inputs.get("frame_rate", DEFAULT_FPS)
+             for comfy_type, inputs in nodes.values() if comfy_type == "LTXVConditioning"}
+    return next(iter(rates.values())) if len(rates) == 1 else DEFAULT_FPS
 
 
 DECODE_RULE = Rule("ltx2/decode", inputs={"vae": "vae", "samples": "latent"}, outputs=("video",))
@@ -318,11 +364,14 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
         fps = _clip(nodes, out, node, concat[1])
         samplers[nid] = fps
         sound = node(concat[1].get("audio_latent"))
-        if sound is not None and sound[1] not in _SOUND_SOURCES:
-            out.refused[nid] = (f"its audio latent comes from {sound[1]}: ltx2/sample draws the "
-                                "clip's sound from noise (or refines a sampled clip's); LTX-2 "
-                                "audio-to-video (an encoded sound track) is not built on this "
-                                "farm yet")
+        why = (_given_sound(out, node, concat, sound) if sound is not None
+               and sound[1] == "SetLatentNoiseMask" else None)
+        if sound is not None and sound[1] not in _SOUND_SOURCES | {"SetLatentNoiseMask"}:
+            why = (f"its audio latent comes from {sound[1]}: ltx2/sample draws the clip's sound "
+                   "from noise, refines a sampled clip's, or keeps a given one (LTXVAudioVAEEncode"
+                   " → SetLatentNoiseMask of a SolidMask)")
+        if why is not None:
+            out.refused[nid] = why
             continue
         if comfy_type == "KSampler":
             _ksampler(out, nid, inputs)
@@ -397,7 +446,7 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
         if comfy_type in ("CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
                           "LTXVAudioVAELoader"):
             out.loaders.add(nid)
-        if comfy_type == "LTXVAudioVAELoader" and all(
+        if comfy_type == "LTXVAudioVAELoader" and nid not in _read_by_rules(out) and all(
                 r in out.folded or nodes[r][0] in FOLDED for r in readers.get(nid, [])):
             out.folded[nid] = ("the checkpoint's audio VAE and vocoder decode the sound in "
                                "ltx2/decode (its vae input)")
@@ -412,6 +461,12 @@ def _loaders(out: Rewrite, nodes: dict[str, tuple[str, dict[str, Any]]],
             out.warnings.append((nid, comfy_type, f"frame_rate {rate:g} is not the clip's fps "
                                  f"({', '.join(f'{f:g}' for f in sorted(clip_fps))}: "
                                  "LTXVEmptyLatentAudio's frame_rate), which is used"))
+
+
+def _read_by_rules(out: Rewrite) -> set[str]:
+    """The nodes that the rewrite's own rules read (ltx2/encode-audio's audio VAE loader)."""
+    return {v.node for nid in out.rules for v in out.inputs.get(nid, {}).values()
+            if isinstance(v, Link)}
 
 
 def _ltxv_clip(out: Rewrite, nid: str, comfy_type: str, inputs: dict[str, Any],
@@ -478,6 +533,8 @@ def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
     if audio is not None and audio[1] == "LTXVEmptyLatentAudio":
         frame_rate = audio[2].get("frame_rate", DEFAULT_FPS)
         frames = audio[2].get("frames_number")
+    elif audio is not None and audio[1] == "SetLatentNoiseMask":  # a given sound: no audio
+        frame_rate = _conditioning_rate(nodes)  # latent's frame_rate, LTXVConditioning's
     link = concat.get("video_latent")
     for _ in range(len(nodes) + 1):
         found = node(link)

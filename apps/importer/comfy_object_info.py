@@ -79,6 +79,7 @@ ANY_TYPE: dict[str, frozenset[str]] = {
 ALIASES = frozenset(MATH_NAMES)  # ComfyMathExpression's inputs without the `values.` prefix
 SEEDS = {"seed", "noise_seed"}
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv")  # upload names LoadVideo lists, LoadImage not
+AUDIO_SUFFIXES = (".mp3", ".wav", ".flac", ".ogg", ".opus", ".m4a")  # and LoadAudio's
 DISPLAY = {"CLIPTextEncode": "CLIP Text Encode (Prompt)", "KSampler": "KSampler",
            "CheckpointLoaderSimple": "Load Checkpoint",
            "UNETLoader": "Load Diffusion Model", "CLIPLoader": "Load CLIP",
@@ -189,8 +190,10 @@ def _widget(widget: str, param: Param | None, catalog: dict[str, list[str]],
         return [catalog.get(param.options_from or "", []), {}]
     if param.type == "asset" and param.media == "video":  # LoadVideo lists clips only
         return [[u for u in uploads if u.lower().endswith(VIDEO_SUFFIXES)], {"video_upload": True}]
+    if param.type == "asset" and param.media == "audio":  # LoadAudio lists sound files only
+        return [[u for u in uploads if u.lower().endswith(AUDIO_SUFFIXES)], {"audio_upload": True}]
     if param.type == "asset":
-        return [[u for u in uploads if not u.lower().endswith(VIDEO_SUFFIXES)],
+        return [[u for u in uploads if not u.lower().endswith(VIDEO_SUFFIXES + AUDIO_SUFFIXES)],
                 {"image_upload": True}]
     if param.type == "enum":
         return [list(param.choices or ()), {"default": param.default}]

@@ -58,6 +58,10 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "CreateVideo": ("fps",),
     "GetVideoComponents": (),
     "LoadVideo": ("file", "upload"),
+    "LoadAudio": ("audio", "upload"),
+    "SolidMask": ("value", "width", "height"),
+    "SetLatentNoiseMask": (),
+    "TrimAudioDuration": ("start_index", "duration"),
     "SaveVideo": ("filename_prefix", "format", "codec"),
     "SaveAnimatedWEBP": ("filename_prefix", "fps", "lossless", "quality", "method"),
     # the UI format: DYNAMIC_WIDGETS; TEXTGEN_WIDGETS list its widgets in /object_info (the
@@ -444,6 +448,12 @@ VOCABULARY: dict[str, Rule] = {
         "video/components", inputs={"video": "video"}, outputs=("frames", "audio", "fps"),
     ),
     "LoadVideo": Rule("video/load", outputs=("video",), params={"file": ParamMap("asset")}),
+    # Sound (ComfyUI's comfy_extras/nodes_audio.py): its AUDIO is our `audio`.
+    "LoadAudio": Rule("audio/load", outputs=("audio",), params={"audio": ParamMap("asset")}),
+    "TrimAudioDuration": Rule(
+        "audio/trim", inputs={"audio": "audio"}, outputs=("audio",),
+        params={"start_index": ParamMap("start", float), "duration": ParamMap("duration", float)},
+    ),
     "SaveVideo": Rule(
         "video/save", inputs={"video": "video"}, params={"filename_prefix": ParamMap("label")},
         derive=_video_format, warnings=(_video_format_warnings,),

@@ -71,8 +71,8 @@ def get_take_poster(request: HttpRequest, take_id: str) -> HttpResponseBase:
                         headers=headers)
 
 
-@assets_router.post("", summary="Upload an image (PNG, JPEG, WebP) or video (MP4, WebM) asset "
-                    "(multipart field 'file')",
+@assets_router.post("", summary="Upload an image (PNG, JPEG, WebP), video (MP4, WebM) or sound "
+                    "(MP3, WAV, FLAC, Ogg / Opus, M4A) asset (multipart field 'file')",
                     response={200: AssetOut, 201: AssetOut, **errors(400, 401, 413, 415, 422)})
 def upload_asset(request: HttpRequest, file: File[UploadedFile]) -> HttpResponse:
     limit = _max_bytes()

@@ -1,5 +1,6 @@
-"""Video uploads and posters, read with PyAV (FFmpeg in its wheel; no torch): what an uploaded
-clip is, and the still picture that stands for a take in lists (a clip's first frame)."""
+"""Video and sound uploads and posters, read with PyAV (FFmpeg in its wheel; no torch): what an
+uploaded clip or sound file is, and the still picture that stands for a take in lists (a clip's
+first frame)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 from PIL import Image
 
 VIDEO_UPLOADS = {"mp4": "video/mp4", "webm": "video/webm"}  # muxer name → media type
+# muxer name → media type of a sound file (ComfyUI's LoadAudio: mp3, wav, flac, ogg / opus, m4a)
+AUDIO_UPLOADS = {"mp3": "audio/mpeg", "wav": "audio/wav", "flac": "audio/flac",
+                 "ogg": "audio/ogg", "m4a": "audio/mp4"}
 log = logging.getLogger(__name__)
 
 POSTER_SIDE = 512  # an image take's poster: scaled to fit this square
@@ -26,6 +30,31 @@ class ClipInfo:
 def looks_like_video(data: bytes) -> bool:
     """An ISO media file (MP4: an `ftyp` box first) or a Matroska / WebM one (the EBML magic)."""
     return data[4:8] == b"ftyp" or data[:4] == b"\x1a\x45\xdf\xa3"
+
+
+def looks_like_audio(data: bytes) -> bool:
+    """An MP3 (an ID3 tag or an MPEG audio frame sync), WAV (RIFF … WAVE), FLAC or Ogg file;
+    an M4A starts as an MP4 does (`looks_like_video`)."""
+    return (data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+            or (data[:4] == b"RIFF" and data[8:12] == b"WAVE")
+            or data[:4] in (b"fLaC", b"OggS"))
+
+
+def sound_inspect(data: bytes) -> str | None:
+    """The media type of a sound file (AUDIO_UPLOADS) that holds a decodable audio stream and
+    no video; None for anything else."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), "r") as sound:
+            muxers = set(sound.format.name.split(","))
+            if sound.streams.video or not sound.streams.audio:
+                return None
+            next(sound.decode(sound.streams.audio[0]))  # a frame decodes, not just a header
+            kind = next((k for k in AUDIO_UPLOADS if k in muxers), None)
+            return AUDIO_UPLOADS[kind] if kind else None
+    except (av.FFmpegError, StopIteration, ValueError, OSError):
+        return None
 
 
 def clip_inspect(data: bytes) -> ClipInfo | None:

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
-from apps.takes.media import clip_inspect, looks_like_video
+from apps.takes.media import clip_inspect, looks_like_audio, looks_like_video, sound_inspect
 from apps.takes.models import Asset, Take, TakeRemoval
 from apps.takes.storage import blob_delete, blob_lock, blob_put, blob_put_file
 
@@ -40,8 +40,8 @@ class RemovalRefused(Exception):
 @dataclass(frozen=True)
 class ImageInfo:
     media_type: str
-    width: int
-    height: int
+    width: int | None  # None: a sound file
+    height: int | None
 
 
 def take_create(
@@ -244,7 +244,8 @@ def takes_insert(*, run_id: Any, owner_id: int, drafts: Sequence[TakeDraft],
 
 
 def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset, bool]:
-    """Keep an uploaded image or video (content-addressed per owner); returns (asset, created)."""
+    """Keep an uploaded image, video or sound file (content-addressed per owner); returns
+    (asset, created)."""
     if len(data) > settings.INLINE_ASSET_MAX_BYTES:
         raise UploadRejected(
             "too_large", f"upload is {len(data)} bytes; the limit is "
@@ -268,16 +269,20 @@ def asset_create(*, owner: User, data: bytes, filename: str = "") -> tuple[Asset
 
 
 def upload_inspect(data: bytes) -> ImageInfo:
-    """What an upload is: an image (`image_inspect`) or an MP4 / WebM clip; 415 for anything
-    else."""
-    if not looks_like_video(data):
+    """What an upload is: an image (`image_inspect`), an MP4 / WebM clip or a sound file (MP3,
+    WAV, FLAC, Ogg / Opus, M4A); 415 for anything else."""
+    if not (looks_like_video(data) or looks_like_audio(data)):
         return image_inspect(data)
-    clip = clip_inspect(data)
-    if clip is None:
+    clip = clip_inspect(data) if looks_like_video(data) else None
+    if clip is not None:
+        return ImageInfo(clip.media_type, clip.width, clip.height)
+    sound = sound_inspect(data)
+    if sound is None:
         raise UploadRejected(
-            "unsupported_media_type", "the upload is not a readable MP4 or WebM video", 415
+            "unsupported_media_type", "the upload is not a readable MP4 or WebM video, nor an "
+            "MP3, WAV, FLAC, Ogg or M4A sound file", 415
         )
-    return ImageInfo(clip.media_type, clip.width, clip.height)
+    return ImageInfo(sound, None, None)
 
 
 def image_inspect(data: bytes) -> ImageInfo:
@@ -295,7 +300,7 @@ def image_inspect(data: bytes) -> ImageInfo:
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         raise UploadRejected(
             "unsupported_media_type", "the upload is not a readable PNG, JPEG or WebP image "
-            "(nor an MP4 or WebM video)", 415
+            "(nor an MP4 or WebM video, nor a sound file)", 415
         ) from None
     if fmt not in ACCEPTED_UPLOADS:
         raise UploadRejected(

@@ -171,3 +171,43 @@ def test_comfyuis_shipped_ltx2_3_t2v_template_renders_with_its_prompt_enhancer(s
     assert_enhanced(outcome, "267:328", nodes["267:266"]["params"]["value"])
     assert_clip_with_sound(run)
     assert list(run.takes.get().lineage["textEncoderLoras"]) == [f"loras/{gemma_lora}"]
+
+
+@pytest.mark.django_db
+def test_comfyuis_shipped_ltx2_3_ia2v_template_renders_a_clip_to_a_given_sound(settings,
+                                                                              tmp_path):
+    """Image + sound to video (video_ltx2_3_ia2v, lip sync): LoadAudio → TrimAudioDuration →
+    LTXVAudioVAEEncode → SetLatentNoiseMask(SolidMask 0) → LTXVConcatAVLatent is
+    ltx2/encode-audio keeping the sound; the clip lasts the trimmed sound (duration × fps + 1
+    frames) and both stages keep it, so the take's sound is the uploaded one's second."""
+    from tests.workers.vocab_helpers import sound_asset_of
+    from workers.models.ltx2.tiny import write_tiny_gemma_lora
+
+    files = tiny_files(tmp_path / "models")
+    gemma_lora = write_tiny_gemma_lora(tmp_path / "models")
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", tmp_path / "models"
+    workflow, values = shipped_clip("video_ltx2_3_ia2v.json")  # (after first_frame and audio)
+    assert values[1] is True and values[4:7] == [0, 9, 24]  # enhancer on; audio 0 s + 9 s at 24 fps
+    values[2:7] = [SIDE, SIDE, 0, SECONDS, FPS]
+    values[8], values[9], values[11], values[12] = (
+        files["checkpoints"], files["loras"], files["latent_upscale_models"], gemma_lora)
+    short_enhancer(workflow)
+    assets = {"cactus_man.png": asset_of(noise_image(96, 64, seed=3)),
+              "ltx_23_audio.mp3": sound_asset_of("mp3", seconds=1.5)}
+    result = import_tiny(workflow, [*files.items(), ("loras", gemma_lora)], assets)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert_two_stages(nodes, ("340:291", "340:310"), "340:295", "340:296")
+    given = nodes["340:326"]
+    assert (given["type"], given["params"]) == ("ltx2/encode-audio", {"keep": True})
+    assert given["inputs"]["audio"] == {"node": "340:332", "port": "audio"}
+    assert given["inputs"]["latent"] == {"node": "340:325", "port": "latent"}
+    assert nodes["340:332"]["type"] == "audio/trim"
+    assert nodes["340:332"]["inputs"]["audio"] == {"node": "276", "port": "audio"}
+    assert (nodes["276"]["type"], nodes["276"]["params"]["asset"]) == (
+        "audio/load", assets["ltx_23_audio.mp3"])
+    assert nodes["340:291"]["inputs"]["latent"] == {"node": "340:326", "port": "latent"}
+    outcome, run = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    assert_clip_with_sound(run)
+    assert run.takes.get().audio_seconds == pytest.approx(SECONDS, abs=0.05)

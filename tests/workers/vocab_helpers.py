@@ -88,3 +88,45 @@ def assert_mp4_with_sound(run: Run, *, side: int, fps: float, frames: int) -> No
         assert len(list(mp4.decode(stream))) == frames
     with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
         assert mp4.streams.audio, "the clip has its sound track"
+
+
+SOUND_CODECS = {"mp3": ("mp3", "mp3"), "wav": ("wav", "pcm_s16le"), "flac": ("flac", "flac"),
+                "ogg": ("ogg", "libopus"), "m4a": ("ipod", "aac")}  # format → (muxer, codec)
+
+
+def sound_file(fmt: str, seconds: float = 1.0, rate: int = 48000) -> bytes:
+    """A sound file of `fmt` (SOUND_CODECS) made with PyAV: a stereo 440 / 660 Hz tone."""
+    import io
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    muxer, codec = SOUND_CODECS[fmt]
+    t = np.arange(int(seconds * rate)) / rate
+    wave = (0.4 * np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)])
+            ).astype(np.float32)
+    out = io.BytesIO()
+    with av.open(out, "w", format=muxer) as container:
+        stream: Any = container.add_stream(codec, rate=rate)  # an audio stream (typed as any)
+        stream.layout = "stereo"
+        size = stream.codec_context.frame_size or 1024
+        for start in range(0, wave.shape[1], size):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, start:start + size]),
+                                               format="fltp", layout="stereo")
+            frame.sample_rate, frame.pts = rate, start
+            frame.time_base = Fraction(1, rate)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+def sound_asset_of(fmt: str = "mp3", seconds: float = 1.0) -> str:
+    """The id of an uploaded sound file asset (`sound_file`)."""
+    from apps.takes.services import asset_create
+
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    asset, _ = asset_create(owner=owner, data=sound_file(fmt, seconds))
+    return str(asset.pk)

@@ -3,6 +3,7 @@ registered model family's own nodes (workers/models/families.py)."""
 
 from workers.models.families import import_node_runners
 from workers.runners import (  # noqa: F401 — importing registers the runners
+    audio,
     diffusion,
     image,
     image_ops,

@@ -222,6 +222,9 @@ def _asset_ids(refs: list[AssetRef]) -> list[str]:
     return [str(value) for _, _, value in refs if is_uuid(value)]
 
 
+_MEDIA_NAMES = {"video": "a video", "audio": "a sound file (audio)"}
+
+
 def _assets_found(refs: list[AssetRef], visible: dict[str, str]) -> None:
     """GraphInvalid naming the first node whose asset the owner may not use (or that is gone),
     or whose asset is not the media its param takes (a video where an image goes)."""
@@ -235,7 +238,7 @@ def _assets_found(refs: list[AssetRef], visible: dict[str, str]) -> None:
         if media_type.split("/", 1)[0] != param.media:
             raise GraphInvalid(
                 "asset_wrong_media", f"param {param.name!r}: asset {value} is {media_type}; "
-                f"this node takes {'a video' if param.media == 'video' else 'an image'}",
+                f"this node takes {_MEDIA_NAMES.get(param.media, 'an image')}",
                 node_id,
             )
 

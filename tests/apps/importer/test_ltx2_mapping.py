@@ -238,9 +238,10 @@ def test_an_image_a_bypassed_clip_shares_with_another_reader_stays():
     assert "21" not in dropped and "21" in result.graph.model_dump()["nodes"]
 
 
-def test_an_encoded_sound_track_is_refused_not_dropped():
-    """LTX-2.3's audio-to-video template concatenates an encoded sound track
-    (LTXVAudioVAEEncode): refused, naming it, rather than sampled from noise."""
+def test_an_encoded_sound_track_without_its_noise_mask_is_refused_not_dropped():
+    """An encoded sound track (LTXVAudioVAEEncode) concatenated without the SetLatentNoiseMask
+    that says whether it is kept (LTX-2.3's ia2v template has one: ltx2/encode-audio):
+    refused, naming it and the way that imports, rather than sampled from noise."""
     prompt = _api(t2v())
     prompt["30"] = {"class_type": "LTXVAudioVAEEncode", "inputs": {
         "audio": ["31", 0], "audio_vae": ["3", 0]}}
@@ -250,7 +251,7 @@ def test_an_encoded_sound_track_is_refused_not_dropped():
         imported(prompt)
     assert err.value.node_id == "15"
     assert "its audio latent comes from LTXVAudioVAEEncode" in err.value.message
-    assert "audio-to-video" in err.value.message
+    assert "SetLatentNoiseMask of a SolidMask" in err.value.message
 
 
 def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
@@ -443,3 +444,36 @@ def test_object_info_lists_the_ltx2_nodes_a_comfyui_client_sends():
     assert guide["output"] == ["CONDITIONING", "CONDITIONING", "LATENT"]
     assert guide["input"]["required"]["frame_idx"][1]["min"] == -9999
     assert "optional" not in guide["input"]  # its attention mask and IC-LoRA: refused
+
+
+def _ia2v(mask_value: float) -> dict[str, Any]:
+    """ComfyUI's shipped image + sound to video template with its SolidMask at `mask_value`."""
+    import json
+
+    from apps.importer.comfy_templates import shipped_file
+
+    workflow: dict[str, Any] = json.loads(shipped_file("video_ltx2_3_ia2v.json") or b"{}")
+    [solid] = [n for s in workflow["definitions"]["subgraphs"] for n in s["nodes"]
+               if n["type"] == "SolidMask"]
+    solid["widgets_values"][0] = mask_value
+    return workflow
+
+
+@pytest.mark.parametrize(("value", "keep"), [(0, True), (1, False)])
+def test_a_given_sound_s_solid_mask_of_0_keeps_it_and_of_1_starts_from_it(value, keep):
+    result = comfy_import(workflow=_ia2v(value), catalog=CATALOG)
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["340:326"]["type"] == "ltx2/encode-audio"
+    assert nodes["340:326"]["params"] == {"keep": keep}
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    for folded in ("340:327", "340:328", "340:333"):  # the mask, the encode, the SolidMask
+        assert "ltx2/encode-audio 340:326" in dropped[folded]
+    assert nodes["340:302"]["inputs"]["fps"] == {"node": "340:304", "port": "float"}  # the
+    # clip's frame rate is LTXVConditioning's (no audio latent says it)
+
+
+def test_a_partial_sound_mask_is_refused_naming_the_mask():
+    with pytest.raises(ImportInvalid) as refused:
+        comfy_import(workflow=_ia2v(0.5), catalog=CATALOG)
+    assert "SolidMask of value 0.5" in refused.value.message
+    assert "partial sound mask is not built" in refused.value.message

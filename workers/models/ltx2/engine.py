@@ -87,6 +87,9 @@ class Ltx2Run:
     # pixel frame of each and their positions [1, 3, guide tokens, 2]
     guide_frames: tuple[int, ...] = ()
     keyframe_coords: torch.Tensor | None = None
+    # the clip's sound is given (ltx2/encode-audio): `audio` stays as it is, its tokens seen
+    # clean (timestep 0: ComfyUI's audio noise mask 0, LTX2 DFR pipeline's freeze_audio)
+    audio_kept: bool = False
     scheduler: Any = field(default=None, repr=False)
     audio_scheduler: Any = field(default=None, repr=False)
 
@@ -338,6 +341,10 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
         video_coords = torch.cat([video_coords, keyframes.expand(sum(rows), -1, -1, -1)], dim=2)
     audio_coords = transformer.audio_rope.prepare_audio_coords(sum(rows), first.audio_frames, audio.device)
     mask = torch.cat([pick(r.mask, r) for r in runs])
+    audio_timestep = timestep if video_timestep is not timestep else None
+    audio_sigma = None
+    if first.audio_kept:  # the runs' sound is given (the same: predict groups by it)
+        audio_timestep = audio_sigma = torch.zeros_like(timestep)
     with torch.no_grad():
         video_out, audio_out = transformer(
             hidden_states=latents,
@@ -345,8 +352,9 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
             encoder_hidden_states=torch.cat([pick(r.video_embeds, r) for r in runs]),
             audio_encoder_hidden_states=torch.cat([pick(r.audio_embeds, r) for r in runs]),
             timestep=video_timestep,
-            audio_timestep=timestep if video_timestep is not timestep else None,
+            audio_timestep=audio_timestep,
             sigma=timestep,
+            audio_sigma=audio_sigma,
             encoder_attention_mask=mask,
             audio_encoder_attention_mask=mask,
             num_frames=first.frames,
@@ -381,6 +389,9 @@ def guided_step(
     sigma, sigma_next = run.sigmas[i], run.sigmas[i + 1]
     new = []
     for m, x in enumerate((run.latents, run.audio)):
+        if m == 1 and run.audio_kept:  # a given sound stays as it is
+            new.append(x)
+            continue
         seen = model_input(run) if m == 0 else x  # what the passes predicted from
         scales = (
             (g.cfg, g.stg, g.modality, g.rescale)

@@ -7,6 +7,8 @@
     ltx2/add-guide       → the latent with a keyframe guide at a frame (ComfyUI's LTXVAddGuide,
                            LTX2ConditionPipeline's conditions): frame 0 in place, later ones
                            appended as extra tokens that ltx2/sample crops off again
+    ltx2/encode-audio    → the latent with its sound given (ComfyUI's LTXVAudioVAEEncode, kept by
+                           SetLatentNoiseMask of an all-0 mask): ltx2/sample keeps it as it is
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
                            model's step batcher: runs of one clip size share every forward;
                            wired sigmas (sampling/manual-sigmas) replace its schedule, and
@@ -49,7 +51,8 @@ class AvLatent(Latent):
     the video latents [1, C, F', h, w] and the packed audio latents `audio` [1, L, C·M] of
     `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w] at
     `strength`; `guides`: ltx2/add-guide's keyframes (at most one at frame 0, which replaces
-    `first`)."""
+    `first`). An empty clip's `audio` may be given (ltx2/encode-audio): `audio_kept`, the
+    sampler keeps it as it is (its tokens clean), as it keeps a sampled clip's given sound."""
 
     frames: int = 0
     fps: float = 25.0
@@ -58,6 +61,7 @@ class AvLatent(Latent):
     first: Any = None
     strength: float = 1.0  # the first frame's conditioning strength (ComfyUI's, 1: held)
     guides: tuple[Guide, ...] = ()
+    audio_kept: bool = False
 
 
 def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
@@ -118,6 +122,28 @@ def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, A
                                              None if crf < 0 else crf, dtype))
     return {"latent": replace(latent, first=first.float().cpu(), strength=strength,
                               guides=tuple(g for g in latent.guides if g.frame != 0))}
+
+
+@runner("ltx2/encode-audio")
+def encode_audio(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The clip latent with `audio` as its sound: the audio VAE's latents of it (ComfyUI's
+    LTXVAudioVAEEncode), kept as they are by ltx2/sample (`keep`, ComfyUI's noise mask 0) or
+    its starting point (mask 1: noised to the sampler's first σ, as a sampled clip's is)."""
+    from workers.models.ltx2.sound import encode_audio as encode_sound
+    from workers.models.values import Audio
+
+    latent = _av(inputs)
+    components = _components(expect(inputs, "vae", Vae), "vae")
+    audio = expect(inputs, "audio", Audio)
+    if audio.samples.shape[-1] == 0:
+        raise NodeFailed("the sound is empty (0 samples)")
+    try:
+        packed = checked(lambda: on_device_thread(encode_sound, components, audio.samples,
+                                                  audio.sample_rate))
+    except ValueError as exc:
+        raise NodeFailed(str(exc)) from None
+    return {"latent": replace(latent, audio=packed, audio_frames=int(packed.shape[1]),
+                              audio_kept=bool(params["keep"]))}
 
 
 def _guide_frame(frame_idx: int, frames: int) -> int:
@@ -240,8 +266,11 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         raise NodeFailed(f"{model.name} makes clips of {vae.temporal_compression_ratio}k + 1 "
                          f"frames, got {latent.frames}")
     f, h, w, audio_len = latent_sizes(components, width, height, latent.frames, latent.fps)
-    if not latent.empty and (tuple(latent.samples.shape[1:]) != (tcfg.in_channels, f, h, w)
-                             or latent.audio_frames != audio_len):
+    if latent.audio is not None:  # a sampled clip's sound, or a given one (its own length)
+        audio_len = latent.audio_frames
+    if ((not latent.empty and tuple(latent.samples.shape[1:]) != (tcfg.in_channels, f, h, w))
+            or (latent.audio is not None
+                and latent.audio.shape[-1] != tcfg.audio_in_channels)):
         raise NodeFailed(f"the clip latent does not fit {model.name} (another model's clip?)")
     pos: Prompt = positive.embeds
     rows = [pos]
@@ -270,7 +299,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                   torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
                   sigmas, timesteps, f, h, w, audio_len, latent.fps, g, held=begin.held,
                   clean=begin.clean, mixed=begin.mixed, guide_frames=begin.guide_frames,
-                  keyframe_coords=begin.keyframes)
+                  keyframe_coords=begin.keyframes, audio_kept=latent.audio_kept)
     extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
                              PATCH: (tcfg.patch_size, tcfg.patch_size_t), PREVIEW_VAE: vae}
     ctx.note_lineage(seed=seed)
@@ -282,7 +311,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                       frames=latent.frames)
     return {"latent": AvLatent(out[:, :, :f], downscale=ratio, frames=latent.frames,
                                fps=latent.fps, audio=extra[AUDIO][len(timesteps)],
-                               audio_frames=audio_len)}  # the guides' frames cropped off
+                               audio_frames=audio_len, audio_kept=latent.audio_kept)}
+    # (the guides' frames cropped off; a given sound stays given for a second stage, as
+    # ComfyUI's noise mask rides on the sampled latent)
 
 
 @runner("ltx2/load-files")

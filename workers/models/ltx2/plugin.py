@@ -173,8 +173,9 @@ def predict(transformer: Any, jobs: list[Any]) -> list[dict[str, Any]]:
     views = [_view(job) for job in jobs]
     groups: dict[tuple[Any, ...], list[int]] = {}
     for n, run in enumerate(views):
-        key = (run.frames, run.height, run.width, run.audio_frames, run.fps, run.guide_frames,
-               run.guidance.passes(), run.guidance.stg_blocks, tuple(run.video_embeds.shape[1:]))
+        key = (run.frames, run.height, run.width, run.audio_frames, run.audio_kept, run.fps,
+               run.guide_frames, run.guidance.passes(), run.guidance.stg_blocks,
+               tuple(run.video_embeds.shape[1:]))
         groups.setdefault(key, []).append(n)
     outs: list[dict[str, Any]] = [{} for _ in jobs]
     for members in groups.values():

@@ -37,6 +37,15 @@ class ClipStart:
     keyframes: Any = None
 
 
+def _sound(latent: Any, generator: Any, s0: float) -> Any:
+    """The clip's packed sound at σ₀ = `s0`: a kept one as it is (no noise drawn: it is drawn
+    after the video's), else noised over itself (LTX2ImageToVideoPipeline's noise_scale)."""
+    if latent.audio_kept:
+        return latent.audio.float().cpu()
+    audio = noise(tuple(latent.audio.shape), generator, "cpu")
+    return s0 * audio + (1 - s0) * latent.audio.float().cpu()
+
+
 def plain(latent: Any, components: dict[str, Any], sizes: tuple[int, int, int, int],
            seed: int, s0: float, dtype: Any, device: Any) -> ClipStart:
     """A clip's first state from `seed`'s noise (video then audio, as LTX2Pipeline draws them),
@@ -67,9 +76,8 @@ def plain(latent: Any, components: dict[str, Any], sizes: tuple[int, int, int, i
             video = image * mask + video * (1 - mask)
         frame0 = pack(mask * latent.strength).squeeze(-1).to(device)
         first = pack(image).to(device)
-    if not latent.empty:  # the packed sound, noised as the pipeline noises it
-        audio = noise(tuple(latent.audio.shape), generator, "cpu")
-        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
+    if latent.audio is not None:  # the packed sound: given, or noised as the pipeline does
+        audio = _sound(latent, generator, s0)
     else:
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
@@ -125,12 +133,11 @@ def guided(latent: Any, components: dict[str, Any],
         clean[:, :per_frame] = image
         if latent.strength >= 1:
             video[:, :per_frame] = image
-    if latent.empty:
+    if latent.audio is None:
         mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
         audio = noise((1, audio_len, audio_vae.config.latent_channels * mel), generator, "cpu")
     else:
-        audio = noise(tuple(latent.audio.shape), generator, "cpu")
-        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
+        audio = _sound(latent, generator, s0)
     video = LTX2Pipeline._unpack_latents(video, f + len(frames), h, w, ps, pt)
     return ClipStart(video.to(device), audio.to(device), held.to(device), clean.to(device),
                   None if mixed is None else mixed.to(device), tuple(frames),

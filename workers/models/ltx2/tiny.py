@@ -195,7 +195,7 @@ def build_tiny_components(seed: int = 0, ltx23: bool = False, ltx25: bool = Fals
     audio_vae: Any = AutoencoderKLLTX2Audio(
         base_channels=4,
         output_channels=2,
-        ch_mult=(1,),
+        ch_mult=(1, 2, 4),  # two downsamples: LTX-2's 4× in time and mel, as the transformer reads
         num_res_blocks=1,
         attn_resolutions=None,
         in_channels=2,
