@@ -201,9 +201,10 @@ def video_read(path_or_file: Any, *, max_bytes: int) -> Video:
     return Video(Frames(np.stack(rgb)), fps, audio)
 
 
-def audio_read(path_or_file: Any) -> Audio | None:
+def audio_read(path_or_file: Any, max_bytes: int | None = None) -> Audio | None:
     """The first sound track of a file (a clip, a sound file) as float32 samples (its first two
-    channels) at its own rate; None when it has none."""
+    channels) at its own rate; None when it has none. Past `max_bytes` of samples: a ValueError
+    while decoding (before the memory is spent)."""
     if hasattr(path_or_file, "seek"):
         path_or_file.seek(0)
     with av.open(path_or_file) as clip:
@@ -214,8 +215,14 @@ def audio_read(path_or_file: Any) -> Audio | None:
         channels = min(2, stream.channels)
         resampler = av.AudioResampler(format="fltp", layout="mono" if channels == 1 else "stereo",
                                       rate=rate)
-        chunks = [r.to_ndarray() for f in clip.decode(stream) for r in resampler.resample(f)]
-        chunks += [r.to_ndarray() for r in resampler.resample(None)]
+        chunks: list[np.ndarray] = []
+        held = 0
+        for frame in [*clip.decode(stream), None]:
+            for out in resampler.resample(frame):
+                chunks.append(out.to_ndarray())
+                held += chunks[-1].nbytes
+                if max_bytes is not None and held > max_bytes:
+                    raise ValueError(f"the sound decodes to more than {max_bytes >> 20} MiB")
     if not chunks:
         return None
     return Audio(np.concatenate(chunks, axis=1).astype(np.float32), int(rate))

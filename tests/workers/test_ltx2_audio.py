@@ -158,3 +158,17 @@ def test_a_sound_as_a_start_is_noised_and_sampled(ltx2_stack, make_ctx):
                   {"model": parts["model"], "positive": positive, "latent": latent})["latent"]
     assert not sampled.audio_kept and sampled.audio.shape == latent.audio.shape
     assert not torch.equal(sampled.audio.cpu(), latent.audio)
+
+
+@pytest.mark.django_db
+def test_a_sound_that_decodes_past_the_budget_is_refused_while_decoding(settings, tmp_path,
+                                                                       make_ctx, monkeypatch):
+    from tests.workers.vocab_helpers import sound_asset_of
+    from workers.runners import audio
+
+    settings.INLINE_BLOB_DIR = tmp_path / "blobs"
+    asset = sound_asset_of("wav", seconds=1.0)  # 48 kHz stereo float32: 384 KiB decoded
+    assert run(make_ctx(), "audio/load", {"asset": asset})["audio"].seconds == pytest.approx(1.0)
+    monkeypatch.setattr(audio, "MAX_AUDIO_BYTES", 1 << 17)  # 128 KiB
+    with pytest.raises(NodeFailed, match="decodes to more than 0 MiB"):
+        run(make_ctx(), "audio/load", {"asset": asset})

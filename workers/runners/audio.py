@@ -29,14 +29,11 @@ def audio_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     if not path.exists():
         raise NodeFailed(f"the bytes of asset {asset.pk} are missing from {path.parent.parent}")
     try:
-        audio = audio_read(str(path))
+        audio = audio_read(str(path), max_bytes=MAX_AUDIO_BYTES)
     except (av.FFmpegError, ValueError, OSError) as exc:
         raise NodeFailed(f"asset {asset.pk} does not decode as sound: {exc}") from None
     if audio is None:
         raise NodeFailed(f"asset {asset.pk} holds no sound track")
-    if audio.nbytes > MAX_AUDIO_BYTES:
-        raise NodeFailed(f"asset {asset.pk} decodes to {audio.nbytes >> 20} MiB of sound; at "
-                         f"most {MAX_AUDIO_BYTES >> 20} MiB are held")
     return {"audio": audio}
 
 
