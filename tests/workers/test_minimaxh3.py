@@ -1,0 +1,98 @@
+"""MiniMax-H3 (stage 1): the farm's engine against diffusers' MiniMaxH3ModularPipeline (t2va) on
+a tiny random stack loaded from a diffusers folder (frames and the stereo waveform, exactly),
+bad requests named, and file recognition of every part of the stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from workers.models.family import ModelLoadError
+from workers.models.header import ModelHeader, read_header
+from workers.models.minimaxh3 import FAMILY, engine, latent_frames, loading, tiny
+
+W, H, FRAMES, STEPS = 64, 32, 124, 3  # 124 = 17·7 + 5: the shortest clip (5.17 s at 24 fps)
+PROMPT = "a robot dancing"
+
+
+def header(path: Path) -> ModelHeader:
+    read = read_header(path)
+    assert read is not None
+    return read
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny.write_folder(tmp_path_factory.mktemp("minimaxh3") / "smoke-minimaxh3")
+
+
+@pytest.fixture(scope="module")
+def parts(folder: Path) -> engine.Parts:
+    return loading.load_folder(folder)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    return tiny.smoke_pipeline()
+
+
+def test_text_to_video_and_audio_is_the_modular_pipeline_s_bit_for_bit(parts, reference):
+    state = reference(prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(7),
+                      num_inference_steps=STEPS, height=H, width=W, num_frames=FRAMES,
+                      output_type="pt")
+    clip = engine.render(parts, PROMPT, width=W, height=H, frames=FRAMES, steps=STEPS,
+                         generator=torch.Generator("cpu").manual_seed(7))
+    assert clip.frames.shape == (FRAMES, 3, H, W)
+    assert torch.equal(clip.frames, state.get("videos")[0])
+    assert clip.audio.shape == (2, 207 * 4)  # 40 latents a second, the tiny VAE's hop of 4
+    assert torch.equal(clip.audio, state.get("audio")[0])
+    assert clip.sample_rate == state.get("sampling_rate") == 160
+    assert latent_frames(FRAMES) == 37
+
+
+def test_another_seed_or_prompt_makes_another_clip(parts):
+    def render(prompt: str, seed: int) -> torch.Tensor:
+        return engine.render(parts, prompt, width=32, height=32, frames=FRAMES, steps=2,
+                             generator=torch.Generator("cpu").manual_seed(seed)).frames
+
+    first = render(PROMPT, 1)
+    assert torch.equal(first, render(PROMPT, 1))
+    assert not torch.equal(first, render(PROMPT, 2))
+    assert not torch.equal(first, render("a cat", 1))
+
+
+@pytest.mark.parametrize(("size", "frames", "message"), [
+    ((48, 32), FRAMES, "multiples of 32"),
+    ((32, 32), 100, "rounded up to 107"),
+    ((32, 32), 346, "rounded up to 362"),
+])
+def test_a_bad_request_is_named(parts, size, frames, message):
+    with pytest.raises(ValueError, match=message):
+        engine.render(parts, PROMPT, width=size[0], height=size[1], frames=frames, steps=2,
+                      generator=torch.Generator("cpu").manual_seed(0))
+
+
+def test_a_folder_without_a_part_is_refused_by_name(folder, tmp_path):
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ModelLoadError, match="no transformer/"):
+        loading.load_folder(tmp_path / "half")
+
+
+@pytest.mark.parametrize(("part", "role"), [
+    ("transformer", "transformer"), ("vae", "vae"), ("audio_vae", "vae"),
+    ("text_encoder", "text_encoder"),
+])
+def test_every_part_of_the_stack_is_recognised(folder, part, role):
+    file = next((folder / part).glob("*.safetensors"))
+    assert FAMILY.recognise(header(file)) == role  # the weights alone
+    assert FAMILY.recognise(header(folder / part)) == role  # the folder (its config)
+
+
+def test_other_families_files_are_not_taken(smoke_stack):
+    for file in (smoke_stack.models_dir / "diffusion_models").glob("*.safetensors"):
+        assert FAMILY.recognise(header(file)) is None
+    for file in (smoke_stack.models_dir / "vae").glob("*.safetensors"):
+        assert FAMILY.recognise(header(file)) is None
