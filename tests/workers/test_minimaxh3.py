@@ -1,14 +1,16 @@
-"""MiniMax-H3 (stage 1): the farm's engine against diffusers' MiniMaxH3ModularPipeline (t2va) on
-a tiny random stack loaded from a diffusers folder (frames and the stereo waveform, exactly),
-bad requests named, and file recognition of every part of the stack."""
+"""MiniMax-H3: the farm's engine against diffusers' MiniMaxH3ModularPipeline (t2va, and fl2va with
+a first, a last or both keyframes) on a tiny random stack loaded from a diffusers folder (frames
+and the stereo waveform, exactly), bad requests named, and file recognition of every part."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from workers.models.family import ModelLoadError
 from workers.models.header import ModelHeader, read_header
@@ -51,6 +53,36 @@ def test_text_to_video_and_audio_is_the_modular_pipeline_s_bit_for_bit(parts, re
     assert torch.equal(clip.audio, state.get("audio")[0])
     assert clip.sample_rate == state.get("sampling_rate") == 160
     assert latent_frames(FRAMES) == 37
+
+
+def keyframe(seed: int, height: int, width: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).random((height, width, 3)) * 255
+    return Image.fromarray(pixels.astype("uint8"))
+
+
+@pytest.mark.parametrize("ends", [("image",), ("last_image",), ("image", "last_image")])
+def test_keyframes_to_video_and_audio_are_the_modular_pipeline_s_bit_for_bit(parts, reference,
+                                                                              ends):
+    # off the canvas's aspect: the first is stretched onto it, a last after it cover-cropped
+    images = {"image": keyframe(0, 48, 80), "last_image": keyframe(1, 40, 40)}
+    given = {end: images[end] for end in ends}
+    state = reference(prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(7),
+                      num_inference_steps=STEPS, height=H, width=W, num_frames=FRAMES,
+                      output_type="pt", **given)
+    clip = engine.render(parts, PROMPT, width=W, height=H, frames=FRAMES, steps=STEPS,
+                         generator=torch.Generator("cpu").manual_seed(7),
+                         first=given.get("image"), last=given.get("last_image"))
+    assert state.get("num_condition_video_rows") == 2 * len(ends)  # a 2-patch row each
+    assert torch.equal(clip.frames, state.get("videos")[0])
+    assert torch.equal(clip.audio, state.get("audio")[0])
+
+
+def test_a_keyframe_changes_the_clip(parts):
+    def render(first: Image.Image | None) -> torch.Tensor:
+        return engine.render(parts, PROMPT, width=32, height=32, frames=FRAMES, steps=2,
+                             generator=torch.Generator("cpu").manual_seed(1), first=first).frames
+
+    assert not torch.equal(render(None), render(keyframe(0, 32, 32)))
 
 
 def test_another_seed_or_prompt_makes_another_clip(parts):

@@ -1,6 +1,8 @@
-"""MiniMax-H3 text-to-video + audio through diffusers 0.42's own modules, reproducing
-`MiniMaxH3ModularPipeline`'s t2va workflow step for step on CPU: the Qwen3-VL hidden state after
-layer 50 of the prompt, the packed `[text | audio | video]` sequence with its rotary grid, the
+"""MiniMax-H3 video + audio through diffusers 0.42's own modules, reproducing
+`MiniMaxH3ModularPipeline`'s t2va and fl2va workflows step for step on CPU: the Qwen3-VL hidden
+state after layer 50 of the prompt (after a `<Picture i>: ` label and vision block per keyframe),
+the keyframes VAE-encoded as conditioning rows held at t = 0.999, the packed
+`[text | keyframes | audio | video]` sequence with its rotary grid, the
 two MiniMax-H3 schedules (video shift 12, audio shift 3) stepped inside one transformer call per
 step, and the video VAE decode to frames in [0, 1] plus the audio VAE decode to a stereo waveform.
 
@@ -10,13 +12,19 @@ pipeline, `steps` counts the sigma grid's points, so a render runs `steps − 1`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0  # MiniMaxH3ModularPipeline.min_duration / max_duration
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
+KEYFRAME_T = 0.999  # keyframe_noise_aug: the t its conditioning rows are held at
+KEYFRAME_SEED = 42  # keyframe_encode_seed: the VAE posterior of a keyframe is sampled under it
+PIXEL_MEAN, PIXEL_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's
 
 
 @dataclass
@@ -83,23 +91,81 @@ def geometry(parts: Parts, width: int, height: int, frames: int) -> Geometry:
 
 
 @torch.no_grad()
-def encode_prompt(parts: Parts, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompt's conditioning [1, L, D] (Qwen3-VL's hidden state after layer 50, the prompt
-    verbatim without special tokens) and its rows' modality tags [L] (all text)."""
+def encode_prompt(parts: Parts, prompt: str,
+                  keyframes: Sequence[Image.Image] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conditioning [1, L, D] (Qwen3-VL's hidden state after layer 50) of the prompt verbatim
+    without special tokens, preceded per keyframe by a `<Picture i>: ` label and its vision block,
+    and its rows' modality tags [L] (a vision block's rows are video rows)."""
     from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
-    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+        MINIMAX_H3_TEXT_TAG,
+        MINIMAX_H3_VIDEO_TAG,
+    )
 
-    token_ids = parts.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    embeds = get_qwen3vl_prompt_embeds(parts.text_encoder, parts.processor, token_ids, {},
+    tokenizer, processor = parts.tokenizer, parts.processor
+    vision: dict[str, Any] = {}
+    token_ids: list[int] = []
+    tags: list[int] = []
+    if keyframes:
+        images = processor.image_processor(images=list(keyframes), return_tensors="pt")
+        vision = {"pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]}
+        merge = processor.image_processor.merge_size**2
+        for index, grid in enumerate(images["image_grid_thw"]):
+            label = tokenizer(f"<Picture {index + 1}>: ", add_special_tokens=False)["input_ids"]
+            block = ([tokenizer.convert_tokens_to_ids("<|vision_start|>")]
+                     + [tokenizer.convert_tokens_to_ids("<|image_pad|>")] * (int(grid.prod()) // merge)
+                     + [tokenizer.convert_tokens_to_ids("<|vision_end|>")])
+            token_ids += label + block
+            tags += [MINIMAX_H3_TEXT_TAG] * len(label) + [MINIMAX_H3_VIDEO_TAG] * len(block)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    token_ids += prompt_ids
+    tags += [MINIMAX_H3_TEXT_TAG] * len(prompt_ids)
+    embeds = get_qwen3vl_prompt_embeds(parts.text_encoder, processor, token_ids, vision,
                                        text_encoder_layer=50, device=parts.transformer.device,
                                        dtype=parts.text_encoder.dtype)
-    return embeds, torch.full((len(token_ids),), MINIMAX_H3_TEXT_TAG, dtype=torch.long)
+    return embeds, torch.tensor(tags, dtype=torch.long)
+
+
+def fit_keyframes(first: Image.Image | None, last: Image.Image | None, width: int,
+                  height: int) -> tuple[list[Image.Image], tuple[str, ...]]:
+    """The keyframes on the canvas and the end each anchors ("first", "last"): the first one
+    given is stretched onto it (Lanczos), a last one after a first is cover-cropped (the
+    pipeline's ResizeStep arithmetic)."""
+    keyframes: list[Image.Image] = []
+    anchors: list[str] = []
+    for anchor, image in (("first", first), ("last", last)):
+        if image is None:
+            continue
+        image = image.convert("RGB")
+        if image.size == (width, height):
+            keyframes.append(image)
+        elif not keyframes:
+            keyframes.append(image.resize((width, height), Image.Resampling.LANCZOS))
+        else:
+            scale = max(width / image.size[0], height / image.size[1])
+            size = (max(width, round(image.size[0] * scale)), max(height, round(image.size[1] * scale)))
+            left, top = max(0, (size[0] - width) // 2), max(0, (size[1] - height) // 2)
+            keyframes.append(image.resize(size, Image.Resampling.LANCZOS)
+                             .crop((left, top, left + width, top + height)))
+        anchors.append(anchor)
+    return keyframes, tuple(anchors)
+
+
+def encode_keyframe(parts: Parts, image: Image.Image) -> torch.Tensor:
+    """A keyframe's normalised conditioning latents [1, C, 1, h, w] (the posterior sampled under
+    seed 42 and rounded to float16, the released recipe)."""
+    from diffusers.modular_pipelines.minimax_h3.encoders import encode_vae_condition
+
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None, :, None]
+    return encode_vae_condition(parts.vae, pixels, PIXEL_MEAN, PIXEL_STD, KEYFRAME_SEED)
 
 
 @torch.no_grad()
 def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, steps: int,
-           generator: torch.Generator) -> Clip:
-    """One text-to-video + audio render (the pipeline's t2va with `output_type="pt"`)."""
+           generator: torch.Generator, first: Image.Image | None = None,
+           last: Image.Image | None = None) -> Clip:
+    """One video + audio render: the pipeline's t2va, or its fl2va with a `first` and/or `last`
+    keyframe (`image` / `last_image`), with `output_type="pt"`."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3.before_denoise import (
         MiniMaxH3PrepareLayoutStep,
@@ -116,36 +182,42 @@ def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, s
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (the sigma grid's points), got {steps}")
     size = geometry(parts, width, height, frames)
-    embeds, tags = encode_prompt(parts, prompt)
+    keyframes, anchors = fit_keyframes(first, last, width, height)
+    embeds, tags = encode_prompt(parts, prompt, keyframes)
+    conditions = [encode_keyframe(parts, image) for image in keyframes]
     patch = tuple(parts.transformer.config.patch_size)
-    position_ids, token_tags, video_idx, audio_idx, text_idx, _, _ = \
+    position_ids, token_tags, video_idx, audio_idx, text_idx, held, _ = \
         MiniMaxH3PrepareLayoutStep.build_packed_sequence(
             tags, size.latent_frames, size.latent_height, size.latent_width, size.audio_latents,
-            patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG, ())
+            patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG, anchors)
+    video_schedule: Any = MiniMaxH3Scheduler(VIDEO_SHIFT)
+    audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
+    held_rows = [patchify_video_latents(video_schedule.scale_noise(
+        latents, KEYFRAME_T, randn_tensor(latents.shape, generator=generator, dtype=torch.float32)),
+        patch) for latents in conditions]  # one draw per keyframe, before the clip's noise
     video_channels = parts.vae.config.latent_channels
     audio_channels = parts.audio_vae.config.latent_channels
     noise = randn_tensor((1, video_channels, size.latent_frames, size.latent_height,
                           size.latent_width), generator=generator, dtype=torch.float32)
-    video = patchify_video_latents(noise, patch)
+    video = torch.cat([*held_rows, patchify_video_latents(noise, patch)])
     audio = randn_tensor((size.audio_latents * MINIMAX_H3_AUDIO_CHANNELS, audio_channels),
                          generator=generator, dtype=torch.float32)
-    video_schedule: Any = MiniMaxH3Scheduler(VIDEO_SHIFT)
-    audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
     video_schedule.set_timesteps(steps)
     audio_schedule.set_timesteps(steps)
     layout = {"position_ids": position_ids, "token_tags": token_tags, "video_indices": video_idx,
               "audio_indices": audio_idx, "text_indices": text_idx}
     for t, audio_t in zip(video_schedule.timesteps, audio_schedule.timesteps, strict=True):
         unique, indices = MiniMaxH3SetTimestepsStep.build_row_timesteps(
-            video_idx, audio_idx, 0, 0, text_idx.numel(), float(t), float(audio_t),
-            max(float(t), 0.999), 1.0)
+            video_idx, audio_idx, held, 0, text_idx.numel(), float(t), float(audio_t),
+            max(float(t), KEYFRAME_T), 1.0)
         video_out, audio_out = parts.transformer(
             hidden_states=video[None], audio_hidden_states=audio[None],
             encoder_hidden_states=embeds, timestep=unique, timestep_indices=indices,
             return_dict=False, **layout)
-        video = video_schedule.step(video_out[0].float(), t, video, return_dict=False)[0]
+        video[held:] = video_schedule.step(video_out[0, held:].float(), t, video[held:],
+                                           return_dict=False)[0]
         audio = audio_schedule.step(audio_out[0].float(), audio_t, audio, return_dict=False)[0]
-    return decode(parts, size, video, audio)
+    return decode(parts, size, video[held:], audio)
 
 
 def unpatchify(size: Geometry, rows: torch.Tensor, channels: int,
@@ -172,8 +244,8 @@ def decode(parts: Parts, size: Geometry, video_rows: torch.Tensor,
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     pixels = vae.decode(latents * std + mean, return_dict=False)[0]
-    pixel_mean = torch.tensor((0.485, 0.456, 0.406)).view(1, -1, 1, 1, 1)
-    pixel_std = torch.tensor((0.229, 0.224, 0.225)).view(1, -1, 1, 1, 1)
+    pixel_mean = torch.tensor(PIXEL_MEAN).view(1, -1, 1, 1, 1)
+    pixel_std = torch.tensor(PIXEL_STD).view(1, -1, 1, 1, 1)
     pixels = (pixels.float() * pixel_std + pixel_mean).clamp(0, 1)
     audio = audio_rows.reshape(MINIMAX_H3_AUDIO_CHANNELS, size.audio_latents, audio_rows.shape[-1])
     audio = audio.permute(0, 2, 1).contiguous()
