@@ -85,6 +85,25 @@ def test_a_keyframe_changes_the_clip(parts):
     assert not torch.equal(render(None), render(keyframe(0, 32, 32)))
 
 
+def test_runs_stepped_in_turn_are_the_runs_rendered_alone(parts):
+    def kwargs(seed: int) -> dict[str, Any]:
+        return {"width": 32, "height": 32, "frames": FRAMES, "steps": 3,
+                "generator": torch.Generator("cpu").manual_seed(seed)}
+
+    runs = [engine.start(parts, PROMPT, **kwargs(1)),
+            engine.start(parts, "a cat", **kwargs(2), first=keyframe(0, 32, 32))]
+    while not all(run.done for run in runs):
+        for run in runs:  # as a step batcher interleaves its jobs
+            engine.advance(run, engine.forward(parts.transformer, run))
+    alone = [engine.render(parts, PROMPT, **kwargs(1)),
+             engine.render(parts, "a cat", **kwargs(2), first=keyframe(0, 32, 32))]
+    for run, clip in zip(runs, alone, strict=True):
+        assert run.steps == 2
+        stepped = engine.decode(parts, run.size, run.video[run.held:], run.audio)
+        assert torch.equal(stepped.frames, clip.frames)
+        assert torch.equal(stepped.audio, clip.audio)
+
+
 def test_another_seed_or_prompt_makes_another_clip(parts):
     def render(prompt: str, seed: int) -> torch.Tensor:
         return engine.render(parts, prompt, width=32, height=32, frames=FRAMES, steps=2,

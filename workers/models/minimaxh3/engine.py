@@ -160,16 +160,42 @@ def encode_keyframe(parts: Parts, image: Image.Image) -> torch.Tensor:
     return encode_vae_condition(parts.vae, pixels, PIXEL_MEAN, PIXEL_STD, KEYFRAME_SEED)
 
 
+@dataclass
+class H3Run:
+    """One run's denoising state: the packed video rows [N, C·4] (the `held` keyframe rows
+    first) and channel-major audio rows [2·L, C], its prompt's embeds and the packed layout
+    (the transformer's row arguments), its two schedules and the step it is at."""
+
+    size: Geometry
+    video: torch.Tensor
+    audio: torch.Tensor
+    embeds: torch.Tensor
+    layout: dict[str, torch.Tensor]
+    held: int
+    video_schedule: Any
+    audio_schedule: Any
+    step: int = 0
+
+    @property
+    def steps(self) -> int:
+        """The run's transformer forwards (the sigma grid's points − 1)."""
+        return len(self.video_schedule.timesteps)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+
 @torch.no_grad()
-def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, steps: int,
-           generator: torch.Generator, first: Image.Image | None = None,
-           last: Image.Image | None = None) -> Clip:
-    """One video + audio render: the pipeline's t2va, or its fl2va with a `first` and/or `last`
-    keyframe (`image` / `last_image`), with `output_type="pt"`."""
+def start(parts: Parts, prompt: str, *, width: int, height: int, frames: int, steps: int,
+          generator: torch.Generator, first: Image.Image | None = None,
+          last: Image.Image | None = None) -> H3Run:
+    """A run at its first step: the prompt (and keyframes) encoded, the layout packed, the
+    noise drawn from `generator` in the pipeline's order (one draw per keyframe, then the
+    clip's video, then its audio) and both schedules set."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3.before_denoise import (
         MiniMaxH3PrepareLayoutStep,
-        MiniMaxH3SetTimestepsStep,
         patchify_video_latents,
     )
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
@@ -194,7 +220,7 @@ def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, s
     audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
     held_rows = [patchify_video_latents(video_schedule.scale_noise(
         latents, KEYFRAME_T, randn_tensor(latents.shape, generator=generator, dtype=torch.float32)),
-        patch) for latents in conditions]  # one draw per keyframe, before the clip's noise
+        patch) for latents in conditions]
     video_channels = parts.vae.config.latent_channels
     audio_channels = parts.audio_vae.config.latent_channels
     noise = randn_tensor((1, video_channels, size.latent_frames, size.latent_height,
@@ -206,18 +232,51 @@ def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, s
     audio_schedule.set_timesteps(steps)
     layout = {"position_ids": position_ids, "token_tags": token_tags, "video_indices": video_idx,
               "audio_indices": audio_idx, "text_indices": text_idx}
-    for t, audio_t in zip(video_schedule.timesteps, audio_schedule.timesteps, strict=True):
-        unique, indices = MiniMaxH3SetTimestepsStep.build_row_timesteps(
-            video_idx, audio_idx, held, 0, text_idx.numel(), float(t), float(audio_t),
-            max(float(t), KEYFRAME_T), 1.0)
-        video_out, audio_out = parts.transformer(
-            hidden_states=video[None], audio_hidden_states=audio[None],
-            encoder_hidden_states=embeds, timestep=unique, timestep_indices=indices,
-            return_dict=False, **layout)
-        video[held:] = video_schedule.step(video_out[0, held:].float(), t, video[held:],
-                                           return_dict=False)[0]
-        audio = audio_schedule.step(audio_out[0].float(), audio_t, audio, return_dict=False)[0]
-    return decode(parts, size, video[held:], audio)
+    return H3Run(size, video, audio, embeds, layout, held, video_schedule, audio_schedule)
+
+
+@torch.no_grad()
+def forward(transformer: Any, run: H3Run) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transformer's data-ward velocities (video [1, N, ·], audio [1, 2·L, ·]) of the run
+    at its step: every row at its own timestep (the keyframe rows held at 0.999)."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3SetTimestepsStep
+
+    t = float(run.video_schedule.timesteps[run.step])
+    audio_t = float(run.audio_schedule.timesteps[run.step])
+    layout = run.layout
+    unique, indices = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+        layout["video_indices"], layout["audio_indices"], run.held, 0,
+        layout["text_indices"].numel(), t, audio_t, max(t, KEYFRAME_T), 1.0)
+    video_out, audio_out = transformer(
+        hidden_states=run.video[None], audio_hidden_states=run.audio[None],
+        encoder_hidden_states=run.embeds, timestep=unique, timestep_indices=indices,
+        return_dict=False, **layout)
+    return video_out, audio_out
+
+
+def advance(run: H3Run, outs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """The run's Euler step on both schedules (the keyframe rows untouched)."""
+    video_out, audio_out = outs
+    held, i = run.held, run.step
+    run.video[held:] = run.video_schedule.step(
+        video_out[0, held:].float(), run.video_schedule.timesteps[i], run.video[held:],
+        return_dict=False)[0]
+    run.audio = run.audio_schedule.step(
+        audio_out[0].float(), run.audio_schedule.timesteps[i], run.audio, return_dict=False)[0]
+    run.step += 1
+
+
+@torch.no_grad()
+def render(parts: Parts, prompt: str, *, width: int, height: int, frames: int, steps: int,
+           generator: torch.Generator, first: Image.Image | None = None,
+           last: Image.Image | None = None) -> Clip:
+    """One video + audio render: the pipeline's t2va, or its fl2va with a `first` and/or `last`
+    keyframe (`image` / `last_image`), with `output_type="pt"`."""
+    run = start(parts, prompt, width=width, height=height, frames=frames, steps=steps,
+                generator=generator, first=first, last=last)
+    while not run.done:
+        advance(run, forward(parts.transformer, run))
+    return decode(parts, run.size, run.video[run.held:], run.audio)
 
 
 def unpatchify(size: Geometry, rows: torch.Tensor, channels: int,
