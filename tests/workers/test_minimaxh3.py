@@ -4,6 +4,7 @@ and the stereo waveform, exactly), bad requests named, and file recognition of e
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,39 @@ def test_every_part_of_the_stack_is_recognised(folder, part, role):
     file = next((folder / part).glob("*.safetensors"))
     assert FAMILY.recognise(header(file)) == role  # the weights alone
     assert FAMILY.recognise(header(folder / part)) == role  # the folder (its config)
+
+
+def test_comfyui_s_single_file_transformer_renders_the_pipeline_s_clip(folder, parts, reference,
+                                                                      tmp_path):
+    file = tiny.write_transformer_file(tmp_path / "smoke-minimaxh3.safetensors")
+    assert FAMILY.recognise(header(file)) == "transformer"
+    transformer = loading.load_transformer_file(file)
+    for key, value in parts.transformer.state_dict().items():
+        assert torch.equal(transformer.state_dict()[key], value), key
+    state = reference(prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(3),
+                      num_inference_steps=STEPS, height=H, width=W, num_frames=FRAMES,
+                      output_type="pt")
+    clip = engine.render(dataclasses.replace(parts, transformer=transformer), PROMPT, width=W,
+                         height=H, frames=FRAMES, steps=STEPS,
+                         generator=torch.Generator("cpu").manual_seed(3))
+    assert torch.equal(clip.frames, state.get("videos")[0])
+    assert torch.equal(clip.audio, state.get("audio")[0])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("blocks.0.attn.qkv_proj.weight_scale", "quantized weights"),  # ComfyUI's int8 "convrot"
+    ("adaln_t_table", "pruned MiniMax-H3 transformer"),  # the shipped fl2va file
+])
+def test_comfyui_s_quantized_or_pruned_transformer_is_refused_by_name(tmp_path, extra, message):
+    from safetensors.torch import load_file, save_file
+
+    file = tiny.write_transformer_file(tmp_path / "shipped.safetensors")
+    state = load_file(str(file))
+    state["model.diffusion_model." + extra] = torch.ones(1)
+    save_file(state, file)
+    assert FAMILY.recognise(header(file)) == "transformer"  # known, then refused at load
+    with pytest.raises(ModelLoadError, match=f"shipped.safetensors .*{message}"):
+        loading.load_transformer_file(file)
 
 
 def test_other_families_files_are_not_taken(smoke_stack):

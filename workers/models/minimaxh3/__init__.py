@@ -3,10 +3,12 @@
 NOT yet in `families.REGISTERED`: the step batcher's half of the plug-in contract (plugin.py)
 is not written. This package has the family's facts and file recognition here, `engine`
 (reproduces diffusers' `MiniMaxH3ModularPipeline` text-to-video + audio bit for bit on CPU),
-`loading` (a diffusers MiniMax-H3 folder, local files only) and `tiny` (a random stack).
+`loading` (a diffusers MiniMax-H3 folder, or ComfyUI's single-file transformer read by `keys`;
+local files only; ComfyUI's quantized and pruned files refused by name) and `tiny` (a random
+stack).
 
-Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): the
-transformer (`audio_proj_in` + `token_refiner` + per-block `adaln_proj`), the video VAE (a
+Files: the transformer (diffusers' keys: `audio_proj_in` + `token_refiner` + per-block
+`adaln_proj`; ComfyUI's: `token_refiner.blocks.N.attn.qkv_proj` + `audio_patch_proj`), the video VAE (a
 convolutional encoder with a ViT decoder: `decoder.register_tokens`), the audio VAE (`pre_block`
 attention with `zero_k_bias` + a BigVGAN decoder behind `dec_in_proj`) and the Qwen3-VL text
 encoder (which Krea 2 and Qwen-Image 2.1 recognise too).
@@ -36,6 +38,8 @@ def recognise(header: ModelHeader) -> str | None:
     if name == TRANSFORMER or (header.has("audio_proj_in.") and header.has("token_refiner.")
                                and header.has("adaln_proj.linear.")):
         return "transformer"
+    if header.has("token_refiner.blocks.", "qkv_proj.") and header.has("audio_patch_proj."):
+        return "transformer"  # ComfyUI's single file (keys.py), quantized or pruned ones too
     if name in (VIDEO_VAE, AUDIO_VAE) or is_video_vae(header) or is_audio_vae(header):
         return "vae"
     if is_qwen3_vl(header):

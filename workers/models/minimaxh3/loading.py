@@ -39,3 +39,37 @@ def load_folder(path: Path, dtype: torch.dtype = torch.float32) -> Parts:
         own_storage(loaded[name])  # out of the file's mmap: CPU kernels round by alignment
     tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer", local_files_only=True)
     return Parts(tokenizer=tokenizer, processor=tiny_processor(tokenizer), **loaded)
+
+
+def load_transformer_file(path: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """MiniMax-H3's transformer from ComfyUI's single file (`keys`), built with its
+    `<stem>.config.json` when there is one, else the released config (the class defaults); a
+    ModelLoadError for ComfyUI's quantized files (int8 "convrot", fp8, nvfp4) and the pruned
+    transformer (`adaln_t_table` instead of the time embedder), which this farm cannot run."""
+    import json
+
+    from diffusers import MiniMaxH3Transformer3DModel
+    from safetensors.torch import load_file
+
+    from workers.models.minimaxh3 import keys
+    from workers.models.weights import load_errors, sidecar
+
+    with load_errors(path, "MiniMax-H3's transformer", "diffusion_models"):
+        state = load_file(str(path))
+    if any(key.endswith(keys.QUANTIZED) for key in state):
+        raise ModelLoadError(
+            f"{path.name} holds quantized weights (ComfyUI's int8 \"convrot\" / fp8 / nvfp4 layers "
+            "with their scales): MiniMax-H3 loads unquantized files here (bf16, fp16 or fp32)")
+    if any(key.endswith(keys.PRUNED) for key in state):
+        raise ModelLoadError(
+            f"{path.name} is a pruned MiniMax-H3 transformer ({keys.PRUNED} instead of the time "
+            "embedder), which diffusers' MiniMaxH3Transformer3DModel cannot run: use the "
+            "unpruned one")
+    config_file = sidecar(path, ".config.json")
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    with load_errors(path, "MiniMax-H3's transformer", "diffusion_models"):
+        model: Any = MiniMaxH3Transformer3DModel(**config)
+        model.load_state_dict(keys.to_diffusers(state, dict(model.config)), strict=True)
+    own_storage(model)
+    return model.to(dtype).eval()

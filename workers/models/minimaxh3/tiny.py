@@ -1,7 +1,8 @@
 """A tiny random-weight MiniMax-H3 stack (tests). The same seed always builds the same weights.
 
 `write_folder(path)` writes it as diffusers lays MiniMax-H3 out (`transformer/`, `vae/`,
-`audio_vae/`, `text_encoder/`, `tokenizer/` with the processor); `smoke_pipeline()` is the
+`audio_vae/`, `text_encoder/`, `tokenizer/` with the processor), `write_transformer_file` the
+transformer as ComfyUI's single file; `smoke_pipeline()` is the
 reference `MiniMaxH3ModularPipeline` over the same in-memory modules.
 
 diffusers ships no tiny MiniMax-H3 configs (its tests read a hub repo), so these are the smallest
@@ -102,6 +103,24 @@ def write_folder(path: Path, seed: int = 0) -> Path:
         parts[name].save_pretrained(path / name)
     parts["tokenizer"].save_pretrained(path / "tokenizer")
     parts["processor"].save_pretrained(path / "tokenizer")
+    return path
+
+
+def write_transformer_file(path: Path, seed: int = 0) -> Path:
+    """The tiny transformer as ComfyUI's single file at `path` (its keys, `model.diffusion_model.`
+    prefix) with its `<stem>.config.json`."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from workers.models.minimaxh3 import keys
+
+    transformer = build_tiny_components(seed)["transformer"]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(keys.to_original(transformer.state_dict()), path)
+    path.with_name(path.name.removesuffix(".safetensors") + ".config.json").write_text(
+        json.dumps({"_class_name": "MiniMaxH3Transformer3DModel", **TRANSFORMER_CONFIG}) + "\n")
     return path
 
 
