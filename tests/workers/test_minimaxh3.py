@@ -143,6 +143,11 @@ def test_every_part_of_the_stack_is_recognised(folder, part, role):
     assert FAMILY.recognise(header(folder / part)) == role  # the folder (its config)
 
 
+def test_the_folder_is_recognised_as_a_checkpoint_with_its_processor(folder, parts):
+    assert FAMILY.recognise(header(folder)) == "checkpoint"
+    assert parts.processor.image_processor.patch_size == 16  # read back from tokenizer/
+
+
 def test_comfyui_s_single_file_transformer_renders_the_pipeline_s_clip(folder, parts, reference,
                                                                       tmp_path):
     file = tiny.write_transformer_file(tmp_path / "smoke-minimaxh3.safetensors")

@@ -27,14 +27,18 @@ FPS = 24
 TRANSFORMER = "MiniMaxH3Transformer3DModel"
 VIDEO_VAE = "AutoencoderKLMiniMaxH3"
 AUDIO_VAE = "AutoencoderKLMiniMaxH3Audio"
+PIPELINE = "MiniMaxH3ModularPipeline"
 
 
 def recognise(header: ModelHeader) -> str | None:
-    """transformer: MiniMax-H3's packed video+audio+text transformer; vae: its video or audio
-    VAE; text_encoder: a Qwen3-VL (its conditioner)."""
+    """checkpoint: a whole diffusers MiniMax-H3 folder (`model_index.json`); transformer:
+    MiniMax-H3's packed video+audio+text transformer; vae: its video or audio VAE;
+    text_encoder: a Qwen3-VL (its conditioner)."""
     if header.is_lora():
         return None
     name = header.class_name
+    if name == PIPELINE:
+        return "checkpoint"
     if name == TRANSFORMER or (header.has("audio_proj_in.") and header.has("token_refiner.")
                                and header.has("adaln_proj.linear.")):
         return "transformer"

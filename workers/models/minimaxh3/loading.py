@@ -14,15 +14,14 @@ from workers.models.weights import own_storage
 
 def load_folder(path: Path, dtype: torch.dtype = torch.float32) -> Parts:
     """The stack (on CPU) of a diffusers MiniMax-H3 folder (`transformer/`, `vae/`, `audio_vae/`,
-    `text_encoder/`, `tokenizer/`); a ModelLoadError naming the missing or unreadable part."""
+    `text_encoder/`, `tokenizer/`, a `processor/` or the processor's config in `tokenizer/`); a
+    ModelLoadError naming the missing or unreadable part."""
     from diffusers import (
         AutoencoderKLMiniMaxH3,
         AutoencoderKLMiniMaxH3Audio,
         MiniMaxH3Transformer3DModel,
     )
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
-
-    from workers.models.minimaxh3.tiny import tiny_processor
 
     path = Path(path)
     loaded: dict[str, Any] = {}
@@ -38,7 +37,20 @@ def load_folder(path: Path, dtype: torch.dtype = torch.float32) -> Parts:
             raise ModelLoadError(f"cannot load {path.name}/{name}: {exc}") from None
         own_storage(loaded[name])  # out of the file's mmap: CPU kernels round by alignment
     tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer", local_files_only=True)
-    return Parts(tokenizer=tokenizer, processor=tiny_processor(tokenizer), **loaded)
+    return Parts(tokenizer=tokenizer, processor=_processor(path, tokenizer), **loaded)
+
+
+def _processor(path: Path, tokenizer: Any) -> Any:
+    """The folder's image + text processor (`processor/` or `tokenizer/`), else Qwen3-VL's
+    defaults (16-px patches merged 2×2) over its tokenizer."""
+    from workers.models.minimaxh3.tiny import tiny_processor
+    from workers.models.qwenimage.vl import ImageTextProcessor
+
+    for sub in ("processor", "tokenizer"):
+        if (path / sub / "processor_config.json").is_file() \
+                or (path / sub / "preprocessor_config.json").is_file():
+            return ImageTextProcessor.from_pretrained(path / sub, local_files_only=True)
+    return tiny_processor(tokenizer)
 
 
 def load_transformer_file(path: Path, dtype: torch.dtype = torch.float32) -> Any:

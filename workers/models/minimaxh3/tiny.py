@@ -1,7 +1,8 @@
 """A tiny random-weight MiniMax-H3 stack (tests). The same seed always builds the same weights.
 
 `write_folder(path)` writes it as diffusers lays MiniMax-H3 out (`transformer/`, `vae/`,
-`audio_vae/`, `text_encoder/`, `tokenizer/` with the processor), `write_transformer_file` the
+`audio_vae/`, `text_encoder/`, `tokenizer/` with the processor, a `model_index.json` naming
+`MiniMaxH3ModularPipeline`), `write_transformer_file` the
 transformer as ComfyUI's single file; `smoke_pipeline()` is the
 reference `MiniMaxH3ModularPipeline` over the same in-memory modules.
 
@@ -15,11 +16,13 @@ second) with 8 latent channels, and a Qwen3-VL of width 16 with 51 layers: MiniM
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from workers.models.minimaxh3 import PIPELINE
 from workers.models.qwenimage.tiny import tiny_tokenizer
 
 TEXT_WIDTH = 16
@@ -42,6 +45,13 @@ AUDIO_VAE_CONFIG: dict[str, Any] = {
     "latents_mean": [0.1] * 8, "latents_std": [0.9] * 8,
 }
 SUBFOLDERS = ("transformer", "vae", "audio_vae", "text_encoder")
+COMPONENTS = {  # the folder's model_index.json: each component's library and class
+    "transformer": ["diffusers", "MiniMaxH3Transformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLMiniMaxH3"],
+    "audio_vae": ["diffusers", "AutoencoderKLMiniMaxH3Audio"],
+    "text_encoder": ["transformers", "Qwen3VLForConditionalGeneration"],
+    "tokenizer": ["transformers", "Qwen2TokenizerFast"],
+}
 
 
 def text_encoder_config(tokenizer: Any) -> Any:
@@ -103,14 +113,14 @@ def write_folder(path: Path, seed: int = 0) -> Path:
         parts[name].save_pretrained(path / name)
     parts["tokenizer"].save_pretrained(path / "tokenizer")
     parts["processor"].save_pretrained(path / "tokenizer")
+    (path / "model_index.json").write_text(json.dumps({"_class_name": PIPELINE, **COMPONENTS},
+                                                      indent=2) + "\n")
     return path
 
 
 def write_transformer_file(path: Path, seed: int = 0) -> Path:
     """The tiny transformer as ComfyUI's single file at `path` (its keys, `model.diffusion_model.`
     prefix) with its `<stem>.config.json`."""
-    import json
-
     from safetensors.torch import save_file
 
     from workers.models.minimaxh3 import keys
