@@ -418,6 +418,16 @@ SAMPLING = (
         description="A named scheduler's sigmas over the model's own (ComfyUI's BasicScheduler).",
     ),
     NodeDescriptor(
+        "sampling/sd-turbo-scheduler", "SD Turbo scheduler", "sampling",
+        inputs=(Port("model", "model"),),
+        outputs=(Port("sigmas", "sigmas"),),
+        params=(Param("steps", "int", 1, min=1, max=10),
+                Param("denoise", "float", 1.0, min=0.0, max=1.0)),
+        description="SD-Turbo's and SDXL-Turbo's sigmas (ComfyUI's SDTurboScheduler): the "
+        "model's sigmas at timesteps 999, 899, … 99, starting 10 − ⌊10·denoise⌋ in, `steps` of "
+        "them; for models of discrete timesteps (SD, SDXL).",
+    ),
+    NodeDescriptor(
         "sampling/manual-sigmas", "Manual sigmas", "sampling",
         outputs=(Port("sigmas", "sigmas"),),
         params=(Param("sigmas", "string", "1, 0.5", max_length=MAX_SIGMAS,

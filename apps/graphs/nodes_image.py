@@ -28,6 +28,14 @@ _side_size = _wired_int("size", 512, 1, MAX_SIDE * 2)
 _x, _y = _wired_int("x", 0, 0, MAX_SIDE * 2), _wired_int("y", 0, 0, MAX_SIDE * 2)
 _pads = tuple(_wired_int(side, 0, 0, MAX_SIDE) for side in ("left", "top", "right", "bottom"))
 
+_tiles = (
+    Param("tile", "int", 512, min=32, max=MAX_SIDE,
+          description="Input pixels per tile side: smaller tiles need less memory."),
+    Param("overlap", "int", 32, min=0, max=512,
+          description="Context pixels each tile sees beyond its own edges (only its own part "
+          "is kept): more hides tile seams."),
+)
+
 IMAGE_OPS = (
     NodeDescriptor(
         "image/resize", "Resize image", "image",
@@ -111,6 +119,16 @@ IMAGE_OPS = (
         "kept as it is.",
     ),
     NodeDescriptor(
+        "image/empty", "Empty image", "image",
+        inputs=(_width[0], _height[0]),
+        outputs=_image_out,
+        params=(_wired_int("width", 512, 1, MAX_SIDE * 2)[1],
+                _wired_int("height", 512, 1, MAX_SIDE * 2)[1],
+                Param("color", "int", 0, min=0, max=0xFFFFFF,
+                      description="The colour as 0xRRGGBB (0: black).")),
+        description="An image of one colour (ComfyUI's EmptyImage, one image).",
+    ),
+    NodeDescriptor(
         "image/invert", "Invert image", "image",
         inputs=_image_in, outputs=_image_out,
         description="255 − every colour value (alpha kept), ComfyUI's ImageInvert.",
@@ -166,15 +184,18 @@ UPSCALING = (
         "image/upscale-with-model", "Upscale image with model", "image",
         inputs=(Port("upscale_model", "upscale-model"), Port("image", "image")),
         outputs=_image_out,
-        params=(
-            Param("tile", "int", 512, min=32, max=MAX_SIDE,
-                  description="Input pixels per tile side: smaller tiles need less memory."),
-            Param("overlap", "int", 32, min=0, max=512,
-                  description="Context pixels each tile sees beyond its own edges (only its "
-                  "own part is kept): more hides tile seams."),
-        ),
+        params=_tiles,
         description="The image upscaled by the model's own factor, in tiles (ComfyUI's "
         "ImageUpscaleWithModel; the farm keeps each tile's own part where ComfyUI blends "
         "overlaps).",
+    ),
+    NodeDescriptor(
+        "frames/upscale-with-model", "Upscale frames with model", "video",
+        inputs=(Port("upscale_model", "upscale-model"), Port("frames", "frames")),
+        outputs=(Port("frames", "frames"),),
+        params=_tiles,
+        description="Each frame of a clip upscaled as image/upscale-with-model upscales an "
+        "image (ComfyUI's ImageUpscaleWithModel on a video's IMAGE batch); progress counts "
+        "frames.",
     ),
 )

@@ -1,6 +1,6 @@
 """The nodes of the LTX-2 family (workers/models/ltx2/nodes.py runs them): a clip's audio + video
-latent, first-frame conditioning, LTX2Pipeline's sampler and the decode into a `Video` (frames,
-fps and the vocoder's sound; `video/save` keeps it as MP4 H.264 + AAC)."""
+latent, first-frame conditioning and keyframe guides, LTX2Pipeline's sampler and the decode
+into a `Video` (frames, fps and the vocoder's sound; `video/save` keeps it as MP4 H.264 + AAC)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,34 @@ LTX2 = (
         "the clip's size and its latents stay fixed (at strength 1) while the rest denoises. "
         "An empty clip "
         "latent, or a sampled one (the two-stage workflows' upsampled clip, refined next).",
+    ),
+    NodeDescriptor(
+        "ltx2/add-guide", "LTX-2 add guide", "latent",
+        inputs=(Port("positive", "conditioning"),
+                Port("negative", "conditioning", required=False), Port("vae", "vae"),
+                Port("latent", "latent"), Port("image", "image")),
+        outputs=(Port("positive", "conditioning"), Port("negative", "conditioning"),
+                 Port("latent", "latent")),
+        params=(Param("frame_idx", "int", 0, min=-MAX_FRAMES, max=MAX_FRAMES - 1,
+                      description="The clip's frame the image guides (ComfyUI's frame_idx): "
+                      "0 the first, negative counted from the end (−1: the last)."),
+                Param("strength", "float", 1.0, min=0.0, max=1.0,
+                      description="How firmly the frame keeps the image: 1 holds it; below, "
+                      "its tokens denoise too, from (1 − strength)·σ, pulled toward it."),
+                Param("crf", "int", -1, min=-1, max=51,
+                      description="H.264 CRF the image is re-compressed at before encoding, as "
+                      "LTX-2 was trained (ComfyUI's LTXVPreprocess img_compression; −1: the "
+                      "model's default; 0: as it is).")),
+        description="A keyframe guide: the clip keeps an image at a frame (ComfyUI's "
+        "LTXVAddGuide, LTX2ConditionPipeline's conditions; chain one per frame: first and last "
+        "frame to video). The image is cut to the clip's aspect at its centre and scaled to "
+        "its size (as ComfyUI does); at frame 0 it replaces the clip's first frame (and an "
+        "ltx2/image-to-video image), elsewhere its tokens join the clip's at that frame's "
+        "time, and ltx2/sample crops them off again (ComfyUI's LTXVCropGuides). The prompts "
+        "pass on unchanged. As LTX2ConditionPipeline, not ComfyUI: below strength 1 the "
+        "transformer sees the guide's own noisy tokens (ComfyUI: the clean image), and frame 0 "
+        "is conditioned in place (ComfyUI now appends it too). A guide's time is its frame "
+        "(ComfyUI's): the pipeline's latent index k is frame 8(k − 1) + 1.",
     ),
     NodeDescriptor(
         "ltx2/sample", "LTX-2 sample", "sampling",

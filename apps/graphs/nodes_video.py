@@ -12,6 +12,7 @@ from apps.graphs.descriptors import NodeDescriptor, Param, Port
 MAX_LABEL = 200  # as image/save's label
 MAX_FPS = 240.0
 MAX_HOLD = 600
+MAX_BATCHED = 16  # inputs of frames/batch
 VIDEO_FORMATS = {"mp4": "video/mp4", "webm": "video/webm"}
 _label = Param("label", "string", "", max_length=MAX_LABEL,
                description="A free label kept with the take.")
@@ -28,6 +29,15 @@ VIDEO = (
                       description="How many frames each image is shown for."),),
         description="Images of one size, in input order (image, image2 … image8), as a clip's "
         "frames (ComfyUI's image batch).",
+    ),
+    NodeDescriptor(
+        "frames/batch", "Batch frames", "video",
+        inputs=tuple(Port("frames" if i == 1 else f"frames{i}", "frames", required=i == 1,
+                          accepts=("image",)) for i in range(1, MAX_BATCHED + 1)),
+        outputs=(Port("frames", "frames"),),
+        description="Clips' frames (or single images) one after another, in input order "
+        "(frames, frames2 … frames16): ComfyUI's BatchImagesNode. Each is first stretched to "
+        "the first one's size over its centre (bilinear, ComfyUI's crop 'center').",
     ),
     NodeDescriptor(
         "video/create", "Create video", "video",

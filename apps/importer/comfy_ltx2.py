@@ -6,6 +6,7 @@ the sampler and split again for the decoders; the farm's ltx2/* nodes carry both
 
     EmptyLTXVLatentVideo (+ LTXVEmptyLatentAudio's frame_rate)  → ltx2/empty-latent
     LTXVImgToVideoInplace (+ LTXVPreprocess's img_compression)  → ltx2/image-to-video (crf)
+    LTXVAddGuide (+ LTXVPreprocess's img_compression)           → ltx2/add-guide (crf)
     LTXVConcatAVLatent, LTXVSeparateAVLatent, LTXVConditioning, LTXVCropGuides,
       ModelSamplingLTXV, LTXVEmptyLatentAudio                   → folded (pass their input on)
     SamplerCustomAdvanced (RandomNoise, CFGGuider / LTXVDualCFGGuider / BasicGuider, KSamplerSelect,
@@ -50,6 +51,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "EmptyLTXVLatentVideo": ("width", "height", "length", "batch_size"),
     "LTXVConditioning": ("frame_rate",),
     "LTXVImgToVideoInplace": ("strength", "bypass"),
+    "LTXVAddGuide": ("frame_idx", "strength"),
     "LTXVPreprocess": ("img_compression",),
     "LTXVScheduler": ("steps", "max_shift", "base_shift", "stretch", "terminal"),
     "ModelSamplingLTXV": ("max_shift", "base_shift"),
@@ -95,6 +97,24 @@ def _text_encoder(values: dict[str, Any]) -> list[str]:
             ] if isinstance(name, str) else []
 
 
+def _guide_strength(value: Any) -> Any:
+    """LTXVAddGuide's strength (ComfyUI: up to 10) held at most 1: above 1 ComfyUI only
+    amplifies an attention mask (max(0, 1 − strength) is its noise mask)."""
+    return min(float(value), 1.0) if _number(value) is not None else value
+
+
+def _guide_warnings(values: dict[str, Any]) -> list[str]:
+    strength = _number(values.get("strength"))
+    return [f"strength {strength:g} is held as 1: above 1 ComfyUI only amplifies an "
+            "attention mask"] if strength is not None and strength > 1 else []
+
+
+def _guide_refusal(values: dict[str, Any]) -> str | None:
+    wired = [k for k in ("attention_mask", "iclora_parameters") if isinstance(values.get(k), Link)]
+    return (f"its {' and '.join(wired)} {'is' if len(wired) == 1 else 'are'} not built on this "
+            "farm yet (ltx2/add-guide guides with the whole image, no IC-LoRA)") if wired else None
+
+
 RULES: dict[str, Rule] = {
     "EmptyLTXVLatentVideo": Rule(
         "ltx2/empty-latent", outputs=("latent",),
@@ -107,6 +127,16 @@ RULES: dict[str, Rule] = {
         outputs=("latent",), params={"img_compression": ParamMap("crf", int),
                                      "strength": ParamMap("strength", float)},
         derive=lambda values: {} if "img_compression" in values else {"crf": 0},
+    ),
+    "LTXVAddGuide": Rule(
+        "ltx2/add-guide", inputs={"positive": "positive", "negative": "negative", "vae": "vae",
+                                  "latent": "latent", "image": "image"},
+        outputs=("positive", "negative", "latent"),
+        params={"frame_idx": ParamMap("frame_idx", int),
+                "strength": ParamMap("strength", _guide_strength),
+                "img_compression": ParamMap("crf", int)},
+        derive=lambda values: {} if "img_compression" in values else {"crf": 0},
+        warnings=(_guide_warnings,), refuse=_guide_refusal,
     ),
     "LTXAVTextEncoderLoader": Rule(  # ComfyUI: Gemma 3 + the checkpoint's text projection
         "load/checkpoint", outputs=("encoder",),
@@ -150,7 +180,8 @@ FOLDED: dict[str, tuple[str, str, Callable[[dict[str, Any]], list[str]] | None]]
     "LTXVSeparateAVLatent": ("av_latent", "ltx2/decode decodes the clip's video and audio "
                              "latents together", None),
     "LTXVConditioning": ("positive", "the clip's frame rate is ltx2/empty-latent's fps", None),
-    "LTXVCropGuides": ("latent", "ltx2/sample appends no guide frames to crop", None),
+    "LTXVCropGuides": ("latent", "ltx2/sample returns the clip without its guides' frames",
+                       None),
     "ModelSamplingLTXV": ("model", "ltx2/sample shifts its sigmas by the clip's size as "
                           "LTX2Pipeline does", _defaults_warning("ModelSamplingLTXV")),
     "LTXVEmptyLatentAudio": ("audio_vae", "ltx2/empty-latent makes the clip's audio latent "
@@ -158,8 +189,6 @@ FOLDED: dict[str, tuple[str, str, Callable[[dict[str, Any]], list[str]] | None]]
 }
 
 UNSUPPORTED: dict[str, str] = {
-    "LTXVAddGuide": "LTX-2 keyframes beyond the first frame are not built on this farm yet "
-    "(LTXVImgToVideoInplace conditions the first frame)",
     "LTXVImgToVideo": "LTXVImgToVideo (latent and prompts in one node) is not mapped yet: "
     "wire EmptyLTXVLatentVideo → LTXVImgToVideoInplace instead, as ComfyUI's LTX-2 template "
     "does",
@@ -167,8 +196,8 @@ UNSUPPORTED: dict[str, str] = {
     "farm yet",
     "VAEDecodeAudio": "the farm decodes sound only as part of an LTX-2 clip (ltx2/decode: "
     "CreateVideo of the clip's VAEDecode and its audio decode)",
-    "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace it "
-    "feeds",
+    "LTXVPreprocess": "LTXVPreprocess is read only as the crf of the LTXVImgToVideoInplace or "
+    "LTXVAddGuide it feeds",
     "LTXVScheduler": "LTXVScheduler is read only as the steps of an LTX-2 sampler "
     "(SamplerCustomAdvanced over LTXVConcatAVLatent)",
 }
@@ -441,7 +470,8 @@ def _number(value: Any) -> float | None:
 def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
           concat: dict[str, Any]) -> float | None:
     """The clip's latent nodes: EmptyLTXVLatentVideo gets the audio latent's frame_rate,
-    LTXVImgToVideoInplace its LTXVPreprocess's img_compression (bypass: folded away)."""
+    LTXVImgToVideoInplace (bypass: folded away) and LTXVAddGuide their LTXVPreprocess's
+    img_compression."""
     audio = node(concat.get("audio_latent"))
     frame_rate: Any = DEFAULT_FPS
     frames = None
@@ -462,12 +492,12 @@ def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
                 link = inputs.get("latent")
                 continue
             out.inputs[nid] = {**inputs, "bypass": bypass}
-            image = node(inputs.get("image"))
-            if image is not None and image[1] == "LTXVPreprocess":
-                out.folded[image[0]] = (f"its H.264 re-compression is ltx2/image-to-video "
-                                        f"{nid}'s crf")
-                out.inputs[nid] |= {"image": image[2].get("image"),
-                                    "img_compression": image[2].get("img_compression", 33)}
+            _preprocessed(out, node, nid, "ltx2/image-to-video")
+            link = inputs.get("latent")
+            continue
+        if comfy_type == "LTXVAddGuide":
+            out.inputs[nid] = dict(inputs)
+            _preprocessed(out, node, nid, "ltx2/add-guide")
             link = inputs.get("latent")
             continue
         if comfy_type != "EmptyLTXVLatentVideo":
@@ -479,6 +509,15 @@ def _clip(nodes: dict[str, tuple[str, dict[str, Any]]], out: Rewrite, node: Any,
         out.inputs[nid] = {**inputs, "frame_rate": frame_rate}
         return _number(frame_rate)
     return None
+
+
+def _preprocessed(out: Rewrite, node: Any, nid: str, ours: str) -> None:
+    """An LTXVPreprocess feeding node `nid`'s image folds into its crf (its img_compression)."""
+    image = node(out.inputs[nid].get("image"))
+    if image is not None and image[1] == "LTXVPreprocess":
+        out.folded[image[0]] = f"its H.264 re-compression is {ours} {nid}'s crf"
+        out.inputs[nid] |= {"image": image[2].get("image"),
+                            "img_compression": image[2].get("img_compression", 33)}
 
 
 def _sampler_warning(values: dict[str, Any]) -> list[str]:

@@ -72,6 +72,7 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "KSamplerSelect": ("sampler_name",),
     "BasicScheduler": ("scheduler", "steps", "denoise"),
     "ManualSigmas": ("sigmas",),
+    "SDTurboScheduler": ("steps", "denoise"),
     "BasicGuider": (),
     "CFGGuider": ("cfg",),
     "SamplerCustomAdvanced": (),
@@ -471,6 +472,10 @@ RULES: dict[str, Rule] = {
         params={"scheduler": ParamMap("scheduler"), "steps": ParamMap("steps"),
                 "denoise": ParamMap("denoise")},
         refuse=_unknown("scheduler", OUR_SCHEDULERS),
+    ),
+    "SDTurboScheduler": Rule(
+        "sampling/sd-turbo-scheduler", inputs={"model": "model"}, outputs=("sigmas",),
+        params={"steps": ParamMap("steps"), "denoise": ParamMap("denoise")},
     ),
     "ManualSigmas": Rule(
         "sampling/manual-sigmas", outputs=("sigmas",), params={"sigmas": ParamMap("sigmas")},

@@ -53,6 +53,9 @@ TYPE_SPECS: dict[tuple[str, str], list[Any]] = {  # a widget one type declares o
     # LTX-2 (comfy_ltx2.py): accepted as ComfyUI declares them
     ("LTXVImgToVideoInplace", "strength"): ["FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0}],
     ("LTXVImgToVideoInplace", "bypass"): ["BOOLEAN", {"default": False}],
+    ("LTXVAddGuide", "frame_idx"): ["INT", {"default": 0, "min": -9999, "max": 9999}],
+    ("LTXVAddGuide", "strength"): ["FLOAT", {"default": 1.0, "min": 0.0, "max": 10.0,
+                                             "step": 0.01}],
     ("EmptyLTXVLatentVideo", "length"): ["INT", {"default": 97, "min": 1, "max": 16384,
                                                  "step": 8}],
     # TextGenerate's speculative decoding: accepted as ComfyUI declares it, and ignored

@@ -13,6 +13,7 @@ from typing import Any
 
 from apps.graphs.descriptors import VALUE_KINDS
 from apps.graphs.mathexpr import NAMES as MATH_NAMES
+from apps.graphs.nodes_video import MAX_BATCHED
 from apps.importer.comfy_rules import (
     CONTROL_VALUES,
     KindOf,
@@ -43,6 +44,8 @@ WIDGETS: dict[str, tuple[str, ...]] = {
     "PreviewAny": (),
     "ImageCompare": (),
     "ImageScaleToTotalPixels": ("upscale_method", "megapixels", "resolution_steps"),
+    "EmptyImage": ("width", "height", "batch_size", "color"),
+    "BatchImagesNode": (),
     "ImageInvert": (),
     "ImageCompositeMasked": ("x", "y", "resize_source"),
     "ImageToMask": ("channel",),
@@ -311,6 +314,26 @@ def _crop_or_stretch(values: dict[str, Any]) -> dict[str, Any]:
 
 
 _IMAGE_IN = {"image": "image"}
+
+
+def _batch_refuse(values: dict[str, Any]) -> str | None:
+    wired = [name for name in values if name.startswith("images.image")
+             and values[name] is not None]
+    past = [n for n in wired if not n.removeprefix("images.image").isdigit()
+            or int(n.removeprefix("images.image")) >= MAX_BATCHED]
+    if past:
+        return (f"{', '.join(sorted(past))}: frames/batch takes at most {MAX_BATCHED} inputs "
+                f"(images.image0 … images.image{MAX_BATCHED - 1})")
+    return None
+
+
+def _upscale_pick(values: dict[str, Any], kind_of: KindOf) -> Rule | str:
+    """ImageUpscaleWithModel of a clip's frames (GetVideoComponents) → frames/upscale-with-model."""
+    if kind_of("image") == "frames":
+        return Rule("frames/upscale-with-model",
+                    inputs={"upscale_model": "upscale_model", "image": "frames"},
+                    outputs=("frames",))
+    return VOCABULARY["ImageUpscaleWithModel"]
 # Outputs that hand on an input unchanged while the node also does its own thing (PreviewAny
 # shows its value in the editor and passes it on): their readers read that input instead.
 ECHOES: dict[str, str] = {"PreviewAny": "source"}
@@ -378,6 +401,17 @@ VOCABULARY: dict[str, Rule] = {
         derive=lambda values: {"fit": "pad"},
         warnings=(lambda v: area_warning({"upscale_method": v.get("interpolation")}),),
     ),
+    "EmptyImage": Rule(
+        "image/empty", inputs={"width": "width", "height": "height"}, outputs=("image",),
+        params={name: ParamMap(name) for name in ("width", "height", "color")},
+        refuse=lambda values: (f"batch_size {values['batch_size']}: an image here is one image"
+                               if values.get("batch_size", 1) != 1 else None),
+    ),
+    "BatchImagesNode": Rule(
+        "frames/batch", inputs={f"images.image{i}": "frames" if i == 0 else f"frames{i + 1}"
+                                for i in range(MAX_BATCHED)},
+        outputs=("frames",), refuse=_batch_refuse,
+    ),
     "ImageInvert": Rule("image/invert", inputs=_IMAGE_IN, outputs=("image",)),
     "ImageCompositeMasked": Rule(
         "image/composite", inputs={"destination": "destination", "source": "source",
@@ -399,7 +433,7 @@ VOCABULARY: dict[str, Rule] = {
     ),
     "ImageUpscaleWithModel": Rule(
         "image/upscale-with-model", inputs={"upscale_model": "upscale_model", "image": "image"},
-        outputs=("image",),
+        outputs=("image",), pick=_upscale_pick,
     ),
     # Video (ComfyUI's comfy_extras/nodes_video.py): its IMAGE batch of a clip is our `frames`.
     "CreateVideo": Rule(

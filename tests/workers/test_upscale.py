@@ -243,3 +243,26 @@ def _other_header() -> bytes:
 
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     return struct.pack("<Q", len(header)) + header + b"\0\0\0\0"
+
+
+def test_frames_are_each_upscaled_as_the_image_node_upscales_them(tmp_path):
+    from workers.models.values import Frames
+
+    write_tiny_upscaler(tmp_path, "x4.pth", layout="old")
+    recorder = Recorder()
+    ctx = make_ctx(tmp_path, recorder)
+    model = RUNNERS["load/upscale-model"](ctx, {"file": "x4.pth"}, {})["upscale_model"]
+    pictures = [noise_image(20, 12, seed=s) for s in (1, 2, 3)]
+    frames = Frames(np.stack([np.asarray(p) for p in pictures]))
+    params = {"tile": 16, "overlap": 8}
+    out = RUNNERS["frames/upscale-with-model"](ctx, params, {"upscale_model": model,
+                                                             "frames": frames})["frames"]
+    assert out.array.shape == (3, 48, 80, 3) and out.array.dtype == np.uint8
+    assert recorder.progress == [(1, 3), (2, 3), (3, 3)]  # by frame, not by tile
+    for picture, frame in zip(pictures, out.array, strict=True):
+        image = RUNNERS["image/upscale-with-model"](ctx, params, {"upscale_model": model,
+                                                                  "image": picture})["image"]
+        assert np.array_equal(np.asarray(image), frame)
+    with pytest.raises(NodeFailed, match="must be an upscale model and frames"):
+        RUNNERS["frames/upscale-with-model"](ctx, params, {"upscale_model": model,
+                                                           "frames": pictures[0]})

@@ -157,3 +157,46 @@ def test_object_info_describes_the_upscale_nodes_as_comfyui_does():
     assert info["UpscaleModelLoader"]["output"] == ["UPSCALE_MODEL"]
     assert info["ImageUpscaleWithModel"]["input"]["required"] == {
         "upscale_model": ["UPSCALE_MODEL"], "image": ["IMAGE"]}
+
+
+def test_comfyuis_shipped_gan_video_upscaler_imports_and_upscales_every_frame(tmp_path):
+    """`utility-gan_upscaler`: LoadVideo → GetVideoComponents → ImageUpscaleWithModel of the
+    clip's frames → CreateVideo → SaveVideo; the frames go through frames/upscale-with-model,
+    each the image node's upscale of that frame."""
+    import json
+
+    import av
+
+    from apps.importer.comfy_templates import shipped_file
+    from apps.takes.services import asset_create
+    from apps.takes.storage import blob_read
+    from tests.workers.test_video import smooth_frames, tone
+    from workers.models.values import Frames, Video
+    from workers.video import video_write
+
+    clip = tmp_path / "gan_input.mp4"
+    video_write(Video(Frames(smooth_frames(count=4)), 12.0, tone(0.3)), clip, format="mp4",
+                crf=30, comment="{}")
+    from django.contrib.auth import get_user_model
+
+    owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
+    asset, _ = asset_create(owner=owner, data=clip.read_bytes())
+    workflow = json.loads(shipped_file("utility-gan_upscaler.json") or b"{}")
+    [loader] = [n for n in workflow["nodes"] if n["type"] == "UpscaleModelLoader"]
+    loader["widgets_values"] = [MODEL]
+    result = comfy_import(workflow=workflow, catalog={"upscale_models": [MODEL]},
+                          resolve_asset=lambda name: str(asset.pk) if name == "gan_input.mp4"
+                          else None)
+    assert result.report.unmapped == []
+    nodes = result.graph.model_dump()["nodes"]
+    assert nodes["2"]["type"] == "frames/upscale-with-model"
+    assert nodes["2"]["inputs"]["frames"] == {"node": "10", "port": "frames"}
+    outcome, run = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        stream = mp4.streams.video[0]
+        assert (stream.width, stream.height) == (64 * 4, 48 * 4)
+        assert len(list(mp4.decode(stream))) == 4
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        assert mp4.streams.audio, "the clip keeps its sound"

@@ -165,3 +165,20 @@ def test_images_of_different_sizes_fail_the_frames_node_by_name():
     assert outcome.status == "failed"
     assert outcome.error is not None and outcome.error["nodeId"] == "frames"
     assert "16x32, 32x32" in outcome.error["message"]
+
+
+def test_frames_batch_joins_clips_and_images_in_order_at_the_first_ones_size(make_ctx):
+    """frames/batch (ComfyUI's BatchImagesNode): a clip, an image (one frame) and a clip of
+    another size (cut to the first's aspect over its centre, then stretched bilinear)."""
+    from workers.runners import RUNNERS
+    from workers.runners.image_ops import centre_crop_box, resized
+
+    first, other = smooth_frames(count=3), smooth_frames(count=2, width=96, height=48)
+    still = Image.fromarray(smooth_frames(count=1)[0][::-1].copy())
+    out = RUNNERS["frames/batch"](make_ctx(), {}, {"frames": Frames(first), "frames2": still,
+                                                   "frames3": Frames(other)})["frames"]
+    assert out.array.shape == (6, H, W, 3)
+    assert np.array_equal(out.array[:3], first) and np.array_equal(out.array[3], np.asarray(still))
+    wide = Image.fromarray(other[1])
+    expected = resized(wide.crop(centre_crop_box(96, 48, W / H)), W, H, "bilinear")
+    assert np.array_equal(out.array[5], np.asarray(expected))

@@ -28,7 +28,7 @@ PAD_COLORS = {"black": 0, "white": 255, "gray": 128}
 MAX_PIXELS = 8192 * 8192  # a result past this is refused: the node would exhaust memory
 
 
-def _resized(image: Image.Image, width: int, height: int, method: str) -> Image.Image:
+def resized(image: Image.Image, width: int, height: int, method: str) -> Image.Image:
     if width < 1 or height < 1 or width * height > MAX_PIXELS:
         raise NodeFailed(f"the result would be {width}x{height} pixels")
     if (width, height) == image.size:
@@ -42,14 +42,14 @@ def image_resize(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any
     width, height, method = params["width"], params["height"], params["method"]
     fit = params.get("fit", "stretch")  # .get: graphs stored before `fit` existed
     if fit == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
     elif fit == "pad":
         return {"image": _fit_and_pad(image, width, height, method,
                                       params.get("pad_color", "black"))}
-    return {"image": _resized(image, width, height, method)}
+    return {"image": resized(image, width, height, method)}
 
 
-def _centre_crop_box(old_w: int, old_h: int, new_aspect: float) -> tuple[int, int, int, int]:
+def centre_crop_box(old_w: int, old_h: int, new_aspect: float) -> tuple[int, int, int, int]:
     """ComfyUI's `common_upscale(crop="center")`: cut the sides (or top and bottom) so the
     image has the target's aspect, before scaling."""
     old_aspect = old_w / old_h
@@ -65,7 +65,7 @@ def _fit_and_pad(image: Image.Image, width: int, height: int, method: str, color
                  ) -> Image.Image:
     """ComfyUI's ResizeAndPadImage: scale to fit inside, centre, pad the rest."""
     scale = min(width / image.width, height / image.height)
-    inner = _resized(image, max(1, int(image.width * scale)), max(1, int(image.height * scale)),
+    inner = resized(image, max(1, int(image.width * scale)), max(1, int(image.height * scale)),
                      method)
     canvas = Image.new(image.mode, (width, height), (PAD_COLORS[color],) * len(image.getbands()))
     canvas.paste(inner, ((width - inner.width) // 2, (height - inner.height) // 2))
@@ -78,7 +78,7 @@ def image_scale_by(
 ) -> dict[str, Any]:
     image: Image.Image = inputs["image"]
     factor = params["scale_by"]
-    return {"image": _resized(image, round(image.width * factor), round(image.height * factor),
+    return {"image": resized(image, round(image.width * factor), round(image.height * factor),
                               params["method"])}
 
 
@@ -91,7 +91,7 @@ def image_scale_to_pixels(
     scale = math.sqrt(params["megapixels"] * 1024 * 1024 / (image.width * image.height))
     width = round(image.width * scale / steps) * steps
     height = round(image.height * scale / steps) * steps
-    return {"image": _resized(image, width, height, params["method"])}
+    return {"image": resized(image, width, height, params["method"])}
 
 
 @runner("image/scale-to-kontext")
@@ -105,8 +105,8 @@ def image_scale_to_kontext(
     image: Image.Image = inputs["image"]
     width, height = kontext_size(image.width, image.height)
     if params.get("fit", "crop") == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
-    return {"image": _resized(image, width, height, params["method"])}
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
+    return {"image": resized(image, width, height, params["method"])}
 
 
 @runner("image/scale-side")
@@ -123,7 +123,7 @@ def image_scale_side(
         width, height = size, max(1, round(h * size / w))
     else:
         width, height = max(1, round(w * size / h)), size
-    return {"image": _resized(image, width, height, params["method"])}
+    return {"image": resized(image, width, height, params["method"])}
 
 
 @runner("image/resize-to-match")
@@ -136,8 +136,8 @@ def image_resize_to_match(
     match = inputs["match"]  # an image or a Mask: both have width and height
     width, height = int(match.width), int(match.height)
     if params.get("fit", "crop") == "crop":
-        image = image.crop(_centre_crop_box(image.width, image.height, width / height))
-    return {"image": _resized(image, width, height, params["method"])}
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
+    return {"image": resized(image, width, height, params["method"])}
 
 
 @runner("image/scale-to-multiple")
@@ -156,9 +156,16 @@ def image_scale_to_multiple(
         scaled_w, scaled_h = target_w, max(target_h, math.ceil(height * s_w))
     else:
         scaled_w, scaled_h = max(target_w, math.ceil(width * s_h)), target_h
-    scaled = _resized(image, scaled_w, scaled_h, params["method"])
+    scaled = resized(image, scaled_w, scaled_h, params["method"])
     x0, y0 = (scaled_w - target_w) // 2, (scaled_h - target_h) // 2
     return {"image": scaled.crop((x0, y0, x0 + target_w, y0 + target_h))}
+
+
+@runner("image/empty")
+def image_empty(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    color = int(params["color"])
+    rgb = ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF)
+    return {"image": Image.new("RGB", (int(params["width"]), int(params["height"])), rgb)}
 
 
 @runner("image/invert")

@@ -50,6 +50,28 @@ def basic_scheduler(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, 
                              denoise=denoise, model=model)}
 
 
+@runner("sampling/sd-turbo-scheduler")
+def sd_turbo_scheduler(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """ComfyUI's SDTurboScheduler: the model's sigmas at timesteps 999 … 99 (every 100th),
+    from 10 − ⌊10·denoise⌋ on, `steps` of them, then 0."""
+    import torch
+
+    from workers.models.families import plugin
+    from workers.sampling.schedulers import DiscreteSampling
+
+    model = expect(inputs, "model", DiffusionModel)
+    sampling = plugin(model.family).model_sampling(1024, 1024)
+    if not isinstance(sampling, DiscreteSampling):
+        raise NodeFailed(f"{model.name} is a {model.family} flow model: SD Turbo's timesteps "
+                         "are a discrete model's (SD, SDXL); use sampling/scheduler")
+    start = 10 - int(10 * float(params["denoise"]))
+    timesteps = torch.flip(torch.arange(1, 11) * 100 - 1, (0,))[start:start + int(params["steps"])]
+    if not len(timesteps):
+        raise NodeFailed("denoise 0 leaves no step to run")
+    values = sampling.sigma(timesteps)
+    return {"sigmas": Sigmas(values=torch.cat([values, values.new_zeros([1])]))}
+
+
 @runner("sampling/manual-sigmas")
 def manual_sigmas(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     import torch

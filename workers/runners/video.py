@@ -31,6 +31,32 @@ def frames_from_images(ctx: NodeContext, params: dict[str, Any],
     return {"frames": Frames(np.repeat(array, params["hold"], axis=0))}
 
 
+@runner("frames/batch")
+def frames_batch(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Each input's frames (an image: one frame) in input order, each resized to the first's
+    size as ComfyUI's batch_images does (its crop 'center', then bilinear)."""
+    from PIL import Image
+
+    from apps.graphs.nodes_video import MAX_BATCHED
+    from workers.runners.image_ops import centre_crop_box, resized
+
+    names = ["frames", *(f"frames{i}" for i in range(2, MAX_BATCHED + 1))]
+    parts = [inputs[n] for n in names if inputs.get(n) is not None]
+    arrays = [p.array if isinstance(p, Frames) else np.asarray(p.convert("RGB"), np.uint8)[None]
+              for p in parts]
+    height, width = arrays[0].shape[1:3]
+    _check_budget(sum(len(a) for a in arrays), width, height)
+
+    def fitted(frame: Any) -> Any:
+        image = Image.fromarray(frame, "RGB")
+        image = image.crop(centre_crop_box(image.width, image.height, width / height))
+        return np.asarray(resized(image, width, height, "bilinear"), np.uint8)
+
+    return {"frames": Frames(np.concatenate([
+        a if a.shape[1:3] == (height, width) else np.stack([fitted(f) for f in a])
+        for a in arrays]))}
+
+
 def _check_budget(frames: int, width: int, height: int) -> None:
     if frames * width * height * 3 > MAX_CLIP_BYTES:
         raise NodeFailed(f"{frames} frames of {width}x{height} exceed the "

@@ -3,7 +3,8 @@ ltx2/* nodes — a graph rewrite: the AV latent's concat / separate fold away, t
 and its noise / guider / scheduler become ltx2/sample, VAEDecode + LTXVAudioVAEDecode +
 CreateVideo become ltx2/decode — and rendered by the real executor on the tiny stack
 (checkpoints/smoke-ltx2/) into an MP4 with sound. Plus image-to-video, the clear messages for a
-checkpoint the farm does not hold, and LTX-Video 0.9 still refused."""
+checkpoint the farm does not hold, first and last frame guides (LTXVAddGuide), and LTX-Video
+0.9 still refused."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ W = H = 32
 FRAMES, FPS, STEPS = 9, 25, 2
 
 
-def t2v(*, image: bool = False, sigmas: str | None = None, upsample: bool = False
-        ) -> dict[str, Any]:
+def t2v(*, image: bool = False, sigmas: str | None = None, upsample: bool = False,
+        guides: bool = False, mask: bool = False) -> dict[str, Any]:
     """ComfyUI's LTX-2 template's wiring (comfy_extras/nodes_lt*.py widget orders)."""
     ui = Ui()
     ui.add(1, "CheckpointLoaderSimple", [CKPT], outputs=("MODEL", "CLIP", "VAE"))
@@ -95,9 +96,40 @@ def t2v(*, image: bool = False, sigmas: str | None = None, upsample: bool = Fals
         wires = [w for w in wires if w[2:] != (9, "video_latent")] + [
             (21, 0, 22, "image"), (22, 0, 23, "image"), (1, 2, 23, "vae"), (7, 0, 23, "latent"),
             (23, 0, 9, "video_latent")]
+    if guides:  # first and last frame to video (the flf2v templates' wiring)
+        wires = _guides(ui, wires, mask)
     for origin, slot, target, name in wires:
         ui.link(origin, slot, target, name)
     return {"nodes": ui.nodes, "links": ui.links, "version": 0.4}
+
+
+GUIDE_PORTS = [("positive", "CONDITIONING"), ("negative", "CONDITIONING"), ("vae", "VAE"),
+               ("latent", "LATENT"), ("image", "IMAGE")]
+PROMPTS_AND_LATENT = ("CONDITIONING", "CONDITIONING", "LATENT")
+
+
+def _guides(ui: Ui, wires: list[tuple[int, int, int, str]], mask: bool
+            ) -> list[tuple[int, int, int, str]]:
+    """LTXVAddGuide at frame 0 (its image through LTXVPreprocess, strength 0.7) then at -1
+    (strength 1.5; with `mask`, an attention mask), the guider reading the last one's
+    prompts, LTXVCropGuides between the separate and the frames' decode."""
+    ui.add(26, "LoadImage", ["first.png", "image"], outputs=("IMAGE", "MASK"))
+    ui.add(27, "LTXVPreprocess", [18], inputs=[("image", "IMAGE")], outputs=("IMAGE",))
+    ui.add(28, "LTXVAddGuide", [0, 0.7], inputs=GUIDE_PORTS, outputs=PROMPTS_AND_LATENT)
+    ui.add(29, "LoadImage", ["last.png", "image"], outputs=("IMAGE", "MASK"))
+    ui.add(30, "LTXVAddGuide", [-1, 1.5], outputs=PROMPTS_AND_LATENT,
+           inputs=GUIDE_PORTS + ([("attention_mask", "MASK")] if mask else []))
+    ui.add(31, "LTXVCropGuides", [], inputs=[("positive", "CONDITIONING"),
+                                             ("negative", "CONDITIONING"), ("latent", "LATENT")],
+           outputs=PROMPTS_AND_LATENT)
+    gone = {(9, "video_latent"), (12, "positive"), (12, "negative"), (17, "samples")}
+    return [w for w in wires if w[2:] not in gone] + [
+        (26, 0, 27, "image"), (6, 0, 28, "positive"), (6, 1, 28, "negative"), (1, 2, 28, "vae"),
+        (7, 0, 28, "latent"), (27, 0, 28, "image"), (28, 0, 30, "positive"),
+        (28, 1, 30, "negative"), (1, 2, 30, "vae"), (28, 2, 30, "latent"), (29, 0, 30, "image"),
+        (30, 2, 9, "video_latent"), (30, 0, 12, "positive"), (30, 1, 12, "negative"),
+        (30, 0, 31, "positive"), (30, 1, 31, "negative"), (16, 0, 31, "latent"),
+        (31, 2, 17, "samples"), *([(29, 1, 30, "attention_mask")] if mask else [])]
 
 
 def imported(doc: dict[str, Any], catalog: dict[str, list[str]] = CATALOG, **kw: Any) -> Any:
@@ -229,6 +261,35 @@ def test_image_to_video_takes_ltxv_preprocess_s_compression_as_its_crf():
     assert graph["23"]["inputs"]["image"] == {"node": "21", "port": "image"}
     assert graph["15"]["inputs"]["latent"] == {"node": "23", "port": "latent"}
     assert "22" in {d["id"] for d in result.report.dropped}
+
+
+def test_first_and_last_frame_guides_map_onto_ltx2_add_guide():
+    """LTXVAddGuide → ltx2/add-guide (its LTXVPreprocess's img_compression as its crf, 0
+    without one; a strength above 1 held at 1, with a warning); the sampler reads the last
+    guide's latent and prompts; LTXVCropGuides folds: the decode reads the sampled clip."""
+    result = imported(t2v(guides=True), resolve_asset=lambda name: "asset-1")
+    graph = result.graph.model_dump()["nodes"]
+    assert graph["28"]["type"] == graph["30"]["type"] == "ltx2/add-guide"
+    assert graph["28"]["params"] == {"frame_idx": 0, "strength": 0.7, "crf": 18}
+    assert graph["28"]["inputs"]["image"] == {"node": "26", "port": "image"}
+    assert graph["30"]["params"] == {"frame_idx": -1, "strength": 1.0, "crf": 0}
+    assert graph["30"]["inputs"]["latent"] == {"node": "28", "port": "latent"}
+    assert graph["15"]["inputs"]["latent"] == {"node": "30", "port": "latent"}
+    assert graph["15"]["inputs"]["positive"] == {"node": "30", "port": "positive"}
+    assert graph["15"]["inputs"]["negative"] == {"node": "30", "port": "negative"}
+    decode = next(n for n in graph.values() if n["type"] == "ltx2/decode")
+    assert decode["inputs"]["latent"] == {"node": "15", "port": "latent"}
+    dropped = {d["id"]: d["reason"] for d in result.report.dropped}
+    assert "crf" in dropped["27"] and "without its guides' frames" in dropped["31"]
+    assert any(w["id"] == "30" and "strength 1.5 is held as 1" in w["message"]
+               for w in result.report.warnings)
+
+
+def test_a_guide_with_an_attention_mask_is_refused_naming_it():
+    with pytest.raises(ImportInvalid) as refused:
+        imported(t2v(guides=True, mask=True), resolve_asset=lambda name: "asset-1")
+    assert "LTXVAddGuide" in refused.value.message
+    assert "attention_mask is not built on this farm yet" in refused.value.message
 
 
 def test_a_checkpoint_no_worker_holds_names_where_the_file_or_the_folder_goes():
@@ -373,7 +434,12 @@ def test_object_info_lists_the_ltx2_nodes_a_comfyui_client_sends():
     for name in ("EmptyLTXVLatentVideo", "LTXVImgToVideoInplace", "LTXAVTextEncoderLoader",
                  "LTXVAudioVAELoader", "LTXVConditioning", "LTXVEmptyLatentAudio",
                  "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVScheduler",
-                 "ModelSamplingLTXV", "LTXVPreprocess", "LTXVAudioVAEDecode"):
+                 "ModelSamplingLTXV", "LTXVPreprocess", "LTXVAudioVAEDecode", "LTXVAddGuide",
+                 "LTXVCropGuides"):
         assert name in info, name
     assert info["LTXAVTextEncoderLoader"]["input"]["required"]["ckpt_name"][0] == ["smoke-ltx2"]
     assert info["LTXVSeparateAVLatent"]["output"] == ["LATENT", "LATENT"]
+    guide = info["LTXVAddGuide"]
+    assert guide["output"] == ["CONDITIONING", "CONDITIONING", "LATENT"]
+    assert guide["input"]["required"]["frame_idx"][1]["min"] == -9999
+    assert "optional" not in guide["input"]  # its attention mask and IC-LoRA: refused

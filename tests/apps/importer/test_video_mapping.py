@@ -102,3 +102,37 @@ def test_object_info_describes_the_video_nodes_as_comfyui_does():
     assert save["output_node"] and save["input"]["required"]["codec"][0] == ["auto", "h264", "vp9"]
     assert info["GetVideoComponents"]["output"] == ["IMAGE", "AUDIO", "FLOAT"]
     assert info["SaveAnimatedWEBP"]["output_node"]
+
+
+def test_batch_images_of_clips_maps_to_frames_batch_in_slot_order():
+    """ComfyUI's shipped `templates-6-key-frames`: five Wan 2.2 first-last-frame segments'
+    decoded frames joined by BatchImagesNode, then CreateVideo."""
+    import json
+
+    from apps.importer.comfy_templates import shipped_file
+
+    workflow = json.loads(shipped_file("templates-6-key-frames.json") or b"{}")
+    result = comfy_import(workflow=workflow, catalog={})
+    nodes = result.graph.model_dump()["nodes"]
+    batch = nodes["281"]
+    assert batch["type"] == "frames/batch"
+    sources = [batch["inputs"][p]["node"].split(":")[0]
+               for p in ("frames", "frames2", "frames3", "frames4", "frames5")]
+    assert sources == ["140", "228", "245", "262", "279"]  # the segments, in slot order
+    assert nodes[batch["inputs"]["frames"]["node"]]["type"] == "vae/decode-video"
+    assert "frames6" not in batch["inputs"]  # images.image5: unwired
+    assert nodes["145"]["inputs"]["frames"] == {"node": "281", "port": "frames"}
+
+
+def test_a_batch_of_more_inputs_than_frames_batch_takes_is_refused_by_name():
+    from apps.importer.report import ImportInvalid
+
+    prompt: dict[str, Any] = {str(i): {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+                              for i in range(1, 18)}
+    prompt["20"] = {"class_type": "BatchImagesNode",
+                    "inputs": {f"images.image{i}": [str(i + 1), 0] for i in range(17)}}
+    prompt["21"] = {"class_type": "SaveAnimatedWEBP", "inputs": {
+        "images": ["20", 0], "filename_prefix": "anim", "fps": 8.0, "lossless": False,
+        "quality": 70, "method": "default"}}
+    with pytest.raises(ImportInvalid, match=r"images\.image16: frames/batch takes at most 16"):
+        comfy_import(workflow=prompt, catalog={}, resolve_asset=lambda name: "asset-1")

@@ -5,9 +5,10 @@ This package has the family's facts, file recognition and VRAM estimate here, `e
 (reproduces `LTX2Pipeline` text-to-video + audio bit for bit on CPU, with its default CFG + STG +
 modality guidance), `plugin` (an LTX2Pipeline folder, or ComfyUI's all-in-one file read by `keys`
 with its `<stem>.diffusers/` configs (`loading`), in checkpoints/ through `load/checkpoint`;
-the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/sample,
-ltx2/upsample-latent, ltx2/decode), `upsampler` (the latent upsampler of latent_upscale_models/)
-and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
+the step batcher's predict), `nodes` (ltx2/empty-latent, ltx2/image-to-video, ltx2/add-guide,
+ltx2/sample, ltx2/upsample-latent, ltx2/decode; `start`: a clip's noise and conditioning
+before its first step), `upsampler` (the latent upsampler of
+latent_upscale_models/) and `tiny` (a random stack as diffusers' own LTX-2 tests size it).
 
 Files (diffusers' keys, with or without ComfyUI's `model.diffusion_model.` prefix): a whole
 LTX2Pipeline folder (`model_index.json`: the checkpoint the farm loads), the audio-video

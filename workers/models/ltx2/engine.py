@@ -74,11 +74,19 @@ class Ltx2Run:
     fps: float
     guidance: Guidance
     step: int = 0
-    # image-to-video: [1, tokens], the conditioning's strength on the first frame's tokens (1:
-    # held at the image, LTX2ImageToVideoPipeline; below: ComfyUI's denoise mask 1 − strength),
-    # and the image's latents packed over every frame [1, tokens, C]
-    frame0: torch.Tensor | None = None
-    first: torch.Tensor | None = None
+    # conditioning (image-to-video's first frame, keyframe guides): [1, tokens], each token's
+    # strength m (0: free; 1: held at its clean latents, LTX2ImageToVideoPipeline's first
+    # frame; below: ComfyUI's denoise mask 1 − m, LTX2ConditionPipeline's conditioning_mask),
+    # and the clean latents [1, tokens, C] it holds to
+    held: torch.Tensor | None = None
+    clean: torch.Tensor | None = None
+    # [1, tokens]: where the transformer sees x·(1 − m) + clean·m (ComfyUI's image-to-video
+    # below strength 1); elsewhere it sees the state x (LTX2ConditionPipeline's guides)
+    mixed: torch.Tensor | None = None
+    # keyframe guides appended after the clip's tokens (LTX2ConditionPipeline's keyframes): the
+    # pixel frame of each and their positions [1, 3, guide tokens, 2]
+    guide_frames: tuple[int, ...] = ()
+    keyframe_coords: torch.Tensor | None = None
     scheduler: Any = field(default=None, repr=False)
     audio_scheduler: Any = field(default=None, repr=False)
 
@@ -212,8 +220,9 @@ def start(
         guidance,
         scheduler=sched,
         audio_scheduler=audio_sched,
-        frame0=frames_mask,
-        first=packed_first,
+        held=frames_mask,
+        clean=packed_first,
+        mixed=frames_mask,
     )
 
 
@@ -240,14 +249,63 @@ def encode_first_frame(
     return ((latents - mean) / std).to(dtype)
 
 
+def encode_guide(
+    components: dict[str, Any], image: Any, width: int, height: int, crf: int | None
+) -> torch.Tensor:
+    """The normalised latents [1, C, 1, h, w] (float32) of a PIL image as a keyframe guide, as
+    LTX2ConditionPipeline makes a condition's: H.264 re-compressed at `crf` (None: the model's
+    default), cut to the clip's aspect at its centre and scaled bilinearly (ComfyUI's
+    common_upscale, which LTXVAddGuide uses; of the same aspect, the pipeline's resize), the
+    VAE's mode."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2ConditionPipeline
+    from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+
+    from workers.runners.image_ops import centre_crop_box
+
+    vae = components["vae"]
+    crf = crf if crf is not None else resolve_default_image_crf(components["text_encoder"])
+    pixels = np.array(image.convert("RGB"))
+    if crf != 0:
+        pixels = apply_image_conditioning_crf(pixels, crf)
+    left, top, right, bottom = centre_crop_box(pixels.shape[1], pixels.shape[0], width / height)
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).to(torch.float32)
+    tensor = torch.nn.functional.interpolate(tensor.permute(2, 0, 1).unsqueeze(0),
+                                             size=(height, width), mode="bilinear",
+                                             align_corners=False)  # [1, 3, H, W], 0…255
+    tensor = (tensor / 127.5 - 1.0).unsqueeze(2).to(vae.device, vae.dtype)  # [1, 3, 1, H, W]
+    with torch.no_grad():
+        latents = vae.encode(tensor).latent_dist.mode()
+    return LTX2ConditionPipeline._normalize_latents(
+        latents, vae.latents_mean, vae.latents_std).to(torch.float32)
+
+
 def model_input(run: Ltx2Run) -> torch.Tensor:
-    """The video latents the transformer sees: on the first frame's tokens the state mixed
+    """The video latents the transformer sees: on image-to-video's first frame the state mixed
     toward the image by the conditioning's strength m (x·(1 − m) + image·m: the image itself at
     m = 1, ComfyUI's inpainting blend below), the state elsewhere."""
-    if run.frame0 is None or run.first is None:
+    if run.mixed is None or run.clean is None:
         return run.latents
-    m = run.frame0.unsqueeze(-1)
-    return run.latents * (1 - m) + run.first * m
+    m = run.mixed.unsqueeze(-1)
+    return run.latents * (1 - m) + run.clean * m
+
+
+def keyframe_coords(frame: int, height: int, width: int, scales: tuple[int, int, int],
+                    patches: tuple[int, int], fps: float) -> torch.Tensor:
+    """The positions [1, 3, h·w / p², 2] (start, end of time in seconds, of y and x in pixels)
+    of a one-frame guide's tokens at pixel `frame`, as LTX2ConditionPipeline places a keyframe
+    (its _prepare_keyframe_coords: no causal fix, time clamped to [frame, frame + 1)).
+    `scales`: the VAE's (time, y, x) ratios; `patches`: the transformer's (space, time)."""
+    ps, pt = patches
+    grid = torch.stack(torch.meshgrid(
+        torch.arange(0, 1, pt, dtype=torch.float32), torch.arange(0, height, ps, dtype=torch.float32),
+        torch.arange(0, width, ps, dtype=torch.float32), indexing="ij"), dim=0)  # [3, 1, h, w]
+    ends = grid + torch.tensor((pt, ps, ps), dtype=grid.dtype).view(3, 1, 1, 1)
+    coords = torch.stack([grid, ends], dim=-1).flatten(1, 3).unsqueeze(0)  # [1, 3, N, 2]
+    pixels = coords * torch.tensor(scales, dtype=coords.dtype).view(1, -1, 1, 1)
+    pixels[:, 0, :, :] = pixels[:, 0, :, :] + frame
+    pixels[:, 0, :, 1:] = pixels[:, 0, :, :1] + 1
+    pixels[:, 0, :, :] = pixels[:, 0, :, :] / fps
+    return pixels
 
 
 def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -265,16 +323,19 @@ def forward(transformer: Any, runs: list[Ltx2Run], kind: str) -> list[tuple[torc
     audio = torch.cat([r.audio.expand(n, -1, -1) for r, n in zip(runs, rows, strict=True)]).to(dtype)
     timestep = torch.cat([r.timesteps[r.step].expand(n) for r, n in zip(runs, rows, strict=True)])
     video_timestep = timestep
-    if any(r.frame0 is not None for r in runs):  # image-to-video: frame 0's tokens at t·(1 − m)
+    if any(r.held is not None for r in runs):  # conditioned tokens at t·(1 − m)
         tokens = first.latents.shape[1]
         masks = [
-            (r.frame0 if r.frame0 is not None else torch.zeros(1, tokens)).expand(n, -1)
+            (r.held if r.held is not None else torch.zeros(1, tokens)).expand(n, -1)
             for r, n in zip(runs, rows, strict=True)
         ]
         video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat(masks))
     video_coords = transformer.rope.prepare_video_coords(
         sum(rows), first.frames, first.height, first.width, latents.device, fps=first.fps
     )
+    if first.keyframe_coords is not None:  # the runs' guides (the same: predict groups by them)
+        keyframes = first.keyframe_coords.to(video_coords.device, video_coords.dtype)
+        video_coords = torch.cat([video_coords, keyframes.expand(sum(rows), -1, -1, -1)], dim=2)
     audio_coords = transformer.audio_rope.prepare_audio_coords(sum(rows), first.audio_frames, audio.device)
     mask = torch.cat([pick(r.mask, r) for r in runs])
     with torch.no_grad():
@@ -309,8 +370,9 @@ def guided_step(
     run: Ltx2Run, outs: dict[str, tuple[torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's next (video latents, audio latents) from its passes' predictions, mixed as
-    LTX2Pipeline mixes them (x0 space), the first frame's x0 then mixed toward the image by the
-    conditioning's strength (ComfyUI's inpainting blend; at strength 1 the image), then its
+    LTX2Pipeline mixes them (x0 space), the conditioned tokens' x0 then mixed toward their
+    clean latents by their strength (the first frame's image, the guides: LTX2ConditionPipeline's
+    blend, ComfyUI's inpainting one; at strength 1 the clean latents), then its
     scheduler's Euler step (x + (σ' − σ)·v in float32, as FlowMatchEulerDiscreteScheduler.step).
     Changes nothing: the step batcher may retry a step."""
     from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
@@ -337,14 +399,14 @@ def guided_step(
             guided = guided + (scales[2] - 1) * (cond - (seen - outs["modality"][m] * sigma))
         if scales[3] > 0:
             guided = rescale_noise_cfg(guided, cond, guidance_rescale=scales[3])
-        if m == 0 and run.frame0 is not None and run.first is not None:
-            held = run.frame0.unsqueeze(-1)
-            guided = guided * (1 - held) + run.first * held
+        if m == 0 and run.held is not None and run.clean is not None:
+            held = run.held.unsqueeze(-1)
+            guided = guided * (1 - held) + run.clean * held
         velocity = (x - guided) / sigma
         new.append((x.to(torch.float32) + (sigma_next - sigma) * velocity).to(velocity.dtype))
     latents, audio = new
-    if run.frame0 is not None:  # image-to-video at strength 1: frame 0 stays the image's latents
-        latents = torch.where(run.frame0.unsqueeze(-1) >= 1, run.latents, latents)
+    if run.held is not None:  # a token held at strength 1 stays its clean latents
+        latents = torch.where(run.held.unsqueeze(-1) >= 1, run.latents, latents)
     return latents, audio
 
 

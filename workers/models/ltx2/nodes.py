@@ -4,6 +4,9 @@
                            (ComfyUI's EmptyLTXVLatentVideo + LTXVEmptyLatentAudio + concat)
     ltx2/image-to-video  → the latent with its first frame conditioned on an image (encoded as
                            LTX2ImageToVideoPipeline encodes it)
+    ltx2/add-guide       → the latent with a keyframe guide at a frame (ComfyUI's LTXVAddGuide,
+                           LTX2ConditionPipeline's conditions): frame 0 in place, later ones
+                           appended as extra tokens that ltx2/sample crops off again
     ltx2/sample          → the denoised video + audio latents (LTX2Pipeline's guidance), on the
                            model's step batcher: runs of one clip size share every forward;
                            wired sigmas (sampling/manual-sigmas) replace its schedule, and
@@ -18,16 +21,25 @@ latent is sized by the sampler, which knows the model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import partial
 from itertools import pairwise
 from typing import Any
 
 from workers.device.thread import on_device_thread
 from workers.models.values import Conditioning, DiffusionModel, Latent, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
-from workers.runners.diffusion import checked, encode, expect, noise
+from workers.runners.diffusion import checked, encode, expect
 
 FAMILY = "ltx2"
+
+
+@dataclass(frozen=True, eq=False)
+class Guide:
+    """A keyframe guide (ltx2/add-guide): an image's normalised latents [1, C, 1, h, w] held
+    at pixel `frame` of the clip at `strength` (1: held; below: its tokens denoise too)."""
+
+    latents: Any
+    frame: int
+    strength: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,7 +48,8 @@ class AvLatent(Latent):
     is [1, 0, 1, H, W] (the pixel size, downscale 1) and `frames`, `fps` the clip's; sampled:
     the video latents [1, C, F', h, w] and the packed audio latents `audio` [1, L, C·M] of
     `audio_frames` frames. `first`: image-to-video's first-frame latents [1, C, 1, h, w] at
-    `strength`."""
+    `strength`; `guides`: ltx2/add-guide's keyframes (at most one at frame 0, which replaces
+    `first`)."""
 
     frames: int = 0
     fps: float = 25.0
@@ -44,6 +57,7 @@ class AvLatent(Latent):
     audio_frames: int = 0
     first: Any = None
     strength: float = 1.0  # the first frame's conditioning strength (ComfyUI's, 1: held)
+    guides: tuple[Guide, ...] = ()
 
 
 def _empty(width: int, height: int, frames: int, fps: float) -> AvLatent:
@@ -102,7 +116,45 @@ def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, A
     dtype = components["text_encoder"].dtype
     first = checked(lambda: on_device_thread(encode_first_frame, components, image, width, height,
                                              None if crf < 0 else crf, dtype))
-    return {"latent": replace(latent, first=first.float().cpu(), strength=strength)}
+    return {"latent": replace(latent, first=first.float().cpu(), strength=strength,
+                              guides=tuple(g for g in latent.guides if g.frame != 0))}
+
+
+def _guide_frame(frame_idx: int, frames: int) -> int:
+    """The pixel frame of ComfyUI's LTXVAddGuide `frame_idx` in a clip of `frames` frames:
+    itself, or counted from the end when negative (−1: the last)."""
+    if not -frames <= frame_idx < frames:
+        raise NodeFailed(f"frame_idx {frame_idx} is outside the clip's {frames} frames (0 to "
+                         f"{frames - 1}, or -{frames} to -1 counted from the end)")
+    return frame_idx if frame_idx >= 0 else frames + frame_idx
+
+
+@runner("ltx2/add-guide")
+def add_guide(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The clip latent with `image` as a keyframe guide at `frame_idx` (ComfyUI's LTXVAddGuide,
+    LTX2ConditionPipeline's condition): encoded at the clip's size (cut to its aspect and
+    scaled as ComfyUI does); at frame 0 it replaces the image-to-video first frame. The
+    prompts pass on unchanged (the guides ride on the latent)."""
+    from PIL import Image
+
+    from workers.models.ltx2.engine import encode_guide
+
+    latent = _av(inputs)
+    positive = expect(inputs, "positive", Conditioning)
+    negative = inputs.get("negative")
+    components = _components(expect(inputs, "vae", Vae), "vae")
+    image = expect(inputs, "image", Image.Image)
+    crf, strength = int(params["crf"]), float(params["strength"])
+    if not 0 <= strength <= 1:
+        raise NodeFailed(f"strength must be between 0 and 1, got {strength}")
+    frame = _guide_frame(int(params["frame_idx"]), latent.frames)
+    width, height = latent.pixel_size
+    encoded = checked(lambda: on_device_thread(encode_guide, components, image, width, height,
+                                               None if crf < 0 else crf))
+    guide = Guide(encoded.cpu(), frame, strength)
+    kept = tuple(g for g in latent.guides if frame != 0 or g.frame != 0)
+    out = replace(latent, guides=(*kept, guide), first=None if frame == 0 else latent.first)
+    return {"positive": positive, "negative": negative, "latent": out}
 
 
 def _guidance(params: dict[str, Any], layers: int) -> Any:
@@ -151,56 +203,18 @@ def _sigmas(inputs: dict[str, Any], empty: bool) -> Any:
     return value.values
 
 
-def _start(latent: AvLatent, components: dict[str, Any], sizes: tuple[int, int, int, int],
-           seed: int, s0: float, dtype: Any, device: Any) -> tuple[Any, Any, Any, Any]:
-    """A clip's first state from `seed`'s noise (video then audio, as LTX2Pipeline draws them):
-    (video latents [1, C, F', h, w], packed audio latents, and for image-to-video the strength
-    on frame 0's tokens [1, tokens] and the image packed [1, tokens, C], else None). A sampled
-    clip is noised to σ₀ = `s0` over itself (LTX2ImageToVideoPipeline's noise_scale), the image
-    written into its frame 0 as ComfyUI does; at strength 0 the image is ignored (ComfyUI's
-    noise mask 1)."""
-    import torch
-    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
-
-    tcfg, audio_vae = components["transformer"].config, components["audio_vae"]
-    f, h, w, audio_len = sizes
-    pack = partial(LTX2Pipeline._pack_latents, patch_size=tcfg.patch_size,
-                   patch_size_t=tcfg.patch_size_t)
-    generator = torch.Generator("cpu").manual_seed(seed)
-    video = noise((1, tcfg.in_channels, f, h, w), generator, "cpu")
-    if not latent.empty:
-        base = latent.samples.float().clone()
-        if latent.first is not None:
-            base[:, :, :1] = latent.first.float()
-        video = s0 * video + (1 - s0) * base
-    frame0 = first = None
-    if latent.first is not None and latent.strength > 0:
-        mask = torch.zeros((1, 1, f, h, w))
-        mask[:, :, 0] = 1.0
-        image = latent.first.to(dtype).float().repeat(1, 1, f, 1, 1)
-        if latent.strength >= 1:  # LTX2ImageToVideoPipeline: frame 0 is the image's
-            video = image * mask + video * (1 - mask)
-        frame0 = pack(mask * latent.strength).squeeze(-1).to(device)
-        first = pack(image).to(device)
-    if not latent.empty:  # the packed sound, noised as the pipeline noises it
-        audio = noise(tuple(latent.audio.shape), generator, "cpu")
-        audio = s0 * audio + (1 - s0) * latent.audio.float().cpu()
-    else:
-        mel = audio_vae.config.mel_bins // audio_vae.mel_compression_ratio
-        audio = noise((1, audio_vae.config.latent_channels, audio_len, mel), generator, "cpu")
-        audio = LTX2Pipeline._pack_audio_latents(audio)
-    return video.to(device), audio.to(device), frame0, first
-
-
 @runner("ltx2/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """LTX2Pipeline's denoise of a clip's video and audio latents from `seed`'s noise (video
     then audio, as the pipeline draws them), its resolution-shifted schedule and its guidance,
-    one job on the model's step batcher."""
+    one job on the model's step batcher. A clip with guides (ltx2/add-guide) starts and steps
+    as LTX2ConditionPipeline's, and comes back without the guides' frames (ComfyUI's
+    LTXVCropGuides)."""
     import torch
 
     from workers.models.ltx2.engine import Ltx2Run, latent_sizes, manual_schedule, schedule
     from workers.models.ltx2.plugin import AUDIO, PATCH, PREVIEW_VAE, RUN, Prompt, components_of
+    from workers.models.ltx2.start import first_state
     from workers.runners.diffusion import denoise_job
 
     model = expect(inputs, "model", DiffusionModel)
@@ -238,22 +252,25 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
         rows = [negative.embeds if negative is not None else encode(positive.encoder, ""), pos]
     device = model.placement.device
     dtype = pos.video.dtype
-    if latent.first is not None and tuple(latent.first.shape[-2:]) != (h, w):
-        raise NodeFailed("the image-to-video latent was encoded by another VAE")
+    encoded = [latent.first] if latent.first is not None else []
+    if any(tuple(e.shape[-2:]) != (h, w) for e in encoded + [g.latents for g in latent.guides]):
+        raise NodeFailed("the image-to-video or guide latent was encoded by another VAE")
     s0 = float(manual[0]) if manual is not None else 1.0
-    video, audio, frame0, first = on_device_thread(
-        _start, latent, components, (f, h, w, audio_len), seed, s0, dtype, device)
+    begin = on_device_thread(first_state, latent, components, (f, h, w, audio_len), seed, s0,
+                             dtype, device)
+    video, audio = begin.video, begin.audio
     if manual is not None:
         sigmas, timesteps = manual_schedule(manual)
-    else:
-        _, sigmas, timesteps = schedule(components["scheduler"], steps,
-                                      f * h * w // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
+    else:  # the shift counts the guides' tokens too (LTX2ConditionPipeline's)
+        _, sigmas, timesteps = schedule(components["scheduler"], steps, video.shape[2] * h * w
+                                        // (tcfg.patch_size ** 2 * tcfg.patch_size_t))
     sigmas, timesteps = sigmas.to(device), timesteps.to(device)
     prompts = [p.to(device) for p in rows]
     run = Ltx2Run(video, audio, torch.cat([p.video for p in prompts]),
                   torch.cat([p.audio for p in prompts]), torch.cat([p.mask for p in prompts]),
-                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, frame0=frame0,
-                  first=first)
+                  sigmas, timesteps, f, h, w, audio_len, latent.fps, g, held=begin.held,
+                  clean=begin.clean, mixed=begin.mixed, guide_frames=begin.guide_frames,
+                  keyframe_coords=begin.keyframes)
     extra: dict[str, Any] = {RUN: run, AUDIO: {0: audio},
                              PATCH: (tcfg.patch_size, tcfg.patch_size_t), PREVIEW_VAE: vae}
     ctx.note_lineage(seed=seed)
@@ -263,8 +280,9 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                       prompts[0].video[0] if g.do_cfg else None,
                       max(g.cfg, 1e-3) if g.do_cfg else 0.0, extra=extra, advance=advance,
                       frames=latent.frames)
-    return {"latent": AvLatent(out, downscale=ratio, frames=latent.frames, fps=latent.fps,
-                               audio=extra[AUDIO][len(timesteps)], audio_frames=audio_len)}
+    return {"latent": AvLatent(out[:, :, :f], downscale=ratio, frames=latent.frames,
+                               fps=latent.fps, audio=extra[AUDIO][len(timesteps)],
+                               audio_frames=audio_len)}  # the guides' frames cropped off
 
 
 @runner("ltx2/load-files")
@@ -312,8 +330,8 @@ def load_latent_upscale_model(ctx: NodeContext, params: dict[str, Any], inputs: 
 @runner("ltx2/upsample-latent")
 def upsample_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """The sampled clip's video latents through the upsampler (twice the width and height),
-    its sound and fps kept; an image-to-video first frame is not carried over (ComfyUI drops
-    the noise mask too: condition the upsampled clip again)."""
+    its sound and fps kept; an image-to-video first frame and guides are not carried over
+    (ComfyUI drops the noise mask too: condition the upsampled clip again)."""
     from workers.models.ltx2.upsampler import LatentUpscaleModel, upsample
 
     latent = _av(inputs)
@@ -327,7 +345,7 @@ def upsample_latent(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, 
         raise NodeFailed(f"{model.name} upsamples {channels}-channel latents; the clip's have "
                          f"{latent.samples.shape[1]} (another model's upsampler?)")
     out = checked(lambda: on_device_thread(upsample, model, vae, latent.samples))
-    return {"latent": replace(latent, samples=out, first=None)}
+    return {"latent": replace(latent, samples=out, first=None, guides=())}
 
 
 @runner("ltx2/decode")

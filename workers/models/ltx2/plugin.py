@@ -163,8 +163,9 @@ def encode_prompts(encoder: Any, texts: list[str]) -> list[Prompt]:
 
 def predict(transformer: Any, jobs: list[Any]) -> list[dict[str, Any]]:
     """The transformer's passes (cond, then STG / modality as the jobs' guidance asks) over the
-    rows of `jobs`: one call per pass for each group of jobs of one clip size and guidance;
-    each job's {pass: (video velocity, audio velocity)}."""
+    rows of `jobs`: one call per pass for each group of jobs of one clip size, guide frames
+    (their tokens' positions) and guidance; each job's {pass: (video velocity, audio
+    velocity)}."""
     from workers.models.lora import rows as lora_rows
     from workers.models.ltx2.engine import forward
     from workers.sampling.batcher import FORWARD_JOBS
@@ -172,7 +173,7 @@ def predict(transformer: Any, jobs: list[Any]) -> list[dict[str, Any]]:
     views = [_view(job) for job in jobs]
     groups: dict[tuple[Any, ...], list[int]] = {}
     for n, run in enumerate(views):
-        key = (run.frames, run.height, run.width, run.audio_frames, run.fps,
+        key = (run.frames, run.height, run.width, run.audio_frames, run.fps, run.guide_frames,
                run.guidance.passes(), run.guidance.stg_blocks, tuple(run.video_embeds.shape[1:]))
         groups.setdefault(key, []).append(n)
     outs: list[dict[str, Any]] = [{} for _ in jobs]
@@ -204,7 +205,7 @@ def advance(job: Any, outs: dict[str, Any]) -> Any:
         del steps[old]
     out = _unpack(job, latents)
     # the middle latent frame's x0 estimate (x − σ·v, v the step's guided velocity), for a preview
-    x, y, middle = job.latents, out, job.latents.shape[2] // 2
+    x, y, middle = job.latents, out, job.extra[RUN].frames // 2  # a clip frame, not a guide's
     sigma, sigma_next = job.sigmas[job.step], job.sigmas[job.step + 1]
     x_mid = x[:, :, middle].float()
     job.extra[PREVIEW_X0] = x_mid - sigma * (y[:, :, middle].float() - x_mid) / (sigma_next - sigma)
@@ -266,7 +267,8 @@ def _unpack(job: Any, latents: Any) -> Any:
     from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
 
     run, (ps, pt) = job.extra[RUN], job.extra[PATCH]
-    return LTX2Pipeline._unpack_latents(latents, run.frames, run.height, run.width, ps, pt)
+    frames = run.frames + len(run.guide_frames)  # the guides' frames after the clip's
+    return LTX2Pipeline._unpack_latents(latents, frames, run.height, run.width, ps, pt)
 
 
 def _generic(what: str) -> Exception:
