@@ -1,11 +1,11 @@
 """MiniMax-H3 (video with a stereo soundtrack) through diffusers: the `minimaxh3` family. TORCH-FREE.
 
-NOT yet in `families.REGISTERED`: the step batcher's half of the plug-in contract (plugin.py)
-is not written. This package has the family's facts and file recognition here, `engine`
-(reproduces diffusers' `MiniMaxH3ModularPipeline` text-to-video + audio bit for bit on CPU),
-`loading` (a diffusers MiniMax-H3 folder, or ComfyUI's single-file transformer read by `keys`;
-local files only; ComfyUI's quantized and pruned files refused by name) and `tiny` (a random
-stack).
+The package has the family's facts and file recognition here, `engine` (reproduces diffusers'
+`MiniMaxH3ModularPipeline` text- and keyframes-to-video + audio bit for bit on CPU), `loading` (a
+diffusers MiniMax-H3 folder, or ComfyUI's single-file transformer read by `keys`; local files
+only; ComfyUI's quantized and pruned files refused by name), `plugin` (the family contract: it
+loads whole from checkpoints/), `nodes` (minimaxh3/image-to-video, /sample, /decode) and `tiny`
+(a random stack). It is registered last: Krea 2 and Qwen-Image 2.1 keep the Qwen3-VL files.
 
 Files: the transformer (diffusers' keys: `audio_proj_in` + `token_refiner` + per-block
 `adaln_proj`; ComfyUI's: `token_refiner.blocks.N.attn.qkv_proj` + `audio_patch_proj`), the video VAE (a
@@ -85,6 +85,7 @@ FAMILY = FamilyInfo(
     # per megapixel of every frame: 0.9 GB per 1000 tokens at 5/(32·32·17) tokens per
     # pixel-frame + 0.25 for the decode
     activation_gb_per_mpx=0.9 * 1e6 * 5 / (LATENT.pixel_multiple**2 * 17) / 1000 + 0.25,
+    nodes=("nodes",),
     guidance="distilled",  # guidance-distilled: one forward per step, no negative prompt
     text_encoders=("Qwen3-VL",),
     video=True,

@@ -186,13 +186,45 @@ class H3Run:
         return self.step >= self.steps
 
 
+@dataclass(frozen=True, eq=False)
+class Request:
+    """What a run starts from: its sizes, its prompt's conditioning [1, L, D] with the rows'
+    modality tags [L], and its keyframes' conditioning latents [1, C, 1, h, w] with the end each
+    anchors ("first", "last")."""
+
+    size: Geometry
+    embeds: torch.Tensor
+    tags: torch.Tensor
+    conditions: tuple[torch.Tensor, ...] = ()
+    anchors: tuple[str, ...] = ()
+
+
+@torch.no_grad()
+def prepare(parts: Parts, prompt: str, *, width: int, height: int, frames: int,
+            first: Image.Image | None = None, last: Image.Image | None = None) -> Request:
+    """The request of a clip: its sizes (geometry), the prompt encoded with its keyframes
+    fitted to the canvas, and the keyframes VAE-encoded."""
+    size = geometry(parts, width, height, frames)
+    keyframes, anchors = fit_keyframes(first, last, width, height)
+    embeds, tags = encode_prompt(parts, prompt, keyframes)
+    conditions = tuple(encode_keyframe(parts, image) for image in keyframes)
+    return Request(size, embeds, tags, conditions, anchors)
+
+
 @torch.no_grad()
 def start(parts: Parts, prompt: str, *, width: int, height: int, frames: int, steps: int,
           generator: torch.Generator, first: Image.Image | None = None,
           last: Image.Image | None = None) -> H3Run:
-    """A run at its first step: the prompt (and keyframes) encoded, the layout packed, the
-    noise drawn from `generator` in the pipeline's order (one draw per keyframe, then the
-    clip's video, then its audio) and both schedules set."""
+    """A run at its first step (prepare, then begin)."""
+    return begin(parts, prepare(parts, prompt, width=width, height=height, frames=frames,
+                                first=first, last=last), steps=steps, generator=generator)
+
+
+@torch.no_grad()
+def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Generator) -> H3Run:
+    """A run at its first step: the layout packed, the noise drawn from `generator` in the
+    pipeline's order (one draw per keyframe, then the clip's video, then its audio) and both
+    schedules set over `steps` sigma grid points."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3.before_denoise import (
         MiniMaxH3PrepareLayoutStep,
@@ -207,15 +239,14 @@ def start(parts: Parts, prompt: str, *, width: int, height: int, frames: int, st
 
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (the sigma grid's points), got {steps}")
-    size = geometry(parts, width, height, frames)
-    keyframes, anchors = fit_keyframes(first, last, width, height)
-    embeds, tags = encode_prompt(parts, prompt, keyframes)
-    conditions = [encode_keyframe(parts, image) for image in keyframes]
+    size, embeds, conditions, anchors = request.size, request.embeds, request.conditions, \
+        request.anchors
     patch = tuple(parts.transformer.config.patch_size)
     position_ids, token_tags, video_idx, audio_idx, text_idx, held, _ = \
         MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            tags, size.latent_frames, size.latent_height, size.latent_width, size.audio_latents,
-            patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG, anchors)
+            request.tags, size.latent_frames, size.latent_height, size.latent_width,
+            size.audio_latents, patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG,
+            MINIMAX_H3_VIDEO_TAG, anchors)
     video_schedule: Any = MiniMaxH3Scheduler(VIDEO_SHIFT)
     audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
     held_rows = [patchify_video_latents(video_schedule.scale_noise(
@@ -254,15 +285,31 @@ def forward(transformer: Any, run: H3Run) -> tuple[torch.Tensor, torch.Tensor]:
     return video_out, audio_out
 
 
-def advance(run: H3Run, outs: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """The run's Euler step on both schedules (the keyframe rows untouched)."""
+def euler(schedule: Any, step: int, sample: torch.Tensor, velocity: torch.Tensor) -> torch.Tensor:
+    """MiniMaxH3Scheduler's Euler step `step` of `sample` along the data-ward `velocity`, its
+    arithmetic as it is (x0 = x + (1 − t)·v, then the σ_next / σ blend) without its step counter:
+    the same step twice gives the same latents (a batcher's retry)."""
+    timestep = schedule.timesteps[step].to(device=sample.device, dtype=sample.dtype)
+    denoised = sample + (1 - timestep) * velocity
+    sigma = schedule.sigmas[step].to(device=sample.device, dtype=torch.float32)
+    sigma_next = schedule.sigmas[step + 1].to(device=sample.device, dtype=torch.float32)
+    ratio = sigma_next / sigma
+    return (ratio * sample.float() + (1.0 - ratio) * denoised.float()).to(sample.dtype)
+
+
+def stepped(run: H3Run, outs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's next (video rows, audio rows) after its Euler step on both schedules (the
+    keyframe rows untouched); the run is left as it was."""
     video_out, audio_out = outs
     held, i = run.held, run.step
-    run.video[held:] = run.video_schedule.step(
-        video_out[0, held:].float(), run.video_schedule.timesteps[i], run.video[held:],
-        return_dict=False)[0]
-    run.audio = run.audio_schedule.step(
-        audio_out[0].float(), run.audio_schedule.timesteps[i], run.audio, return_dict=False)[0]
+    video = run.video.clone()
+    video[held:] = euler(run.video_schedule, i, run.video[held:], video_out[0, held:].float())
+    return video, euler(run.audio_schedule, i, run.audio, audio_out[0].float())
+
+
+def advance(run: H3Run, outs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """The run's Euler step on both schedules (the keyframe rows untouched)."""
+    run.video, run.audio = stepped(run, outs)
     run.step += 1
 
 
@@ -295,21 +342,28 @@ def decode(parts: Parts, size: Geometry, video_rows: torch.Tensor,
     """The clip of denoised video rows and channel-major audio rows: the video VAE's frames
     (de-normalised latents in, ImageNet pixel statistics out, clamped to [0, 1]) and the mono
     audio VAE's waveform per stereo channel."""
+    latents = unpatchify(size, video_rows, parts.vae.config.latent_channels,
+                         tuple(parts.transformer.config.patch_size))
+    return decode_latents(parts, size, latents, audio_rows)
+
+
+@torch.no_grad()
+def decode_latents(parts: Parts, size: Geometry, latents: torch.Tensor,
+                   audio_rows: torch.Tensor) -> Clip:
+    """The clip of denoised video latents [1, C, F, h, w] and channel-major audio rows (decode)."""
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_AUDIO_CHANNELS
 
     vae, audio_vae = parts.vae, parts.audio_vae
-    latents = unpatchify(size, video_rows, vae.config.latent_channels,
-                         tuple(parts.transformer.config.patch_size))
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=latents.device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, -1, 1, 1, 1)
     pixels = vae.decode(latents * std + mean, return_dict=False)[0]
-    pixel_mean = torch.tensor(PIXEL_MEAN).view(1, -1, 1, 1, 1)
-    pixel_std = torch.tensor(PIXEL_STD).view(1, -1, 1, 1, 1)
+    pixel_mean = torch.tensor(PIXEL_MEAN, device=latents.device).view(1, -1, 1, 1, 1)
+    pixel_std = torch.tensor(PIXEL_STD, device=latents.device).view(1, -1, 1, 1, 1)
     pixels = (pixels.float() * pixel_std + pixel_mean).clamp(0, 1)
     audio = audio_rows.reshape(MINIMAX_H3_AUDIO_CHANNELS, size.audio_latents, audio_rows.shape[-1])
     audio = audio.permute(0, 2, 1).contiguous()
-    audio_mean = torch.tensor(audio_vae.config.latents_mean).view(1, -1, 1)
-    audio_std = torch.tensor(audio_vae.config.latents_std).view(1, -1, 1)
+    audio_mean = torch.tensor(audio_vae.config.latents_mean, device=latents.device).view(1, -1, 1)
+    audio_std = torch.tensor(audio_vae.config.latents_std, device=latents.device).view(1, -1, 1)
     waveform = audio_vae.decode(audio * audio_std + audio_mean, return_dict=False)[0]
     return Clip(frames=pixels[0].permute(1, 0, 2, 3).contiguous(),
                 audio=waveform.float()[:, 0], sample_rate=int(audio_vae.config.sampling_rate))

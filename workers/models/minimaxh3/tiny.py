@@ -44,6 +44,7 @@ AUDIO_VAE_CONFIG: dict[str, Any] = {
     "resblock_dilation_sizes": ((1,),), "sampling_rate": 160,
     "latents_mean": [0.1] * 8, "latents_std": [0.9] * 8,
 }
+SMOKE = "smoke-minimaxh3"  # `./farm models smoke`'s folder in checkpoints/
 SUBFOLDERS = ("transformer", "vae", "audio_vae", "text_encoder")
 COMPONENTS = {  # the folder's model_index.json: each component's library and class
     "transformer": ["diffusers", "MiniMaxH3Transformer3DModel"],
