@@ -40,13 +40,14 @@ MINIMAXH3 = (
     NodeDescriptor(
         "minimaxh3/sample", "MiniMax-H3 sample", "sampling",
         inputs=(Port("model", "model"), Port("positive", "conditioning"),
-                Port("latent", "latent"), Port("seed", "int", required=False)),
+                Port("latent", "latent"), Port("seed", "int", required=False),
+                Port("steps", "int", required=False)),
         outputs=(Port("latent", "latent"),),
         params=(
             Param("seed", "int", 0, min=0, max=2**53 - 1, input="seed",
                   description="Noise seed (keyframe, video then audio noise, as the pipeline "
                   "draws it)."),
-            Param("steps", "int", 39, min=1, max=MAX_STEPS,
+            Param("steps", "int", 39, min=1, max=MAX_STEPS, input="steps",
                   description="Denoising steps: transformer calls (the pipeline's "
                   "num_inference_steps counts one more, its sigma grid's points)."),
         ),
@@ -54,6 +55,23 @@ MINIMAXH3 = (
         "guidance-distilled transformer call per step over the packed text, keyframe, audio "
         "and video rows, Euler on two schedules (video shift 12, audio shift 3), on the "
         "model's step batcher.",
+    ),
+    NodeDescriptor(
+        "minimaxh3/load-files", "MiniMax-H3 load files", "loaders",
+        outputs=(Port("model", "model"), Port("encoder", "text-encoder"), Port("vae", "vae")),
+        params=(Param("diffusion_model", "model", required=True, options_from="diffusion_models",
+                      family="minimaxh3",
+                      description="The transformer (ComfyUI's single file or its folder)."),
+                Param("vae", "model", required=True, options_from="vae", family="minimaxh3",
+                      description="The video VAE (a diffusers folder)."),
+                Param("audio_vae", "model", required=True, options_from="vae",
+                      family="minimaxh3", description="The audio VAE (a diffusers folder)."),
+                Param("text_encoder", "model", required=True, options_from="text_encoders",
+                      family="minimaxh3", description="The Qwen3-VL with its tokenizer and "
+                      "processor (a diffusers folder).")),
+        description="MiniMax-H3 from ComfyUI's four loaders' parts (its templates' UNETLoader, "
+        "VAELoaders and CLIPLoader type minimax): the same model, text encoder and VAE as "
+        "load/checkpoint gives. Quantized files are refused by name.",
     ),
     NodeDescriptor(
         "minimaxh3/decode", "MiniMax-H3 decode", "latent",

@@ -6,6 +6,7 @@
     minimaxh3/sample         → the denoised video latents + audio rows, one job on the model's
                                step batcher (each run its own forward: packed sequences differ)
     minimaxh3/decode         → a `Video`: the frames at 24 fps with the stereo sound
+    minimaxh3/load-files     → (model, text encoder, VAE) of ComfyUI's four parts
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                          f"the latent holds {keyframes}: wire both from one "
                          "minimaxh3/image-to-video")
     parts = parts_of(model.transformer)
-    seed, steps = int(inputs.get("seed", params["seed"])), int(params["steps"])
+    seed, steps = (int(inputs.get(k, params[k])) for k in ("seed", "steps"))
     if steps < 1:
         raise NodeFailed(f"steps must be at least 1, got {steps}")
     request = replace(latent.request, embeds=prompt.embeds, tags=prompt.tags)
@@ -144,3 +145,25 @@ def decode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     frames = (clip.frames.permute(0, 2, 3, 1).cpu().numpy() * 255).round().astype("uint8")
     return {"video": Video(Frames(frames), float(clip.fps),
                            Audio(clip.audio.cpu().numpy(), clip.sample_rate))}
+
+
+@runner("minimaxh3/load-files")
+def load_files(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """ComfyUI's four MiniMax-H3 parts as (model, text encoder, VAE) (plugin.load_files)."""
+    from workers.models.catalog import ModelFileMissing
+    from workers.models.family import ModelLoadError
+    from workers.models.minimaxh3.loading import FILE_ROLES
+    from workers.models.minimaxh3.plugin import load_files as load_values
+
+    names = {role: str(params[role]) for role in FILE_ROLES}
+
+    def load() -> Any:
+        return load_values(ctx.models_dir, names, ctx.policy)
+
+    try:  # as load_file: on the device thread on CPU, on the slot on a GPU
+        model, encoder, vae = on_device_thread(load) if ctx.policy.device == "cpu" else load()
+    except (ModelFileMissing, ModelLoadError) as exc:
+        raise NodeFailed(str(exc)) from exc
+    ctx.note_lineage(models={**ctx.lineage.get("models", {}),
+                             " + ".join(names[r] for r in FILE_ROLES): model.sha256})
+    return {"model": model, "encoder": encoder, "vae": vae}

@@ -1,11 +1,12 @@
 """MiniMax-H3's side of the family contract (workers/models/family.py `FamilyPlugin`).
 
-MiniMax-H3 loads whole, as one diffusers MiniMax-H3 folder from `checkpoints/`
-(`load/checkpoint`): the model is its transformer (with the step batcher), the text encoder and
-the VAE values both hold the stack's `engine.Parts` (the Qwen3-VL encodes keyframes with the
-prompt; the video VAE encodes them, and decodes the clip with the audio VAE). It samples with
-`minimaxh3/sample` (workers/models/minimaxh3/nodes.py): its packed video + audio + text sequence
-and its two schedules are not the generic sampler's, but its jobs run on the step batcher.
+MiniMax-H3 loads whole: one diffusers MiniMax-H3 folder from `checkpoints/` (`load/checkpoint`),
+or ComfyUI's four parts together (`minimaxh3/load-files`). The model is its transformer (with
+the step batcher); the text encoder and the VAE values both hold the stack's `engine.Parts` (the
+Qwen3-VL encodes keyframes with the prompt; the video VAE encodes them, and decodes the clip with
+the audio VAE). It samples with `minimaxh3/sample` (workers/models/minimaxh3/nodes.py): its
+packed video + audio + text sequence and its two schedules are not the generic sampler's, but
+its jobs run on the step batcher.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ RUN, AUDIO, PATCH = "minimaxh3_run", "minimaxh3_audio", "minimaxh3_patch"  # Sam
 _parts: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 __all__ = ["advance", "decode_latents_batch", "encode_image", "encode_prompts", "load_checkpoint",
-           "load_diffusion_model", "load_text_encoder", "load_vae", "lora_state_dict",
+           "load_diffusion_model", "load_files", "load_text_encoder", "load_vae", "lora_state_dict",
            "model_sampling", "parts_of", "predict", "renoise", "schedule", "to_denoised", "write_tiny_stack"]
 
 
@@ -44,22 +45,48 @@ class Prompt:
 def load_checkpoint(models_dir: Path, name: str, policy: Any) -> tuple[Any, Any, Any]:
     """`checkpoints/<name>` (a diffusers MiniMax-H3 folder) as (model, text encoder, VAE),
     placed as the policy says (cached)."""
-    from workers.models.cache import MODEL_CACHE
     from workers.models.catalog import file_sha256, resolve
     from workers.models.minimaxh3.loading import load_folder
-    from workers.models.values import Vae
-    from workers.models.weights import denoiser_model, refuse_int8, text_encoder_model
+    from workers.models.weights import refuse_int8
 
     path = resolve(models_dir, "checkpoints", name)
     refuse_int8(policy)
     if not path.is_dir():
         raise ModelLoadError(f"{name}: MiniMax-H3 loads from a diffusers folder in checkpoints/ "
                              "(transformer/, vae/, audio_vae/, text_encoder/, tokenizer/)")
-    sha = file_sha256(path)
+    return _values(name, file_sha256(path), policy, lambda: load_folder(path))
+
+
+def load_files(models_dir: Path, names: dict[str, str], policy: Any) -> tuple[Any, Any, Any]:
+    """ComfyUI's four separate parts (`names` by loading.FILE_ROLES: diffusion_models/, vae/
+    twice, text_encoders/) as (model, text encoder, VAE), as load_checkpoint gives them
+    (cached)."""
+    import hashlib
+
+    from workers.models.catalog import file_sha256, resolve
+    from workers.models.minimaxh3.loading import FILE_ROLES
+    from workers.models.minimaxh3.loading import load_files as load
+    from workers.models.weights import refuse_int8
+
+    folders = {"diffusion_model": "diffusion_models", "vae": "vae", "audio_vae": "vae",
+               "text_encoder": "text_encoders"}
+    paths = {role: resolve(models_dir, folders[role], names[role]) for role in FILE_ROLES}
+    refuse_int8(policy)
+    sha = hashlib.sha256("\0".join(file_sha256(paths[r]) for r in FILE_ROLES).encode()).hexdigest()
+    return _values(names["diffusion_model"], sha, policy, lambda: load(paths))
+
+
+def _values(name: str, sha: str, policy: Any, load_parts: Any) -> tuple[Any, Any, Any]:
+    """(model, text encoder, VAE) over the stack `load_parts()` loads, placed as the policy
+    says, cached by `sha`."""
+    from workers.models.cache import MODEL_CACHE
+    from workers.models.values import Vae
+    from workers.models.weights import denoiser_model, text_encoder_model
+
     placement = policy.placement("denoiser")
 
     def load() -> tuple[Any, Any, Any]:
-        parts = load_folder(path)
+        parts = load_parts()
         if (placement.device, placement.dtype) != ("cpu", "float32"):  # loaded so
             for part in ("transformer", "vae", "audio_vae", "text_encoder"):
                 setattr(parts, part, getattr(parts, part).to(placement.device,
@@ -83,7 +110,7 @@ def parts_of(transformer: Any) -> Any:
 def _whole(what: str) -> ModelLoadError:
     return ModelLoadError(f"{what}: MiniMax-H3 loads whole (its transformer needs both its VAEs "
                           "and its Qwen3-VL): a diffusers MiniMax-H3 folder from checkpoints/ "
-                          "(load/checkpoint)")
+                          "(load/checkpoint), or its four parts together (minimaxh3/load-files)")
 
 
 def load_diffusion_model(models_dir: Path, name: str, policy: Any) -> Any:

@@ -148,3 +148,26 @@ def smoke_pipeline(seed: int = 0) -> Any:
                            audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+FILES = {"diffusion_model": ("diffusion_models", "smoke-minimaxh3.safetensors"),
+         "vae": ("vae", "smoke-minimaxh3-video-vae"),
+         "audio_vae": ("vae", "smoke-minimaxh3-audio-vae"),
+         "text_encoder": ("text_encoders", "smoke-minimaxh3-qwen3vl")}
+
+
+def write_tiny_files(models_dir: Path, seed: int = 0) -> dict[str, str]:
+    """The tiny stack as ComfyUI's templates load it, one part per loader: the transformer as
+    ComfyUI's single file in diffusion_models/, the video and audio VAEs as diffusers component
+    folders in vae/, the Qwen3-VL with its tokenizer and processor in text_encoders/; returns
+    the names by loading.FILE_ROLES."""
+    parts = build_tiny_components(seed)
+    write_transformer_file(models_dir / FILES["diffusion_model"][0] / FILES["diffusion_model"][1],
+                           seed)
+    for role, component in (("vae", "vae"), ("audio_vae", "audio_vae"),
+                            ("text_encoder", "text_encoder")):
+        parts[component].save_pretrained(models_dir / FILES[role][0] / FILES[role][1])
+    encoder = models_dir / FILES["text_encoder"][0] / FILES["text_encoder"][1]
+    parts["tokenizer"].save_pretrained(encoder)
+    parts["processor"].save_pretrained(encoder)
+    return {role: name for role, (_, name) in FILES.items()}
