@@ -41,8 +41,13 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
     return RUNNERS[node_type](ctx, params, inputs or {})
 
 
-def render(ctx: Any, name: str, ends: dict[str, Image.Image] | None = None, seed: int = 5) -> Any:
+def render(ctx: Any, name: str, ends: dict[str, Image.Image] | None = None, seed: int = 5,
+           lora: tuple[str, float] | None = None) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
+    if lora is not None:
+        parts["model"] = run(ctx, "load/lora", {"lora": lora[0], "strength": lora[1],
+                                                "strength_clip": 0.0},
+                             {"model": parts["model"]})["model"]
     request = run(ctx, "minimaxh3/image-to-video",
                   {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES},
                   {"encoder": parts["encoder"], "vae": parts["vae"], **(ends or {})})
@@ -110,3 +115,37 @@ def test_bad_requests_and_wiring_are_named(h3_stack, make_ctx):
              "latent": keyed["latent"]})
     with pytest.raises(NodeFailed, match="empty latent holds no clip"):
         run(ctx, "minimaxh3/decode", {}, {"vae": parts["vae"], "latent": keyed["latent"]})
+
+
+def test_a_comfyui_lora_applies_to_its_run_only(h3_stack, make_ctx):
+    """A LoRA in ComfyUI's keys (`diffusion_model.blocks.N.attn.qkv_proj`, read by diffusers'
+    MiniMaxH3LoraLoaderMixin: the fused qkv split) changes its run's clip; strength 0 and a run
+    without it keep the base clip."""
+    from safetensors.torch import save_file
+
+    from workers.models.families import identify
+    from workers.models.minimaxh3 import keys
+    from workers.models.minimaxh3.tiny import build_tiny_components
+
+    models_dir, name = h3_stack
+    original = keys.to_original(build_tiny_components()["transformer"].state_dict())
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key in ("model.diffusion_model.blocks.0.attn.qkv_proj.weight",
+                "model.diffusion_model.blocks.1.attn.out_proj.weight",
+                "model.diffusion_model.blocks.1.adaln_proj.linear.weight"):
+        out, into = original[key].shape
+        module = key.removeprefix("model.").removesuffix(".weight")
+        state[f"{module}.lora_A.weight"] = torch.randn(4, into, generator=generator)
+        state[f"{module}.lora_B.weight"] = torch.randn(out, 4, generator=generator)
+    (models_dir / "loras").mkdir(exist_ok=True)
+    save_file(state, models_dir / "loras" / "h3-lora.safetensors")
+    assert identify(models_dir / "loras" / "h3-lora.safetensors", "loras").families == (
+        "minimaxh3",)
+    ctx = make_ctx(models_dir=models_dir)
+    base = render(ctx, name).frames.array
+    assert not np.array_equal(render(ctx, name, lora=("h3-lora.safetensors", 1.0)).frames.array,
+                              base)
+    np.testing.assert_array_equal(
+        render(ctx, name, lora=("h3-lora.safetensors", 0.0)).frames.array, base)
+    np.testing.assert_array_equal(render(ctx, name).frames.array, base)

@@ -31,11 +31,12 @@ PIPELINE = "MiniMaxH3ModularPipeline"
 
 
 def recognise(header: ModelHeader) -> str | None:
-    """checkpoint: a whole diffusers MiniMax-H3 folder (`model_index.json`); transformer:
+    """lora: a LoRA of MiniMax-H3's blocks (its `adaln_proj` modules; ComfyUI's or diffusers'
+    names); checkpoint: a whole diffusers MiniMax-H3 folder (`model_index.json`); transformer:
     MiniMax-H3's packed video+audio+text transformer; vae: its video or audio VAE;
     text_encoder: a Qwen3-VL (its conditioner)."""
-    if header.is_lora():
-        return None
+    if header.is_lora():  # MiniMax-H3's per-block AdaLN projection (no other family has one)
+        return "lora" if header.has("adaln_proj.") else None
     name = header.class_name
     if name == PIPELINE:
         return "checkpoint"
