@@ -5,6 +5,7 @@ and clear node errors."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,29 @@ def test_a_comfyui_lora_applies_to_its_run_only(h3_stack, make_ctx):
     np.testing.assert_array_equal(
         render(ctx, name, lora=("h3-lora.safetensors", 0.0)).frames.array, base)
     np.testing.assert_array_equal(render(ctx, name).frames.array, base)
+
+
+def test_concurrent_runs_step_together_and_equal_their_solo_renders(h3_stack, make_ctx):
+    """Runs in flight at once step on the model's batcher in the same iterations, each with a
+    forward of its own (packed sequences differ): progress says `batch` 1, and each clip is its
+    solo render exactly."""
+    models_dir, name = h3_stack
+    ends: list[dict[str, Image.Image]] = [{}, {"first_frame": keyframe(2, 32, 64)}, {}]
+    solo = [render(make_ctx(models_dir=models_dir), name, e, seed=i) for i, e in enumerate(ends)]
+    recorders = [Recorder() for _ in ends]
+    videos: list[Any] = [None] * len(ends)
+
+    def one(i: int) -> None:
+        videos[i] = render(make_ctx(recorders[i], models_dir), name, ends[i], seed=i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ends))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {b for r in recorders for b in r.batches} == {1}
+    model = run(make_ctx(models_dir=models_dir), "load/checkpoint", {"file": name})["model"]
+    assert max(model.batcher.sizes) > 1  # iterations that stepped several runs
+    for alone, together in zip(solo, videos, strict=True):
+        np.testing.assert_array_equal(alone.frames.array, together.frames.array)
+        np.testing.assert_array_equal(alone.audio.samples, together.audio.samples)
