@@ -156,7 +156,7 @@ def encode_keyframe(parts: Parts, image: Image.Image) -> torch.Tensor:
     seed 42 and rounded to float16, the released recipe)."""
     from diffusers.modular_pipelines.minimax_h3.encoders import encode_vae_condition
 
-    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None, :, None]
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None, :, None].to(parts.vae.device)
     return encode_vae_condition(parts.vae, pixels, PIXEL_MEAN, PIXEL_STD, KEYFRAME_SEED)
 
 
@@ -250,8 +250,9 @@ def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Genera
     video_schedule: Any = MiniMaxH3Scheduler(VIDEO_SHIFT)
     audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
     held_rows = [patchify_video_latents(video_schedule.scale_noise(
-        latents, KEYFRAME_T, randn_tensor(latents.shape, generator=generator, dtype=torch.float32)),
-        patch) for latents in conditions]
+        latents, KEYFRAME_T, randn_tensor(latents.shape, generator=generator, dtype=torch.float32,
+                                          device=latents.device)),
+        patch).cpu() for latents in conditions]  # the run's rows start on the CPU, as its noise
     video_channels = parts.vae.config.latent_channels
     audio_channels = parts.audio_vae.config.latent_channels
     noise = randn_tensor((1, video_channels, size.latent_frames, size.latent_height,
@@ -280,7 +281,8 @@ def forward(transformer: Any, run: H3Run) -> tuple[torch.Tensor, torch.Tensor]:
         layout["text_indices"].numel(), t, audio_t, max(t, KEYFRAME_T), 1.0)
     video_out, audio_out = transformer(
         hidden_states=run.video[None], audio_hidden_states=run.audio[None],
-        encoder_hidden_states=run.embeds, timestep=unique, timestep_indices=indices,
+        encoder_hidden_states=run.embeds, timestep=unique.to(transformer.device),
+        timestep_indices=indices.to(transformer.device),
         return_dict=False, **layout)
     return video_out, audio_out
 
