@@ -462,8 +462,39 @@ def _ltx2_clip(setup: Setup, checkpoint: str) -> dict[str, Any]:
 
 
 VIDEO_LTX2_FRAMES = 9  # LTX-2's shortest clip with motion (8k + 1 frames)
+
+
+def _minimaxh3_clip(setup: Setup, checkpoint: str) -> dict[str, Any]:
+    """A MiniMax-H3 checkpoint's shortest clip (5 s: VIDEO_H3_FRAMES) with sound at the check's
+    size (sides rounded to its 32-pixel grid), at most VIDEO_H3_STEPS steps (its memory does not
+    grow with them), saved as an MP4."""
+    width, height = (max(32, round(side / 32) * 32) for side in setup.size)
+
+    def wire(node: str, port: str) -> dict[str, str]:
+        return {"node": node, "port": port}
+
+    return {"graph": {"nodes": {
+        "ckpt": {"type": "load/checkpoint", "params": {"file": checkpoint}},
+        "request": {"type": "minimaxh3/image-to-video", "params": {
+            "prompt": "a lighthouse at dusk, go-live check", "width": width, "height": height,
+            "length": VIDEO_H3_FRAMES},
+            "inputs": {"encoder": wire("ckpt", "encoder"), "vae": wire("ckpt", "vae")}},
+        "sample": {"type": "minimaxh3/sample", "params": {
+            "seed": setup.seed + 300, "steps": min(setup.steps, VIDEO_H3_STEPS)},
+            "inputs": {"model": wire("ckpt", "model"), "positive": wire("request", "positive"),
+                       "latent": wire("request", "latent")}},
+        "decode": {"type": "minimaxh3/decode", "inputs": {"vae": wire("ckpt", "vae"),
+                                                          "latent": wire("sample", "latent")}},
+        "save": {"type": "video/save", "params": {},
+                 "inputs": {"video": wire("decode", "video")}},
+    }}, "target": "save"}
+
+
+VIDEO_H3_FRAMES = 124  # MiniMax-H3's shortest clip: 17·7 + 5 frames, 5.17 s at 24 fps
+VIDEO_H3_STEPS = 2
 # families held as checkpoints whose clip graphs are their own nodes: the memory check's graph
-CLIP_GRAPHS: dict[str, Callable[[Setup, str], dict[str, Any]]] = {"ltx2": _ltx2_clip}
+CLIP_GRAPHS: dict[str, Callable[[Setup, str], dict[str, Any]]] = {"ltx2": _ltx2_clip,
+                                                                  "minimaxh3": _minimaxh3_clip}
 
 
 def _labelled(body: dict[str, Any], label: str) -> dict[str, Any]:

@@ -64,7 +64,23 @@ def ltx2_stack(farm, owner, data_dirs) -> str:
     return name
 
 
-def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack, ltx2_stack):
+@pytest.fixture
+def minimaxh3_stack(farm, owner, data_dirs) -> str:
+    """MiniMax-H3's smoke checkpoint (a diffusers folder): the memory check renders it a clip."""
+    import time
+
+    from workers.models.minimaxh3.plugin import write_tiny_stack
+
+    name = write_tiny_stack(data_dirs["models"])["checkpoint"]
+    deadline = time.monotonic() + 30
+    while name not in {f["name"] for f in owner.get("/v1/models/files").json()["files"]}:
+        assert time.monotonic() < deadline, "no worker reported the MiniMax-H3 smoke stack"
+        time.sleep(0.2)
+    return name
+
+
+def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack, ltx2_stack,
+                                                minimaxh3_stack):
     code, results = check(farm, personas["owner"], "--model", stack["model"])
     assert code == 0, [r for r in results.values() if r["ok"] is not True]
     for name in ("reproducible", "isolated", "memory", "cancel", "overload"):
@@ -72,6 +88,7 @@ def test_the_checklist_passes_on_a_healthy_farm(farm, personas, stack, wan_stack
     assert "zimage: " in results["memory"]["figures"]
     assert "wan: " in results["memory"]["figures"]  # a clip of its T2V model, not the I2V one
     assert "ltx2: " in results["memory"]["figures"]  # a clip with sound from its checkpoint
+    assert "minimaxh3: " in results["memory"]["figures"]  # the same, of its own nodes
     assert "(rss above start) ≤ estimate" in results["memory"]["figures"]
     assert "memory" in results["cancel"]["figures"] and "before" in results["cancel"]["figures"]
     assert "429 after 100 runs in flight" in results["overload"]["figures"]

@@ -25,6 +25,7 @@ CONTAINERS = {  # format → (muxer, video codec, audio codec, media type)
     "webm": ("webm", "libvpx-vp9", "libopus", "video/webm"),
 }
 AUDIO_RATES = {"mp4": None, "webm": 48000}  # Opus encodes 48 kHz only; AAC keeps the source's
+AAC_LOWEST, AAC_LOW = 7350, 8000  # AAC's lowest rate; a sound below it is resampled to 8 kHz
 _BITEXACT = {"flags": "+bitexact"}
 
 
@@ -120,7 +121,8 @@ def _video_stream(out: Any, codec: str, rate: Fraction, frames: Any, crf: int) -
 
 
 def _audio_stream(out: Any, codec: str, audio: Audio, rate: int | None) -> Any:
-    stream = out.add_stream(codec, rate=rate or audio.sample_rate)
+    rate = rate or audio.sample_rate
+    stream = out.add_stream(codec, rate=AAC_LOW if codec == "aac" and rate < AAC_LOWEST else rate)
     stream.layout = "mono" if audio.samples.shape[0] == 1 else "stereo"
     stream.codec_context.flags |= av.codec.context.Flags.bitexact
     stream.thread_count = 1

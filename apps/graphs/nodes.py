@@ -9,6 +9,7 @@ from apps.graphs.nodes_audio import AUDIO
 from apps.graphs.nodes_image import IMAGE_OPS, MAX_SIDE, UPSCALING
 from apps.graphs.nodes_logic import SWITCHES, VALUES
 from apps.graphs.nodes_ltx2 import LTX2
+from apps.graphs.nodes_minimaxh3 import MINIMAXH3
 from apps.graphs.nodes_qwen import QWEN
 from apps.graphs.nodes_textgen import TEXTGEN
 from apps.graphs.nodes_video import VIDEO
@@ -473,4 +474,4 @@ SAMPLING = (
 
 ALL_NODES: tuple[NodeDescriptor, ...] = (SOURCES + IMAGE + IMAGE_OPS + VALUES + SWITCHES + MODELS
                                          + (SAMPLE_ADVANCED,) + SAMPLING + UPSCALING + VIDEO + AUDIO
-                                         + WAN + LTX2 + QWEN + TEXTGEN)
+                                         + WAN + LTX2 + MINIMAXH3 + QWEN + TEXTGEN)

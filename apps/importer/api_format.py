@@ -16,6 +16,7 @@ from typing import Any
 
 from apps.graphs.registry import descriptor_get
 from apps.graphs.schema import GraphDoc
+from apps.importer import comfy_minimaxh3
 from apps.importer.comfy_families import (
     CLIP_TYPE_LOADERS,
     CLIP_TYPES,
@@ -96,7 +97,7 @@ def prompt_to_graph(
                    files=files or {})
     _settle_switches(state)
     _cut_zeroed_references(state)
-    state.ltx2 = rewrite(state.nodes)
+    state.ltx2 = comfy_minimaxh3.rewrite(state.nodes, rewrite(state.nodes))  # + MiniMax-H3's
     _families_check(state)
     for node_id, new_inputs in state.ltx2.inputs.items():
         state.nodes[node_id] = (state.nodes[node_id][0], new_inputs)

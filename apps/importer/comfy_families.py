@@ -38,6 +38,7 @@ CLIP_TYPES: dict[str, str] = {
     "ace": "ace-step", "omnigen2": "omnigen2", "flux2": "flux2", "ovis": "ovis",
     "kandinsky5": "kandinsky5", "kandinsky5_image": "kandinsky5", "hunyuan_dit": "hunyuan-dit",
     "krea2": "krea2",  # Qwen3-VL-4B, Krea 2's encoder (ComfyUI's CLIPType.KREA2)
+    "minimax": "minimaxh3",  # MiniMax-H3's Qwen3-VL-32B
 }
 CLIP_TYPE_LOADERS = frozenset({"CLIPLoader", "DualCLIPLoader"})
 
@@ -57,6 +58,7 @@ FAMILY_NODES: dict[str, str] = {
     "EmptyChromaRadianceLatentImage": "chroma-radiance",
     "EmptyQwenImageLayeredLatentImage": "qwenimage",
     "TextEncodeQwenImage21": "qwenimage21", "QwenImage21Cache": "qwenimage21",
+    "MiniMaxH3ImageToVideo": "minimaxh3",
     # LTX-2's audio nodes; the LTXV nodes it shares with LTX-Video 0.9 say `ltxv`, which an
     # LTX-2 workflow (one with these) reads as ltx2 (api_format `_families_check`)
     **dict.fromkeys(("LTXVEmptyLatentAudio", "LTXVConcatAVLatent", "LTXVSeparateAVLatent",

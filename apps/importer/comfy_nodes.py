@@ -21,7 +21,7 @@ from typing import Any
 
 from apps.graphs.nodes import MAX_SEED, MAX_STEPS, SAMPLERS, SCHEDULERS
 from apps.graphs.nodes_qwen import QWEN21_IMAGES, REFERENCE_METHODS
-from apps.importer import comfy_ltx2, comfy_vocab
+from apps.importer import comfy_ltx2, comfy_minimaxh3, comfy_vocab
 from apps.importer.comfy_families import SAMPLER_PARAM_NODES
 from apps.importer.comfy_rules import CONTROL, CONTROL_VALUES, RESAMPLE, KindOf, ParamMap, Rule, Warn
 from apps.importer.comfy_rules import area_warning as _area
@@ -559,6 +559,8 @@ RULES.update(comfy_vocab.VOCABULARY)
 WIDGETS.update(comfy_vocab.WIDGETS)
 RULES.update(comfy_ltx2.RULES)  # LTX-2: most of its nodes are settled per workflow (rewrite)
 WIDGETS.update(comfy_ltx2.WIDGETS)
+RULES.update(comfy_minimaxh3.RULES)  # MiniMax-H3: its sampler, decode and loaders per workflow
+WIDGETS.update(comfy_minimaxh3.WIDGETS)
 
 # Folded into their consumers: output 0 is the named input, unchanged on this farm. The nodes
 # of comfy_families.SAMPLER_PARAM_NODES (FluxGuidance, ModelSampling*) become a param of the

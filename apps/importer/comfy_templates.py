@@ -133,7 +133,7 @@ def shipped_imports() -> dict[str, str | None]:
             except ImportInvalid as exc:
                 found[name] = f"{exc.code}: {exc.message}"
                 continue
-            samples = any(n.type.startswith(("sample", "ltx2/sample"))
+            samples = any(n.type.startswith(("sample", "ltx2/sample", "minimaxh3/sample"))
                           for n in imported.graph.nodes.values())
             named = {f for m in imported.report.models for f, hints in NAME_HINTS.items()
                      if any(h in str(m.get("requested") or m.get("name", "")).lower()

@@ -17,7 +17,7 @@ from workers.models.family import FOLDER_ROLES, FamilyInfo, FamilyPlugin, ModelL
 from workers.models.header import HeaderUnreadable, ModelHeader, read_header
 
 REGISTERED: tuple[str, ...] = ("flux1", "zimage", "sdxl", "qwenimage", "flux2", "wan", "krea2",
-                              "qwenimage21", "ltx2")
+                              "qwenimage21", "ltx2", "minimaxh3")
 
 
 def info(family_id: str) -> FamilyInfo:

@@ -93,19 +93,22 @@ def _hook(name: str) -> Any:
         if per_row is None:
             return None
         x = args[0]
-        if x.shape[0] != len(per_row):
-            raise RuntimeError(f"LoRA on {name}: {x.shape[0]} rows in the forward, "
-                               f"{len(per_row)} declared")
         carried = [[lora for lora in applied if name in lora.weights.modules]
                    for applied in per_row]
         members = [row for row, loras in enumerate(carried) if loras]
         if not members:
             return None
-        if isinstance(module, torch.nn.Conv2d):  # LoCon: workers/models/lora_conv.py
-            return lora_conv.add_deltas(name, module, x, output, carried)
         keys = {tuple((id(lora.weights), lora.strength) for lora in carried[row])
                 for row in members}
-        if len(members) == len(per_row) and len(keys) == 1:  # every row the same LoRAs
+        uniform = len(members) == len(per_row) and len(keys) == 1
+        # a module whose rows are not the batch's (MiniMax-H3's AdaLN of each distinct
+        # timestep) takes the LoRAs only when every row carries the same ones
+        if x.shape[0] != len(per_row) and (not uniform or isinstance(module, torch.nn.Conv2d)):
+            raise RuntimeError(f"LoRA on {name}: {x.shape[0]} rows in the forward, "
+                               f"{len(per_row)} declared")
+        if isinstance(module, torch.nn.Conv2d):  # LoCon: workers/models/lora_conv.py
+            return lora_conv.add_deltas(name, module, x, output, carried)
+        if uniform:  # every row the same LoRAs
             for lora in carried[0]:
                 a, b, scale = lora.weights.modules[name]
                 if a.device != x.device or a.dtype != x.dtype:  # an offloaded / upcast layer

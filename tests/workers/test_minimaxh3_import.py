@@ -1,0 +1,113 @@
+"""ComfyUI's shipped MiniMax-H3 templates imported from the UI format with the tiny stack's parts
+(the transformer as ComfyUI's single file, the VAEs and the Qwen3-VL as diffusers folders) and
+rendered through the real executor into an MP4 with sound: video_minimax_h3_t2v and
+video_minimax_h3_i2v (a subgraph: UNETLoader, CLIPLoader type minimax, two VAELoaders,
+MiniMaxH3ImageToVideo, SamplerCustomAdvanced over BasicGuider / BasicScheduler / res_multistep,
+VAEDecode + VAEDecodeAudio → CreateVideo; its ResolutionSelector cut away for the tiny size).
+The shipped files themselves are quantized: a clip of them is refused naming the file."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from apps.importer.services import comfy_import
+from tests.workers.helpers import noise_image
+from tests.workers.vocab_helpers import asset_of, render
+
+W, H, SECONDS, STEPS = 64, 32, 5, 2  # 5 s → 124 frames (17·7 + 5) at 24 fps
+
+
+def _template(name: str, files: dict[str, str]) -> dict[str, Any]:
+    """The shipped workflow with its subgraph's widgets set to the tiny parts, 2 steps, and
+    its ResolutionSelector cut away (the subgraph's own width and height widgets give the
+    size)."""
+    from apps.importer.comfy_templates import shipped_file
+
+    workflow: dict[str, Any] = json.loads(shipped_file(f"{name}.json") or b"{}")
+    [subgraph] = workflow["definitions"]["subgraphs"]
+    clip = next(n for n in workflow["nodes"] if n["type"] == subgraph["id"])
+    selector = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
+    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
+    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
+    workflow["nodes"].remove(selector)
+    for port in clip["inputs"]:
+        port["link"] = None if port.get("link") in cut else port.get("link")
+    values = clip["widgets_values"]  # in the subgraph's widget inputs' order
+    assert values[9] is False  # the turbo LoRA switched off: its steps are the PrimitiveInt's
+    values[1:4] = [W, H, SECONDS]
+    values[5:9] = [files["diffusion_model"], files["text_encoder"], files["vae"],
+                   files["audio_vae"]]
+    steps = next(n for n in subgraph["nodes"] if n["type"] == "PrimitiveInt"
+                 and n["widgets_values"][0] == 20)
+    steps["widgets_values"][0] = STEPS
+    return workflow
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("template", ["video_minimax_h3_t2v", "video_minimax_h3_i2v"])
+def test_comfyuis_shipped_minimax_h3_template_imports_and_renders(settings, tmp_path, template):
+    import av
+
+    from apps.takes.storage import blob_read
+    from workers.models.minimaxh3.tiny import FILES, write_tiny_files
+
+    models_dir = tmp_path / "models"
+    files = write_tiny_files(models_dir)
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    catalog: dict[str, list[str]] = {}
+    for folder, name in FILES.values():
+        catalog.setdefault(folder, []).append(name)
+    held = {(folder, name): ("minimaxh3",) for folder, names in catalog.items() for name in names}
+    assets = {"transparent_rgb_gaming_mouse.png": asset_of(noise_image(96, 64, seed=3))}
+    result = comfy_import(workflow=_template(template, files), catalog=catalog, files=held,
+                          resolve_asset=assets.get)
+    assert result.report.unmapped == []
+    assert result.report.families == ["minimaxh3"]
+    warnings = " ".join(w["message"] for w in result.report.warnings)
+    assert "sampler 'res_multistep' is not used" in warnings
+    nodes = result.graph.model_dump()["nodes"]
+    kinds = [n["type"] for n in nodes.values()]
+    assert kinds.count("minimaxh3/sample") == kinds.count("minimaxh3/decode") == 1
+    [params] = {json.dumps(n["params"], sort_keys=True) for n in nodes.values()
+                if n["type"] == "minimaxh3/load-files"}
+    assert json.loads(params) == files
+    outcome, run = render(nodes, result.target)
+    assert outcome.status == "succeeded", outcome.error
+    [take] = run.takes.all()
+    with av.open(io.BytesIO(blob_read(take.sha256)), "r") as mp4:
+        stream = mp4.streams.video[0]
+        assert (stream.width, stream.height, float(stream.average_rate or 0)) == (W, H, 24.0)
+        assert len(list(mp4.decode(stream))) == 124
+        assert mp4.streams.audio, "the clip has its sound track"
+
+
+@pytest.mark.django_db
+def test_the_shipped_quantized_files_are_refused_by_name(settings, tmp_path):
+    """ComfyUI's int8 "convrot" transformer (its name and layout: scales beside the weights)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from workers.models.minimaxh3 import keys
+    from workers.models.minimaxh3.tiny import FILES, build_tiny_components, write_tiny_files
+
+    models_dir = tmp_path / "models"
+    files = write_tiny_files(models_dir)
+    state = keys.to_original(build_tiny_components()["transformer"].state_dict())
+    state["model.diffusion_model.blocks.0.attn.qkv_proj.weight_scale"] = torch.ones(1)
+    name = "minimax_h3_fl2va_pruned_int8_convrot.safetensors"
+    save_file(state, models_dir / "diffusion_models" / name)
+    settings.INLINE_BLOB_DIR, settings.INLINE_MODELS_DIR = tmp_path / "blobs", models_dir
+    catalog: dict[str, list[str]] = {}
+    for folder, held_name in [*FILES.values(), ("diffusion_models", name)]:
+        catalog.setdefault(folder, []).append(held_name)
+    held = {(folder, n): ("minimaxh3",) for folder, names in catalog.items() for n in names}
+    result = comfy_import(workflow=_template("video_minimax_h3_t2v",
+                                             {**files, "diffusion_model": name}),
+                          catalog=catalog, files=held)
+    outcome, _ = render(result.graph.model_dump()["nodes"], result.target)
+    assert outcome.status == "failed"
+    assert f"{name} holds quantized weights" in str(outcome.error)
