@@ -16,18 +16,10 @@ def audio_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any])
     """The asset's sound (ComfyUI's LoadAudio): float32 samples at the file's own rate."""
     import av
 
-    from apps.takes.models import Asset
-    from apps.takes.storage import blob_path
+    from workers.runners.video import asset_file
     from workers.video import audio_read
 
-    asset = Asset.objects.filter(pk=params["asset"]).first()
-    if asset is None:
-        raise NodeFailed(f"asset {params['asset']} no longer exists")
-    if not asset.media_type.startswith("audio/"):
-        raise NodeFailed(f"asset {asset.pk} is {asset.media_type}, not a sound file")
-    path = blob_path(asset.sha256)
-    if not path.exists():
-        raise NodeFailed(f"the bytes of asset {asset.pk} are missing from {path.parent.parent}")
+    asset, path = asset_file(params["asset"], "audio", "a sound file")
     try:
         audio = audio_read(str(path), max_bytes=MAX_AUDIO_BYTES)
     except (av.FFmpegError, ValueError, OSError) as exc:

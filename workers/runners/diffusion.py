@@ -677,13 +677,19 @@ def load_file(ctx: NodeContext, folder: str, *names: str, family: str | None = N
         arg = list(names) if folder == "text_encoders" else names[0]
         return loader(ctx.models_dir, arg, ctx.policy)
 
+    return loaded(ctx, load, f"{folder}/{' + '.join(names)}")
+
+
+def loaded(ctx: NodeContext, load: Callable[[], Any], files: str) -> Any:
+    """`load()`'s value (a model, or a checkpoint's (model, encoder, vae)), run where loads run
+    (load_file), its first model's sha256 noted in the lineage under `files`; a missing or
+    unloadable file fails the node with the loader's message."""
     try:
         value = on_device_thread(load) if ctx.policy.device == "cpu" else load()
     except (ModelFileMissing, ModelLoadError) as exc:
         raise NodeFailed(str(exc)) from exc
-    first = value[0] if isinstance(value, tuple) else value  # a checkpoint: (model, encoder, vae)
-    models = {**ctx.lineage.get("models", {}), f"{folder}/{' + '.join(names)}": first.sha256}
-    ctx.note_lineage(models=models)
+    first = value[0] if isinstance(value, tuple) else value
+    ctx.note_lineage(models={**ctx.lineage.get("models", {}), files: first.sha256})
     return value
 
 

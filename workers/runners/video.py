@@ -4,6 +4,7 @@ through workers/video.py once the node returns)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,20 +76,28 @@ def video_components(ctx: NodeContext, params: dict[str, Any],
     return {"frames": video.frames, "audio": video.audio, "fps": float(video.fps)}
 
 
-@runner("video/load")
-def video_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+def asset_file(asset_id: str, media: str, what: str) -> tuple[Any, Path]:
+    """(the asset, the path of its bytes) of an uploaded `media` asset (video, audio); a node
+    error naming it when it is gone, another media (not `what`) or its bytes are missing."""
     from apps.takes.models import Asset
     from apps.takes.storage import blob_path
-    from workers.video import video_read
 
-    asset = Asset.objects.filter(pk=params["asset"]).first()
+    asset = Asset.objects.filter(pk=asset_id).first()
     if asset is None:
-        raise NodeFailed(f"asset {params['asset']} no longer exists")
-    if not asset.media_type.startswith("video/"):
-        raise NodeFailed(f"asset {asset.pk} is {asset.media_type}, not a video (MP4 or WebM)")
+        raise NodeFailed(f"asset {asset_id} no longer exists")
+    if not asset.media_type.startswith(f"{media}/"):
+        raise NodeFailed(f"asset {asset.pk} is {asset.media_type}, not {what}")
     path = blob_path(asset.sha256)
     if not path.exists():
         raise NodeFailed(f"the bytes of asset {asset.pk} are missing from {path.parent.parent}")
+    return asset, path
+
+
+@runner("video/load")
+def video_load(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    from workers.video import video_read
+
+    asset, path = asset_file(params["asset"], "video", "a video (MP4 or WebM)")
     try:
         return {"video": video_read(str(path), max_bytes=MAX_CLIP_BYTES)}
     except ValueError as exc:

@@ -29,7 +29,7 @@ from typing import Any
 from workers.device.thread import on_device_thread
 from workers.models.values import Conditioning, DiffusionModel, Latent, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
-from workers.runners.diffusion import checked, encode, expect
+from workers.runners.diffusion import checked, encode, expect, loaded
 
 FAMILY = "ltx2"
 
@@ -319,22 +319,12 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 @runner("ltx2/load-files")
 def load_files(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """ComfyUI's separate LTX-2 files as (model, text encoder, VAE) (plugin.load_files)."""
-    from workers.models.catalog import ModelFileMissing
-    from workers.models.family import ModelLoadError
     from workers.models.ltx2.files import FOLDERS, ROLES
     from workers.models.ltx2.plugin import load_files as load_values
 
     names = {role: str(params[role]) for role in ROLES}
-
-    def load() -> Any:
-        return load_values(ctx.models_dir, names, ctx.policy)
-
-    try:  # as load_file: on the device thread on CPU, on the slot on a GPU
-        model, encoder, vae = on_device_thread(load) if ctx.policy.device == "cpu" else load()
-    except (ModelFileMissing, ModelLoadError) as exc:
-        raise NodeFailed(str(exc)) from exc
-    files = " + ".join(f"{FOLDERS[r]}/{names[r]}" for r in ROLES)
-    ctx.note_lineage(models={**ctx.lineage.get("models", {}), files: model.sha256})
+    model, encoder, vae = loaded(ctx, lambda: load_values(ctx.models_dir, names, ctx.policy),
+                                 " + ".join(f"{FOLDERS[r]}/{names[r]}" for r in ROLES))
     return {"model": model, "encoder": encoder, "vae": vae}
 
 

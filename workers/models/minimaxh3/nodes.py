@@ -17,7 +17,7 @@ from typing import Any
 from workers.device.thread import on_device_thread
 from workers.models.values import Conditioning, DiffusionModel, Latent, TextEncoder, Vae
 from workers.runners.base import NodeContext, NodeFailed, runner
-from workers.runners.diffusion import checked, expect
+from workers.runners.diffusion import checked, expect, loaded
 
 FAMILY = "minimaxh3"
 
@@ -150,20 +150,10 @@ def decode(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
 @runner("minimaxh3/load-files")
 def load_files(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """ComfyUI's four MiniMax-H3 parts as (model, text encoder, VAE) (plugin.load_files)."""
-    from workers.models.catalog import ModelFileMissing
-    from workers.models.family import ModelLoadError
     from workers.models.minimaxh3.loading import FILE_ROLES
     from workers.models.minimaxh3.plugin import load_files as load_values
 
     names = {role: str(params[role]) for role in FILE_ROLES}
-
-    def load() -> Any:
-        return load_values(ctx.models_dir, names, ctx.policy)
-
-    try:  # as load_file: on the device thread on CPU, on the slot on a GPU
-        model, encoder, vae = on_device_thread(load) if ctx.policy.device == "cpu" else load()
-    except (ModelFileMissing, ModelLoadError) as exc:
-        raise NodeFailed(str(exc)) from exc
-    ctx.note_lineage(models={**ctx.lineage.get("models", {}),
-                             " + ".join(names[r] for r in FILE_ROLES): model.sha256})
+    model, encoder, vae = loaded(ctx, lambda: load_values(ctx.models_dir, names, ctx.policy),
+                                 " + ".join(names[r] for r in FILE_ROLES))
     return {"model": model, "encoder": encoder, "vae": vae}
