@@ -41,7 +41,9 @@ MINIMAXH3 = (
         "minimaxh3/sample", "MiniMax-H3 sample", "sampling",
         inputs=(Port("model", "model"), Port("positive", "conditioning"),
                 Port("latent", "latent"), Port("seed", "int", required=False),
-                Port("steps", "int", required=False)),
+                Port("steps", "int", required=False),
+                Port("shift_video", "float", required=False, accepts=("int",)),
+                Port("shift_audio", "float", required=False, accepts=("int",))),
         outputs=(Port("latent", "latent"),),
         params=(
             Param("seed", "int", 0, min=0, max=2**53 - 1, input="seed",
@@ -50,10 +52,14 @@ MINIMAXH3 = (
             Param("steps", "int", 39, min=1, max=MAX_STEPS, input="steps",
                   description="Denoising steps: transformer calls (the pipeline's "
                   "num_inference_steps counts one more, its sigma grid's points)."),
+            Param("shift_video", "float", 12.0, min=0.01, max=100.0, input="shift_video",
+                  description="The video schedule's shift (ComfyUI's MiniMaxH3SigmaShift)."),
+            Param("shift_audio", "float", 3.0, min=0.01, max=100.0, input="shift_audio",
+                  description="The sound schedule's shift."),
         ),
         description="MiniMaxH3ModularPipeline's denoise of a clip's video and sound: one "
         "guidance-distilled transformer call per step over the packed text, keyframe, audio "
-        "and video rows, Euler on two schedules (video shift 12, audio shift 3), on the "
+        "and video rows, Euler on two schedules (shifts 12 and 3 unless set), on the "
         "model's step batcher.",
     ),
     NodeDescriptor(

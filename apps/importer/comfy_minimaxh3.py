@@ -4,10 +4,13 @@ minimaxh3/* nodes. TORCH-FREE.
     MiniMaxH3ImageToVideo (clip, vae, prompt, width, height, length, first / last frame)
                                                     → minimaxh3/image-to-video
     SamplerCustomAdvanced over its latent (RandomNoise, BasicGuider, KSamplerSelect,
-      BasicScheduler)                               → minimaxh3/sample (seed, steps); a sampler
+      BasicScheduler; MiniMaxH3SigmaShift on the model's path: its shifts)
+                                                    → minimaxh3/sample (seed, steps); a sampler
       other than euler (the templates' res_multistep) or a scheduler is named in a warning:
       minimaxh3/sample steps the pipeline's Euler on its own two schedules
     CreateVideo of VAEDecode (+ VAEDecodeAudio) of the sampled clip → minimaxh3/decode
+    BlockSparseAttention, ModelAttentionBackend (FastH3's speed paths) → folded: dense
+      attention, the worker's kernel
     UNETLoader, VAELoader (video), VAELoader (audio: read by VAEDecodeAudio), CLIPLoader type
       minimax                                       → minimaxh3/load-files of the four parts
 
@@ -29,6 +32,7 @@ H3_NODES = frozenset({"MiniMaxH3ImageToVideo"})
 
 WIDGETS: dict[str, tuple[str, ...]] = {
     "MiniMaxH3ImageToVideo": ("prompt", "width", "height", "length"),
+    "MiniMaxH3SigmaShift": ("shift_video", "shift_audio"),
 }
 RULES: dict[str, Rule] = {
     "MiniMaxH3ImageToVideo": Rule(
@@ -46,7 +50,20 @@ RULES: dict[str, Rule] = {
 SAMPLE_RULE = Rule("minimaxh3/sample",
                    inputs={"model": "model", "positive": "positive", "latent": "latent"},
                    outputs=("latent", "latent"),
-                   params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps", int)})
+                   params={"seed": ParamMap("seed", _seed), "steps": ParamMap("steps", int),
+                           "shift_video": ParamMap("shift_video", float),
+                           "shift_audio": ParamMap("shift_audio", float)})
+SHIFT = "MiniMaxH3SigmaShift"
+# Folded into their consumers (output 0: the model unchanged): (input, why, warning).
+FOLDED: dict[str, tuple[str, str, Any]] = {
+    SHIFT: ("model", "its shift_video and shift_audio are minimaxh3/sample's", None),
+    "BlockSparseAttention": (
+        "model", "a speed path (FastVideo's block-sparse attention): the farm's transformer "
+        "attends to every token — the clip the sparse kernel approximates, at dense speed",
+        None),
+    "ModelAttentionBackend": (
+        "model", "the attention kernel is the worker's own choice (INLINE_ATTENTION)", None),
+}
 DECODE_RULE = Rule("minimaxh3/decode", inputs={"vae": "vae", "samples": "latent"},
                    outputs=("video",))
 FILES_PARAMS = {"unet_name": ParamMap("diffusion_model", folder="diffusion_models"),
@@ -126,8 +143,13 @@ def _sampler(out: Rewrite, nodes: Nodes, node: Any, readers: dict[str, list[str]
         return
     new.update(seed=noise[2].get("noise_seed", 0), model=guider[2].get("model"),
                positive=guider[2].get("conditioning"), steps=sigmas[2].get("steps", 20))
+    shift = _shift(nodes, guider[2].get("model"))
+    if shift is not None:
+        new.update(shift_video=shift.get("shift_video", 12.0),
+                   shift_audio=shift.get("shift_audio", 3.0))
     warned = [f"scheduler {sigmas[2].get('scheduler')!r} is not used: minimaxh3/sample uses "
-              "MiniMaxH3ModularPipeline's schedule (shift 12 for video, 3 for sound)"]
+              "MiniMaxH3ModularPipeline's schedule (its shifts: 12 for video, 3 for sound "
+              "unless a MiniMaxH3SigmaShift sets them)"]
     denoise = sigmas[2].get("denoise", 1.0)
     if isinstance(denoise, int | float) and denoise != 1.0:
         warned.append(f"denoise {denoise} is not honoured: minimaxh3/sample denoises the whole "
@@ -146,6 +168,19 @@ def _sampler(out: Rewrite, nodes: Nodes, node: Any, readers: dict[str, list[str]
             out.folded[part[0]] = roles[role].format(nid)
     out.rules[nid], out.inputs[nid] = SAMPLE_RULE, new
     out.warnings += [(nid, "SamplerCustomAdvanced", message) for message in warned]
+
+
+def _shift(nodes: Nodes, model: Any) -> dict[str, Any] | None:
+    """The inputs of the nearest MiniMaxH3SigmaShift up the model's path (through the nodes
+    that hand a model on: LoRAs, the folded attention nodes), else None."""
+    for _ in range(len(nodes)):
+        if not isinstance(model, Link):
+            return None
+        comfy_type, inputs = nodes[model.node]
+        if comfy_type == SHIFT:
+            return inputs
+        model = inputs.get("model")
+    return None
 
 
 def _create_video(out: Rewrite, nodes: Nodes, node: Any, readers: dict[str, list[str]],

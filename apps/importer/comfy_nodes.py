@@ -583,6 +583,7 @@ FOLDED["QwenImage21Cache"] = (
 )
 
 FOLDED.update(comfy_ltx2.FOLDED)
+FOLDED.update(comfy_minimaxh3.FOLDED)
 
 # Pass one input through when another is unwired (a bypassed node's consumers lose that link):
 # type → (the input read instead, the input left unwired). ComfyUI's ImageStitch without an

@@ -111,3 +111,22 @@ def test_the_shipped_quantized_files_are_refused_by_name(settings, tmp_path):
     outcome, _ = render(result.graph.model_dump()["nodes"], result.target)
     assert outcome.status == "failed"
     assert f"{name} holds quantized weights" in str(outcome.error)
+
+
+@pytest.mark.parametrize("template", ["video_fastvideo_fasth3_i2v", "video_fastvideo_fasth3_t2v"])
+def test_fastvideos_fasth3_imports_with_its_shifts_and_dense_attention(template):
+    """FastH3 (FastVideo's 8-step MiniMax-H3): its MiniMaxH3SigmaShift (10 / 3) becomes
+    minimaxh3/sample's shifts; its block-sparse attention and attention-backend nodes fold
+    (the farm attends densely, with the worker's kernel)."""
+    from apps.importer.comfy_templates import shipped_file
+
+    result = comfy_import(workflow=json.loads(shipped_file(f"{template}.json") or b"{}"),
+                          catalog={})
+    assert result.report.unmapped == [] and result.report.families == ["minimaxh3"]
+    [sample] = [n for n in result.graph.model_dump()["nodes"].values()
+                if n["type"] == "minimaxh3/sample"]
+    assert (sample["params"]["shift_video"], sample["params"]["shift_audio"]) == (10.0, 3.0)
+    dropped = {d["type"]: d["reason"] for d in result.report.dropped}
+    assert "attends to every token" in dropped["BlockSparseAttention"]
+    assert "INLINE_ATTENTION" in dropped["ModelAttentionBackend"]
+    assert "shift_video and shift_audio" in dropped["MiniMaxH3SigmaShift"]

@@ -43,7 +43,7 @@ def run(ctx: Any, node_type: str, params: dict[str, Any], inputs: dict[str, Any]
 
 
 def render(ctx: Any, name: str, ends: dict[str, Image.Image] | None = None, seed: int = 5,
-           lora: tuple[str, float] | None = None) -> Any:
+           lora: tuple[str, float] | None = None, **shifts: float) -> Any:
     parts = run(ctx, "load/checkpoint", {"file": name})
     if lora is not None:
         parts["model"] = run(ctx, "load/lora", {"lora": lora[0], "strength": lora[1],
@@ -52,7 +52,7 @@ def render(ctx: Any, name: str, ends: dict[str, Image.Image] | None = None, seed
     request = run(ctx, "minimaxh3/image-to-video",
                   {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES},
                   {"encoder": parts["encoder"], "vae": parts["vae"], **(ends or {})})
-    sampled = run(ctx, "minimaxh3/sample", {"seed": seed, "steps": STEPS},
+    sampled = run(ctx, "minimaxh3/sample", {"seed": seed, "steps": STEPS, **shifts},
                   {"model": parts["model"], "positive": request["positive"],
                    "latent": request["latent"]})["latent"]
     return run(ctx, "minimaxh3/decode", {}, {"vae": parts["vae"], "latent": sampled})["video"]
@@ -88,6 +88,24 @@ def test_a_clip_through_the_nodes_is_the_modular_pipeline_s(h3_stack, make_ctx, 
     np.testing.assert_array_equal(video.frames.array, want)
     np.testing.assert_array_equal(video.audio.samples, state.get("audio")[0].numpy())
     assert video.fps == 24 and video.audio.sample_rate == 160
+
+
+def test_the_shifts_of_minimax_h3_sigma_shift_are_the_pipeline_schedulers_shifts(h3_stack,
+                                                                                 make_ctx):
+    """shift_video 10 / shift_audio 2 (FastH3's MiniMaxH3SigmaShift is 10 / 3): the pipeline
+    with MiniMaxH3Scheduler(shift=10) and (shift=2); the default shifts paint another clip."""
+    from workers.models.minimaxh3.tiny import smoke_pipeline
+
+    models_dir, name = h3_stack
+    video = render(make_ctx(models_dir=models_dir), name, shift_video=10.0, shift_audio=2.0)
+    state = smoke_pipeline(shifts=(10.0, 2.0))(
+        prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(5),
+        num_inference_steps=STEPS + 1, height=H, width=W, num_frames=FRAMES, output_type="pt")
+    want = (state.get("videos")[0].permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    np.testing.assert_array_equal(video.frames.array, want)
+    np.testing.assert_array_equal(video.audio.samples, state.get("audio")[0].numpy())
+    plain = render(make_ctx(models_dir=models_dir), name)
+    assert not np.array_equal(plain.frames.array, video.frames.array)
 
 
 def test_the_sampler_stops_within_a_step_when_cancelled(h3_stack, make_ctx):

@@ -221,10 +221,12 @@ def start(parts: Parts, prompt: str, *, width: int, height: int, frames: int, st
 
 
 @torch.no_grad()
-def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Generator) -> H3Run:
+def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Generator,
+          shifts: tuple[float, float] = (VIDEO_SHIFT, AUDIO_SHIFT)) -> H3Run:
     """A run at its first step: the layout packed, the noise drawn from `generator` in the
     pipeline's order (one draw per keyframe, then the clip's video, then its audio) and both
-    schedules set over `steps` sigma grid points."""
+    schedules (`shifts`: the video's, the sound's; ComfyUI's MiniMaxH3SigmaShift) set over
+    `steps` sigma grid points."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3.before_denoise import (
         MiniMaxH3PrepareLayoutStep,
@@ -247,8 +249,8 @@ def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Genera
             request.tags, size.latent_frames, size.latent_height, size.latent_width,
             size.audio_latents, patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG,
             MINIMAX_H3_VIDEO_TAG, anchors)
-    video_schedule: Any = MiniMaxH3Scheduler(VIDEO_SHIFT)
-    audio_schedule: Any = MiniMaxH3Scheduler(AUDIO_SHIFT)
+    video_schedule: Any = MiniMaxH3Scheduler(shifts[0])
+    audio_schedule: Any = MiniMaxH3Scheduler(shifts[1])
     held_rows = [patchify_video_latents(video_schedule.scale_noise(
         latents, KEYFRAME_T, randn_tensor(latents.shape, generator=generator, dtype=torch.float32,
                                           device=latents.device)),

@@ -83,7 +83,7 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     `steps` + 1 sigma grid points), one job on the model's step batcher."""
     import torch
 
-    from workers.models.minimaxh3.engine import begin, unpatchify
+    from workers.models.minimaxh3.engine import AUDIO_SHIFT, VIDEO_SHIFT, begin, unpatchify
     from workers.models.minimaxh3.plugin import AUDIO, PATCH, RUN, Prompt, parts_of
     from workers.runners.diffusion import denoise_job
 
@@ -109,10 +109,12 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     seed, steps = (int(inputs.get(k, params[k])) for k in ("seed", "steps"))
     if steps < 1:
         raise NodeFailed(f"steps must be at least 1, got {steps}")
+    shifts = (float(params.get("shift_video", VIDEO_SHIFT)),
+              float(params.get("shift_audio", AUDIO_SHIFT)))  # .get: graphs stored before them
     request = replace(latent.request, embeds=prompt.embeds, tags=prompt.tags)
     generator = torch.Generator("cpu").manual_seed(seed)
     run = checked(lambda: on_device_thread(lambda: begin(parts, request, steps=steps + 1,
-                                                         generator=generator)))
+                                                         generator=generator, shifts=shifts)))
     device = model.placement.device
     run = replace(run, embeds=run.embeds.to(device), video=run.video.to(device),
                   audio=run.audio.to(device),

@@ -135,17 +135,17 @@ def write_transformer_file(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def smoke_pipeline(seed: int = 0) -> Any:
+def smoke_pipeline(seed: int = 0, shifts: tuple[float, float] = (12.0, 3.0)) -> Any:
     """The reference `MiniMaxH3ModularPipeline` over the in-memory modules `write_folder(seed=seed)`
-    saves, with its two schedulers (video shift 12, audio shift 3)."""
+    saves, with its two schedulers (video shift 12, audio shift 3 unless `shifts` says)."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
     blocks: Any = MiniMaxH3Blocks()
     pipe: Any = blocks.init_pipeline()
     pipe.update_components(**build_tiny_components(seed),
-                           scheduler=MiniMaxH3Scheduler(shift=12.0),
-                           audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+                           scheduler=MiniMaxH3Scheduler(shift=shifts[0]),
+                           audio_scheduler=MiniMaxH3Scheduler(shift=shifts[1]))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
