@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
 from tests.workers.vocab_helpers import asset_of, render
@@ -153,3 +154,27 @@ def test_the_shipped_quantized_files_are_refused_by_name(settings, tmp_path):
     outcome, _ = render(result.graph.model_dump()["nodes"], result.target)
     assert outcome.status == "failed"
     assert f"{name} holds quantized weights" in str(outcome.error)
+
+
+@pytest.mark.django_db
+def test_a_reference_video_is_refused_by_name(tmp_path):
+    """The r2v template with a LoadImage's frames also wired as ref_videos.ref_video_0."""
+    from workers.models.minimaxh3.tiny import FILES
+
+    files = {role: name for role, (_, name) in FILES.items()}
+    workflow = _flat_template("video_minimax_h3_r2v", files)
+    [references] = [n for n in workflow["nodes"] if n["type"] == "MiniMaxH3ReferenceToVideo"]
+    [image] = [n for n in workflow["nodes"] if n["type"] == "LoadImage"
+               and n["widgets_values"][0] == "red_superboy_on_city_roof.png"]
+    slot = next(i for i, p in enumerate(references["inputs"])
+                if p["name"] == "ref_videos.ref_video_0")
+    link = max(link[0] for link in workflow["links"]) + 1
+    workflow["links"].append([link, image["id"], 0, references["id"], slot, "IMAGE"])
+    references["inputs"][slot]["link"] = link
+    image["outputs"][0]["links"].append(link)
+    catalog: dict[str, list[str]] = {}
+    for folder, name in FILES.values():
+        catalog.setdefault(folder, []).append(name)
+    with pytest.raises(ImportInvalid, match=r"node 136 \(MiniMaxH3ReferenceToVideo\) cannot be "
+                       r"imported: its reference videos and sounds \(ref_videos.ref_video_0\)"):
+        comfy_import(workflow=workflow, catalog=catalog)
