@@ -10,6 +10,16 @@ from apps.graphs.nodes_image import MAX_SIDE
 MAX_PROMPT = 32000  # characters of one prompt (apps/graphs/nodes.py's)
 MAX_FRAMES = 362  # 15 s at 24 fps, MiniMax-H3's longest clip (17n + 5)
 MAX_STEPS = 100
+MAX_REFERENCES = 9  # image references of one reference-to-video clip
+SIZE_PARAMS = (
+    Param("width", "int", 1344, min=32, max=MAX_SIDE, multiple_of=32, input="width",
+          description="Frame width in pixels (a multiple of 32)."),
+    Param("height", "int", 768, min=32, max=MAX_SIDE, multiple_of=32, input="height",
+          description="Frame height in pixels (a multiple of 32)."),
+    Param("length", "int", 124, min=5, max=MAX_FRAMES, input="length",
+          description="Frames at 24 fps, rounded up to 17n + 5; 5 to 15 seconds "
+          "(120 to 360 frames)."),
+)
 
 MINIMAXH3 = (
     NodeDescriptor(
@@ -23,19 +33,37 @@ MINIMAXH3 = (
         params=(
             Param("prompt", "string", "", input="prompt", max_length=MAX_PROMPT,
                   description="What the clip shows and sounds like."),
-            Param("width", "int", 1344, min=32, max=MAX_SIDE, multiple_of=32, input="width",
-                  description="Frame width in pixels (a multiple of 32)."),
-            Param("height", "int", 768, min=32, max=MAX_SIDE, multiple_of=32, input="height",
-                  description="Frame height in pixels (a multiple of 32)."),
-            Param("length", "int", 124, min=5, max=MAX_FRAMES, input="length",
-                  description="Frames at 24 fps, rounded up to 17n + 5; 5 to 15 seconds "
-                  "(120 to 360 frames)."),
+            *SIZE_PARAMS,
         ),
         description="A MiniMax-H3 clip's conditioning and empty latent (ComfyUI's "
         "MiniMaxH3ImageToVideo): the prompt encoded by the Qwen3-VL, with a `<Picture i>:` "
         "label and vision block per keyframe; a first and/or last frame fitted to the canvas "
         "and VAE-encoded as the clip's held ends (MiniMaxH3ModularPipeline's fl2va; none: "
         "t2va).",
+    ),
+    NodeDescriptor(
+        "minimaxh3/reference-to-video", "MiniMax-H3 reference to video", "latent",
+        inputs=(Port("encoder", "text-encoder"), Port("vae", "vae"),
+                Port("prompt", "text", required=False),
+                *(Port(f"image{i}", "image", required=False)
+                  for i in range(1, MAX_REFERENCES + 1)),
+                *(Port(name, "int", required=False) for name in ("width", "height", "length"))),
+        outputs=(Port("positive", "conditioning"), Port("latent", "latent")),
+        params=(
+            Param("prompt", "string", "", input="prompt", max_length=MAX_PROMPT,
+                  description="What the clip shows and sounds like; `<Picture i>` names the "
+                  "i-th wired image."),
+            *SIZE_PARAMS,
+            Param("mode", "enum", "match", choices=("match", "max"),
+                  description="A reference's size, its aspect kept and never scaled up: the "
+                  "clip's pixel area (match) or a 2048-pixel short edge (max: closer "
+                  "likeness, slower steps)."),
+        ),
+        description="A MiniMax-H3 reference-to-video clip's conditioning and empty latent "
+        "(ComfyUI's MiniMaxH3ReferenceToVideo with image references; MiniMaxH3ModularPipeline's "
+        "ref2va): 1 to 9 images, each with a `<Picture i>:` label and vision block before the "
+        "prompt and VAE-encoded at its own size as a held block of the sequence. Sample it "
+        "with the ref2va transformer (transformer_ref).",
     ),
     NodeDescriptor(
         "minimaxh3/sample", "MiniMax-H3 sample", "sampling",

@@ -59,6 +59,7 @@ FAMILY_NODES: dict[str, str] = {
     "EmptyQwenImageLayeredLatentImage": "qwenimage",
     "TextEncodeQwenImage21": "qwenimage21", "QwenImage21Cache": "qwenimage21",
     "MiniMaxH3ImageToVideo": "minimaxh3",
+    "MiniMaxH3ReferenceToVideo": "minimaxh3",
     # LTX-2's audio nodes; the LTXV nodes it shares with LTX-Video 0.9 say `ltxv`, which an
     # LTX-2 workflow (one with these) reads as ltx2 (api_format `_families_check`)
     **dict.fromkeys(("LTXVEmptyLatentAudio", "LTXVConcatAVLatent", "LTXVSeparateAVLatent",

@@ -3,6 +3,9 @@ minimaxh3/* nodes. TORCH-FREE.
 
     MiniMaxH3ImageToVideo (clip, vae, prompt, width, height, length, first / last frame)
                                                     → minimaxh3/image-to-video
+    MiniMaxH3ReferenceToVideo (clip, vae, prompt, width, height, length, ref_image_size,
+      ref_images.ref_image_0..8)                    → minimaxh3/reference-to-video (image1..9,
+      mode); a wired reference video or audio is refused
     SamplerCustomAdvanced over its latent (RandomNoise, BasicGuider, KSamplerSelect,
       BasicScheduler; MiniMaxH3SigmaShift on the model's path: its shifts)
                                                     → minimaxh3/sample (seed, steps); a sampler
@@ -28,12 +31,26 @@ from apps.importer.comfy_rules import Link, ParamMap, Rule
 FAMILY = "minimaxh3"
 CLIP_TYPE = "minimax"  # ComfyUI's CLIPLoader type of MiniMax-H3's Qwen3-VL
 FPS = 24.0
-H3_NODES = frozenset({"MiniMaxH3ImageToVideo"})
+H3_NODES = frozenset({"MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo"})
+MAX_REFERENCES = 9
+_MEDIA_REFERENCES = ("ref_videos.", "ref_video_audios.", "ref_audios.")
 
 WIDGETS: dict[str, tuple[str, ...]] = {
     "MiniMaxH3ImageToVideo": ("prompt", "width", "height", "length"),
     "MiniMaxH3SigmaShift": ("shift_video", "shift_audio"),
+    "MiniMaxH3ReferenceToVideo": ("prompt", "width", "height", "length", "ref_image_size"),
 }
+
+
+def _media_references(values: dict[str, Any]) -> str | None:
+    wired = sorted(name for name, value in values.items()
+                   if name.startswith(_MEDIA_REFERENCES) and value is not None)
+    if not wired:
+        return None
+    return (f"its reference videos and sounds ({', '.join(wired)}) are not conditioned on by "
+            "this farm yet: minimaxh3/reference-to-video takes reference images")
+
+
 RULES: dict[str, Rule] = {
     "MiniMaxH3ImageToVideo": Rule(
         "minimaxh3/image-to-video",
@@ -45,6 +62,16 @@ RULES: dict[str, Rule] = {
         refuse=lambda values: None if values.get("context_latent") is None else (
             "its context_latent (continuing a prior clip) is not built on this farm yet: "
             "minimaxh3/image-to-video takes a first and a last frame"),
+    ),
+    "MiniMaxH3ReferenceToVideo": Rule(
+        "minimaxh3/reference-to-video",
+        inputs={"clip": "encoder", "vae": "vae",
+                **{f"ref_images.ref_image_{i}": f"image{i + 1}" for i in range(MAX_REFERENCES)}},
+        outputs=("positive", "latent"),
+        params={"prompt": ParamMap("prompt", str), "width": ParamMap("width", int),
+                "height": ParamMap("height", int), "length": ParamMap("length", int),
+                "ref_image_size": ParamMap("mode", str)},
+        refuse=_media_references,
     ),
 }
 SAMPLE_RULE = Rule("minimaxh3/sample",

@@ -3,7 +3,8 @@
 rendered through the real executor into an MP4 with sound: video_minimax_h3_t2v and
 video_minimax_h3_i2v (a subgraph: UNETLoader, CLIPLoader type minimax, two VAELoaders,
 MiniMaxH3ImageToVideo, SamplerCustomAdvanced over BasicGuider / BasicScheduler / res_multistep,
-VAEDecode + VAEDecodeAudio → CreateVideo; its ResolutionSelector cut away for the tiny size).
+VAEDecode + VAEDecodeAudio → CreateVideo; its ResolutionSelector cut away for the tiny size),
+and video_minimax_h3_r2v (the same, flat, with MiniMaxH3ReferenceToVideo over two LoadImages).
 The shipped files themselves are quantized: a clip of them is refused naming the file."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
 from tests.workers.vocab_helpers import asset_of, render
@@ -47,8 +49,39 @@ def _template(name: str, files: dict[str, str]) -> dict[str, Any]:
     return workflow
 
 
+def _flat_template(name: str, files: dict[str, str]) -> dict[str, Any]:
+    """The shipped flat workflow (video_minimax_h3_r2v) with its loaders set to the tiny parts,
+    2 steps, and its ResolutionSelector cut away (the reference node's own width and height
+    widgets give the size)."""
+    from apps.importer.comfy_templates import shipped_file
+
+    workflow: dict[str, Any] = json.loads(shipped_file(f"{name}.json") or b"{}")
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for n in workflow["nodes"]:
+        by_type.setdefault(n["type"], []).append(n)
+    [selector] = by_type["ResolutionSelector"]
+    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
+    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
+    workflow["nodes"].remove(selector)
+    [references] = by_type["MiniMaxH3ReferenceToVideo"]
+    for port in references["inputs"]:
+        port["link"] = None if port.get("link") in cut else port.get("link")
+    references["widgets_values"][1:3] = [W, H]
+    by_type["UNETLoader"][0]["widgets_values"][0] = files["diffusion_model"]
+    by_type["CLIPLoader"][0]["widgets_values"][0] = files["text_encoder"]
+    audio_reader = {link[1] for link in workflow["links"]
+                    if link[3] == by_type["VAEDecodeAudio"][0]["id"]}
+    for loader in by_type["VAELoader"]:
+        role = "audio_vae" if loader["id"] in audio_reader else "vae"
+        loader["widgets_values"][0] = files[role]
+    [steps] = [n for n in by_type["PrimitiveInt"] if n["widgets_values"][0] == 20]
+    steps["widgets_values"][0] = STEPS
+    return workflow
+
+
 @pytest.mark.django_db
-@pytest.mark.parametrize("template", ["video_minimax_h3_t2v", "video_minimax_h3_i2v"])
+@pytest.mark.parametrize("template", ["video_minimax_h3_t2v", "video_minimax_h3_i2v",
+                                      "video_minimax_h3_r2v"])
 def test_comfyuis_shipped_minimax_h3_template_imports_and_renders(settings, tmp_path, template):
     import av
 
@@ -62,8 +95,12 @@ def test_comfyuis_shipped_minimax_h3_template_imports_and_renders(settings, tmp_
     for folder, name in FILES.values():
         catalog.setdefault(folder, []).append(name)
     held = {(folder, name): ("minimaxh3",) for folder, names in catalog.items() for name in names}
-    assets = {"transparent_rgb_gaming_mouse.png": asset_of(noise_image(96, 64, seed=3))}
-    result = comfy_import(workflow=_template(template, files), catalog=catalog, files=held,
+    assets = {name: asset_of(noise_image(96, 64, seed=seed)) for seed, name in enumerate((
+        "transparent_rgb_gaming_mouse.png", "red_superboy_on_city_roof.png",
+        "mecha_dragon_lightning.png"))}
+    flat = template == "video_minimax_h3_r2v"
+    workflow = (_flat_template if flat else _template)(template, files)
+    result = comfy_import(workflow=workflow, catalog=catalog, files=held,
                           resolve_asset=assets.get)
     assert result.report.unmapped == []
     assert result.report.families == ["minimaxh3"]
@@ -72,6 +109,12 @@ def test_comfyuis_shipped_minimax_h3_template_imports_and_renders(settings, tmp_
     nodes = result.graph.model_dump()["nodes"]
     kinds = [n["type"] for n in nodes.values()]
     assert kinds.count("minimaxh3/sample") == kinds.count("minimaxh3/decode") == 1
+    assert kinds.count("minimaxh3/reference-to-video") == int(flat)
+    if flat:  # both LoadImages wired, in their order, and the "match" size
+        [r2v] = [n for n in nodes.values() if n["type"] == "minimaxh3/reference-to-video"]
+        assert {port: r2v["inputs"][port]["node"] for port in ("image1", "image2")} == \
+            {"image1": "137", "image2": "139"}
+        assert r2v["params"]["mode"] == "match"
     [params] = {json.dumps(n["params"], sort_keys=True) for n in nodes.values()
                 if n["type"] == "minimaxh3/load-files"}
     assert json.loads(params) == files
@@ -130,3 +173,27 @@ def test_fastvideos_fasth3_imports_with_its_shifts_and_dense_attention(template)
     assert "attends to every token" in dropped["BlockSparseAttention"]
     assert "INLINE_ATTENTION" in dropped["ModelAttentionBackend"]
     assert "shift_video and shift_audio" in dropped["MiniMaxH3SigmaShift"]
+
+
+@pytest.mark.django_db
+def test_a_reference_video_is_refused_by_name(tmp_path):
+    """The r2v template with a LoadImage's frames also wired as ref_videos.ref_video_0."""
+    from workers.models.minimaxh3.tiny import FILES
+
+    files = {role: name for role, (_, name) in FILES.items()}
+    workflow = _flat_template("video_minimax_h3_r2v", files)
+    [references] = [n for n in workflow["nodes"] if n["type"] == "MiniMaxH3ReferenceToVideo"]
+    [image] = [n for n in workflow["nodes"] if n["type"] == "LoadImage"
+               and n["widgets_values"][0] == "red_superboy_on_city_roof.png"]
+    slot = next(i for i, p in enumerate(references["inputs"])
+                if p["name"] == "ref_videos.ref_video_0")
+    link = max(link[0] for link in workflow["links"]) + 1
+    workflow["links"].append([link, image["id"], 0, references["id"], slot, "IMAGE"])
+    references["inputs"][slot]["link"] = link
+    image["outputs"][0]["links"].append(link)
+    catalog: dict[str, list[str]] = {}
+    for folder, name in FILES.values():
+        catalog.setdefault(folder, []).append(name)
+    with pytest.raises(ImportInvalid, match=r"node 136 \(MiniMaxH3ReferenceToVideo\) cannot be "
+                       r"imported: its reference videos and sounds \(ref_videos.ref_video_0\)"):
+        comfy_import(workflow=workflow, catalog=catalog)

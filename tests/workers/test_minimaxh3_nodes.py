@@ -128,7 +128,7 @@ def test_bad_requests_and_wiring_are_named(h3_stack, make_ctx):
     keyed = run(ctx, "minimaxh3/image-to-video",
                 {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES},
                 {**wired, "first_frame": keyframe(0, 32, 64)})
-    with pytest.raises(NodeFailed, match=r"encoded with 0 keyframe\(s\) and the latent holds 1"):
+    with pytest.raises(NodeFailed, match=r"encoded with 0 image\(s\) and the latent holds 1"):
         run(ctx, "minimaxh3/sample", {"seed": 0, "steps": STEPS},
             {"model": parts["model"], "positive": plain["conditioning"],
              "latent": keyed["latent"]})
@@ -194,3 +194,43 @@ def test_concurrent_runs_step_together_and_equal_their_solo_renders(h3_stack, ma
     for alone, together in zip(solo, videos, strict=True):
         np.testing.assert_array_equal(alone.frames.array, together.frames.array)
         np.testing.assert_array_equal(alone.audio.samples, together.audio.samples)
+
+
+def test_reference_to_video_through_the_nodes_is_the_modular_pipeline_s_ref2va(h3_stack,
+                                                                               make_ctx):
+    from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ImageReference
+
+    from workers.models.minimaxh3.tiny import smoke_pipeline
+
+    models_dir, name = h3_stack
+    ctx = make_ctx(Recorder(), models_dir=models_dir)
+    images = [keyframe(0, 64, 32), keyframe(1, 48, 96)]  # 32×64 as it is, 96×48 → 64×32
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    request = run(ctx, "minimaxh3/reference-to-video",
+                  {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES, "mode": "match"},
+                  {"encoder": parts["encoder"], "vae": parts["vae"], "image1": images[0],
+                   "image3": images[1]})  # the wired ones in order: <Picture 1>, <Picture 2>
+    sampled = run(ctx, "minimaxh3/sample", {"seed": 5, "steps": STEPS},
+                  {"model": parts["model"], "positive": request["positive"],
+                   "latent": request["latent"]})["latent"]
+    video = run(ctx, "minimaxh3/decode", {}, {"vae": parts["vae"], "latent": sampled})["video"]
+    pipe = smoke_pipeline()
+    pipe.update_components(transformer_ref=pipe.transformer)  # the model load/checkpoint gives
+    pipe.register_to_config(reference_image_short_edge=32)  # sizes them as "match" does here
+    state = pipe(prompt=PROMPT, generator=torch.Generator("cpu").manual_seed(5),
+                 references=[MiniMaxH3ImageReference(image=image) for image in images],
+                 num_inference_steps=STEPS + 1, height=H, width=W, num_frames=FRAMES,
+                 output_type="pt")
+    want = (state.get("videos")[0].permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    np.testing.assert_array_equal(video.frames.array, want)
+    np.testing.assert_array_equal(video.audio.samples, state.get("audio")[0].numpy())
+
+
+def test_reference_to_video_without_an_image_is_named(h3_stack, make_ctx):
+    models_dir, name = h3_stack
+    ctx = make_ctx(Recorder(), models_dir=models_dir)
+    parts = run(ctx, "load/checkpoint", {"file": name})
+    with pytest.raises(NodeFailed, match="wire at least one reference image"):
+        run(ctx, "minimaxh3/reference-to-video",
+            {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES, "mode": "match"},
+            {"encoder": parts["encoder"], "vae": parts["vae"]})

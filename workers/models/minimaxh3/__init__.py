@@ -4,8 +4,9 @@ The package has the family's facts and file recognition here, `engine` (reproduc
 `MiniMaxH3ModularPipeline` text- and keyframes-to-video + audio bit for bit on CPU), `loading` (a
 diffusers MiniMax-H3 folder, or ComfyUI's single-file transformer read by `keys`; local files
 only; ComfyUI's quantized and pruned files refused by name), `plugin` (the family contract: it
-loads whole from checkpoints/), `nodes` (minimaxh3/image-to-video, /sample, /decode) and `tiny`
-(a random stack). It is registered last: Krea 2 and Qwen-Image 2.1 keep the Qwen3-VL files.
+loads whole from checkpoints/), `nodes` (minimaxh3/image-to-video, /reference-to-video,
+/sample, /decode) and `tiny` (a random stack). It is registered last: Krea 2 and Qwen-Image 2.1
+keep the Qwen3-VL files.
 
 Files: the transformer (diffusers' keys: `audio_proj_in` + `token_refiner` + per-block
 `adaln_proj`; ComfyUI's: `token_refiner.blocks.N.attn.qkv_proj` + `audio_patch_proj`), the video VAE (a

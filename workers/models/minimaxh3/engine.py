@@ -24,6 +24,9 @@ MIN_SECONDS, MAX_SECONDS = 5.0, 15.0  # MiniMaxH3ModularPipeline.min_duration / 
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 KEYFRAME_T = 0.999  # keyframe_noise_aug: the t its conditioning rows are held at
 KEYFRAME_SEED = 42  # keyframe_encode_seed: the VAE posterior of a keyframe is sampled under it
+MAX_REFERENCES = 9  # MiniMaxH3Ref2VASetupStep.max_images
+REFERENCE_SHORT_EDGE = 2048  # reference_image_short_edge: a reference's size in ComfyUI's "max"
+REFERENCE_SIZES = ("match", "max")  # ComfyUI's ref_image_size
 PIXEL_MEAN, PIXEL_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's
 
 
@@ -197,6 +200,7 @@ class Request:
     tags: torch.Tensor
     conditions: tuple[torch.Tensor, ...] = ()
     anchors: tuple[str, ...] = ()
+    references: bool = False  # ref2va: the conditions are image references, not keyframes
 
 
 @torch.no_grad()
@@ -209,6 +213,57 @@ def prepare(parts: Parts, prompt: str, *, width: int, height: int, frames: int,
     embeds, tags = encode_prompt(parts, prompt, keyframes)
     conditions = tuple(encode_keyframe(parts, image) for image in keyframes)
     return Request(size, embeds, tags, conditions, anchors)
+
+
+def reference_size(image: Image.Image, width: int, height: int, mode: str,
+                   multiple: int) -> tuple[int, int]:
+    """The (width, height) a reference image is encoded at: its aspect kept, scaled down only,
+    to the canvas's pixel area ("match") or to a 2048-pixel short edge ("max"), each axis
+    rounded to the canvas multiple (ComfyUI's MiniMaxH3ReferenceToVideo)."""
+    w, h = image.size
+    if mode == "match":
+        scale = min(1.0, ((width * height) / (w * h)) ** 0.5)
+    elif mode == "max":
+        scale = min(1.0, REFERENCE_SHORT_EDGE / min(w, h))
+    else:
+        raise ValueError(f"mode must be one of {', '.join(REFERENCE_SIZES)}, got {mode!r}")
+    return (max(multiple, round(w * scale / multiple) * multiple),
+            max(multiple, round(h * scale / multiple) * multiple))
+
+
+def fit_references(parts: Parts, images: Sequence[Image.Image], width: int, height: int,
+                   mode: str) -> list[Image.Image]:
+    """The reference images at their encoding size (reference_size), resized with Lanczos;
+    a ValueError naming the problem for none, more than 9, or one beyond 1:4 or 4:1."""
+    if not images:
+        raise ValueError("reference-to-video needs at least one reference image")
+    if len(images) > MAX_REFERENCES:
+        raise ValueError(f"MiniMax-H3 takes at most {MAX_REFERENCES} reference images, "
+                         f"got {len(images)}")
+    multiple = parts.vae.spatial_compression_ratio * parts.transformer.config.patch_size[2]
+    fitted = []
+    for index, image in enumerate(images):
+        image = image.convert("RGB")
+        w, h = image.size
+        if w > 4 * h or h > 4 * w:
+            raise ValueError(f"reference image {index + 1} must be within 1:4 and 4:1, "
+                             f"got {w}×{h}")
+        size = reference_size(image, width, height, mode, multiple)
+        fitted.append(image if image.size == size else image.resize(size, Image.Resampling.LANCZOS))
+    return fitted
+
+
+@torch.no_grad()
+def prepare_references(parts: Parts, prompt: str, *, width: int, height: int, frames: int,
+                       images: Sequence[Image.Image], mode: str = "match") -> Request:
+    """The request of a reference-to-video clip (the pipeline's ref2va with image references):
+    its sizes, the prompt after a `<Picture i>: ` label and vision block per reference, and
+    each reference VAE-encoded at its own size (fit_references)."""
+    size = geometry(parts, width, height, frames)
+    fitted = fit_references(parts, images, width, height, mode)
+    embeds, tags = encode_prompt(parts, prompt, fitted)
+    conditions = tuple(encode_keyframe(parts, image) for image in fitted)
+    return Request(size, embeds, tags, conditions, references=True)
 
 
 @torch.no_grad()
@@ -228,27 +283,15 @@ def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Genera
     schedules (`shifts`: the video's, the sound's; ComfyUI's MiniMaxH3SigmaShift) set over
     `steps` sigma grid points."""
     from diffusers import MiniMaxH3Scheduler
-    from diffusers.modular_pipelines.minimax_h3.before_denoise import (
-        MiniMaxH3PrepareLayoutStep,
-        patchify_video_latents,
-    )
-    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
-        MINIMAX_H3_AUDIO_CHANNELS,
-        MINIMAX_H3_AUDIO_TAG,
-        MINIMAX_H3_VIDEO_TAG,
-    )
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_AUDIO_CHANNELS
     from diffusers.utils.torch_utils import randn_tensor
 
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (the sigma grid's points), got {steps}")
-    size, embeds, conditions, anchors = request.size, request.embeds, request.conditions, \
-        request.anchors
+    size, embeds, conditions = request.size, request.embeds, request.conditions
     patch = tuple(parts.transformer.config.patch_size)
-    position_ids, token_tags, video_idx, audio_idx, text_idx, held, _ = \
-        MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            request.tags, size.latent_frames, size.latent_height, size.latent_width,
-            size.audio_latents, patch, MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG,
-            MINIMAX_H3_VIDEO_TAG, anchors)
+    position_ids, token_tags, video_idx, audio_idx, text_idx, held = packed_layout(request, patch)
     video_schedule: Any = MiniMaxH3Scheduler(shifts[0])
     audio_schedule: Any = MiniMaxH3Scheduler(shifts[1])
     held_rows = [patchify_video_latents(video_schedule.scale_noise(
@@ -267,6 +310,35 @@ def begin(parts: Parts, request: Request, *, steps: int, generator: torch.Genera
     layout = {"position_ids": position_ids, "token_tags": token_tags, "video_indices": video_idx,
               "audio_indices": audio_idx, "text_indices": text_idx}
     return H3Run(size, video, audio, embeds, layout, held, video_schedule, audio_schedule)
+
+
+def packed_layout(request: Request, patch: tuple[int, ...]) -> tuple[Any, ...]:
+    """The packed sequence of a request (position_ids, token_tags, video, audio and text
+    indices, the held conditioning rows): `[text | keyframes | audio | video]`, or for ref2va
+    `[text | one block per reference image | audio | video]`."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+        MiniMaxH3PrepareLayoutStep,
+        MiniMaxH3Ref2VAPrepareLayoutStep,
+    )
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+        MINIMAX_H3_AUDIO_CHANNELS,
+        MINIMAX_H3_AUDIO_TAG,
+        MINIMAX_H3_VIDEO_TAG,
+    )
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3ImageReference
+
+    size = request.size
+    shape = (size.latent_frames, size.latent_height, size.latent_width, size.audio_latents)
+    if request.references:  # the layout reads only each reference's kind; its size is its latents'
+        kinds: list[Any] = [MiniMaxH3ImageReference(image=None)] * len(request.conditions)  # type: ignore[arg-type]
+        layout = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+            request.tags, kinds, list(request.conditions), [], *shape, patch,  # type: ignore[arg-type]
+            MINIMAX_H3_AUDIO_CHANNELS, MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG)
+    else:
+        layout = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+            request.tags, *shape, patch, MINIMAX_H3_AUDIO_CHANNELS,  # type: ignore[arg-type]
+            MINIMAX_H3_AUDIO_TAG, MINIMAX_H3_VIDEO_TAG, request.anchors)
+    return layout[:6]
 
 
 @torch.no_grad()

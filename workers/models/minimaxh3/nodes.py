@@ -3,6 +3,8 @@
     minimaxh3/image-to-video → the prompt's conditioning (with its keyframes' vision blocks) and
                                an empty `H3Latent` holding the clip's sizes and keyframes
                                (ComfyUI's MiniMaxH3ImageToVideo)
+    minimaxh3/reference-to-video → the same from 1..9 reference images (ComfyUI's
+                               MiniMaxH3ReferenceToVideo; the pipeline's ref2va)
     minimaxh3/sample         → the denoised video latents + audio rows, one job on the model's
                                step batcher (each run its own forward: packed sequences differ)
     minimaxh3/decode         → a `Video`: the frames at 24 fps with the stereo sound
@@ -37,7 +39,7 @@ def _h3(inputs: dict[str, Any]) -> H3Latent:
     if not isinstance(latent, H3Latent):
         got = "nothing" if latent is None else "another family's latent"
         raise NodeFailed("input 'latent' must be a MiniMax-H3 latent "
-                         f"(minimaxh3/image-to-video), got {got}")
+                         f"(minimaxh3/image-to-video or /reference-to-video), got {got}")
     return latent
 
 
@@ -77,6 +79,39 @@ def image_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, A
             "latent": H3Latent(empty, empty=True, downscale=1, request=request)}
 
 
+@runner("minimaxh3/reference-to-video")
+def reference_to_video(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
+    """The prompt encoded after its wired images (image1..image9, in order) and the clip's
+    empty latent with the images VAE-encoded at their sizes (engine.prepare_references)."""
+    import torch
+    from PIL import Image
+
+    from workers.models.minimaxh3.engine import MAX_REFERENCES, prepare_references
+    from workers.models.minimaxh3.plugin import Prompt
+
+    encoder = expect(inputs, "encoder", TextEncoder)
+    parts = replace(_parts(encoder, "encoder"), vae=_parts(expect(inputs, "vae", Vae), "vae").vae)
+    prompt = str(inputs.get("prompt", params["prompt"]))
+    width, height, length = (int(inputs.get(k, params[k])) for k in ("width", "height", "length"))
+    images = []
+    for port in (f"image{i}" for i in range(1, MAX_REFERENCES + 1)):
+        image = inputs.get(port)
+        if image is not None and not isinstance(image, Image.Image):
+            raise NodeFailed(f"input {port!r} must be an image, got {type(image).__name__}")
+        if image is not None:
+            images.append(image)
+    if not images:
+        raise NodeFailed("wire at least one reference image (image1..image9)")
+    request = checked(lambda: on_device_thread(lambda: prepare_references(
+        parts, prompt, width=width, height=height, frames=length, images=images,
+        mode=str(params.get("mode", "match")))))
+    positive = Conditioning(Prompt(request.embeds, request.tags, len(request.conditions)),
+                            prompt, encoder)
+    empty = torch.zeros((1, 0, 1, height, width))
+    return {"positive": positive,
+            "latent": H3Latent(empty, empty=True, downscale=1, request=request)}
+
+
 @runner("minimaxh3/sample")
 def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     """MiniMaxH3ModularPipeline's denoise of the clip from `seed`'s noise (engine.begin over
@@ -94,17 +129,18 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
     positive = expect(inputs, "positive", Conditioning)
     if positive.encoder.family != FAMILY or not isinstance(positive.embeds, Prompt):
         raise NodeFailed(f"input 'positive' was encoded by {positive.encoder.name} "
-                         f"({positive.encoder.family}): use minimaxh3/image-to-video's")
+                         f"({positive.encoder.family}): use minimaxh3/image-to-video's or "
+                         "/reference-to-video's")
     latent = _h3(inputs)
     if not latent.empty:
         raise NodeFailed("the latent was sampled already: minimaxh3/sample starts from "
-                         "minimaxh3/image-to-video's empty latent")
+                         "minimaxh3/image-to-video's or /reference-to-video's empty latent")
     prompt: Prompt = positive.embeds
     keyframes = len(latent.request.conditions)
     if prompt.keyframes != keyframes:
-        raise NodeFailed(f"input 'positive' was encoded with {prompt.keyframes} keyframe(s) and "
+        raise NodeFailed(f"input 'positive' was encoded with {prompt.keyframes} image(s) and "
                          f"the latent holds {keyframes}: wire both from one "
-                         "minimaxh3/image-to-video")
+                         "minimaxh3/image-to-video or /reference-to-video")
     parts = parts_of(model.transformer)
     seed, steps = (int(inputs.get(k, params[k])) for k in ("seed", "steps"))
     if steps < 1:

@@ -135,15 +135,25 @@ def write_transformer_file(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def reference_transformer(seed: int = 0) -> Any:
+    """The ref2va partition (`transformer_ref/`): the same architecture, its own random weights."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    torch.manual_seed(seed + 1)
+    transformer: Any = MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)
+    return transformer.eval()
+
+
 def smoke_pipeline(seed: int = 0, shifts: tuple[float, float] = (12.0, 3.0)) -> Any:
     """The reference `MiniMaxH3ModularPipeline` over the in-memory modules `write_folder(seed=seed)`
-    saves, with its two schedulers (video shift 12, audio shift 3 unless `shifts` says)."""
+    saves and the ref2va partition (reference_transformer), with its two schedulers (video
+    shift 12, audio shift 3 unless `shifts` says)."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
     blocks: Any = MiniMaxH3Blocks()
     pipe: Any = blocks.init_pipeline()
-    pipe.update_components(**build_tiny_components(seed),
+    pipe.update_components(**build_tiny_components(seed), transformer_ref=reference_transformer(seed),
                            scheduler=MiniMaxH3Scheduler(shift=shifts[0]),
                            audio_scheduler=MiniMaxH3Scheduler(shift=shifts[1]))
     pipe.set_progress_bar_config(disable=True)
