@@ -234,3 +234,27 @@ def test_reference_to_video_without_an_image_is_named(h3_stack, make_ctx):
         run(ctx, "minimaxh3/reference-to-video",
             {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES, "mode": "match"},
             {"encoder": parts["encoder"], "vae": parts["vae"]})
+
+
+def test_reference_to_video_on_a_checkpoints_keyframe_partition_is_refused(h3_stack, make_ctx,
+                                                                           tmp_path):
+    """A released folder holds both partitions (transformer/: first/last frame; transformer_ref/:
+    reference-to-video) and load/checkpoint loads transformer/: referencing on it is named, not
+    rendered on the wrong weights."""
+    import shutil
+
+    models_dir, name = h3_stack
+    both = tmp_path / "checkpoints" / "h3-both"
+    shutil.copytree(models_dir / "checkpoints" / name, both)
+    shutil.copytree(both / "transformer", both / "transformer_ref")
+    ctx = make_ctx(models_dir=tmp_path)
+    parts = run(ctx, "load/checkpoint", {"file": "h3-both"})
+    request = run(ctx, "minimaxh3/reference-to-video",
+                  {"prompt": PROMPT, "width": W, "height": H, "length": FRAMES, "mode": "match"},
+                  {"encoder": parts["encoder"], "vae": parts["vae"], "image1": keyframe(0, 64, 32)})
+    with pytest.raises(NodeFailed, match="h3-both's transformer/ is MiniMax-H3's first/last-frame "
+                                         "partition: reference-to-video runs on its "
+                                         "transformer_ref/"):
+        run(ctx, "minimaxh3/sample", {"seed": 5, "steps": STEPS},
+            {"model": parts["model"], "positive": request["positive"],
+             "latent": request["latent"]})

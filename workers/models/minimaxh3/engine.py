@@ -40,6 +40,9 @@ class Parts:
     text_encoder: Any
     tokenizer: Any
     processor: Any
+    # a checkpoint folder beside a `transformer_ref/`: its transformer is the first/last-frame
+    # partition, not reference-to-video's
+    keyframe_partition: bool = False
 
 
 @dataclass(frozen=True)

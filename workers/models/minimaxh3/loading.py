@@ -39,7 +39,7 @@ def load_folder(path: Path, dtype: torch.dtype = torch.float32) -> Parts:
     tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer", local_files_only=True)
     return Parts(tokenizer=tokenizer,
                  processor=_processor((path / "processor", path / "tokenizer"), tokenizer),
-                 **loaded)
+                 keyframe_partition=(path / "transformer_ref").is_dir(), **loaded)
 
 
 def _processor(folders: tuple[Path, ...], tokenizer: Any) -> Any:

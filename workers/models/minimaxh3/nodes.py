@@ -142,6 +142,11 @@ def sample(ctx: NodeContext, params: dict[str, Any], inputs: dict[str, Any]):
                          f"the latent holds {keyframes}: wire both from one "
                          "minimaxh3/image-to-video or /reference-to-video")
     parts = parts_of(model.transformer)
+    if latent.request.references and parts.keyframe_partition:
+        raise NodeFailed(f"{model.name}'s transformer/ is MiniMax-H3's first/last-frame "
+                         "partition: reference-to-video runs on its transformer_ref/ weights — "
+                         "put that folder in diffusion_models/ and load it with "
+                         "minimaxh3/load-files")
     seed, steps = (int(inputs.get(k, params[k])) for k in ("seed", "steps"))
     if steps < 1:
         raise NodeFailed(f"steps must be at least 1, got {steps}")
