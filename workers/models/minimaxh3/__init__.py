@@ -12,7 +12,7 @@ Files: the transformer (diffusers' keys: `audio_proj_in` + `token_refiner` + per
 `adaln_proj`; ComfyUI's: `token_refiner.blocks.N.attn.qkv_proj` + `audio_patch_proj`), the video VAE (a
 convolutional encoder with a ViT decoder: `decoder.register_tokens`), the audio VAE (`pre_block`
 attention with `zero_k_bias` + a BigVGAN decoder behind `dec_in_proj`) and the Qwen3-VL text
-encoder (which Krea 2 and Qwen-Image 2.1 recognise too).
+encoder (a Qwen3-VL deep enough for its hidden state 50: Krea 2's and Qwen-Image 2.1's are not).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def recognise(header: ModelHeader) -> str | None:
     """lora: a LoRA of MiniMax-H3's blocks (its `adaln_proj` modules; ComfyUI's or diffusers'
     names); checkpoint: a whole diffusers MiniMax-H3 folder (`model_index.json`); transformer:
     MiniMax-H3's packed video+audio+text transformer; vae: its video or audio VAE;
-    text_encoder: a Qwen3-VL (its conditioner)."""
+    text_encoder: a Qwen3-VL of at least TEXT_LAYER layers (its conditioner)."""
     if header.is_lora():  # MiniMax-H3's per-block AdaLN projection (no other family has one)
         return "lora" if header.has("adaln_proj.") else None
     name = header.class_name
@@ -48,9 +48,24 @@ def recognise(header: ModelHeader) -> str | None:
         return "transformer"  # ComfyUI's single file (keys.py), quantized or pruned ones too
     if name in (VIDEO_VAE, AUDIO_VAE) or is_video_vae(header) or is_audio_vae(header):
         return "vae"
-    if is_qwen3_vl(header):
+    if is_qwen3_vl(header) and text_layers(header) >= TEXT_LAYER:
         return "text_encoder"
     return None
+
+
+TEXT_LAYER = 50  # the pipeline conditions on the Qwen3-VL's hidden state 50 (its 32B has 64)
+
+
+def text_layers(header: ModelHeader) -> int:
+    """A Qwen3-VL's language layers: its config's, else one more than its highest layer index
+    (Krea 2's and Qwen-Image 2.1's, 4B / 8B, have 36: too shallow to be MiniMax-H3's)."""
+    config = header.config.get("text_config") or header.config
+    if "num_hidden_layers" in config:
+        return int(config["num_hidden_layers"])
+    indices = [int(part) for key in header.shapes for before, part in
+               zip(key.split("."), key.split(".")[1:], strict=False)
+               if before == "layers" and part.isdigit()]
+    return max(indices, default=-1) + 1
 
 
 def is_video_vae(header: ModelHeader) -> bool:
