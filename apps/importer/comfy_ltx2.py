@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.graphs.nodes import MAX_SEED
-from apps.importer.comfy_rules import Link, ParamMap, Rule
+from apps.importer.comfy_rules import Link, ParamMap, Rule, linked, readers_of
 
 FAMILY = "ltx2"
 # Nodes that exist for LTX-2 only (its audio): a workflow with one is an LTX-2 workflow, and
@@ -307,10 +307,7 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
         return out
 
     def node(link: Any) -> tuple[str, str, dict[str, Any]] | None:
-        if not isinstance(link, Link):
-            return None
-        comfy_type, inputs = nodes[link.node]
-        return link.node, comfy_type, inputs
+        return linked(nodes, link)
 
     def through(link: Any) -> Any:
         """Follow the folded LTX-2 nodes (PASSED) up to the real output."""
@@ -348,11 +345,7 @@ def rewrite(nodes: dict[str, tuple[str, dict[str, Any]]]) -> Rewrite:
             link = inputs.get("latent")
         return None
 
-    readers: dict[str, list[str]] = {}
-    for nid, (_, inputs) in nodes.items():
-        for value in inputs.values():
-            if isinstance(value, Link):
-                readers.setdefault(value.node, []).append(nid)
+    readers = readers_of(nodes)
 
     samplers: dict[str, float | None] = {}  # sampler id → its clip's fps (when known)
     for nid, (comfy_type, inputs) in nodes.items():

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.importer.comfy_ltx2 import Rewrite, _seed
-from apps.importer.comfy_rules import Link, ParamMap, Rule
+from apps.importer.comfy_rules import Link, Nodes, ParamMap, Rule, linked, readers_of
 
 FAMILY = "minimaxh3"
 CLIP_TYPE = "minimax"  # ComfyUI's CLIPLoader type of MiniMax-H3's Qwen3-VL
@@ -102,9 +102,6 @@ FILES_RULES = {comfy_type: Rule("minimaxh3/load-files", outputs=(output,), param
                                           ("CLIPLoader", "encoder"))}
 _FRAME_DECODES = frozenset({"VAEDecode", "VAEDecodeTiled"})
 
-Nodes = dict[str, tuple[str, dict[str, Any]]]
-
-
 def is_minimaxh3(nodes: Nodes) -> bool:
     return any(comfy_type in H3_NODES for comfy_type, _ in nodes.values())
 
@@ -116,16 +113,9 @@ def rewrite(nodes: Nodes, out: Rewrite) -> Rewrite:
         return out
 
     def node(link: Any) -> tuple[str, str, dict[str, Any]] | None:
-        if not isinstance(link, Link):
-            return None
-        comfy_type, inputs = nodes[link.node]
-        return link.node, comfy_type, inputs
+        return linked(nodes, link)
 
-    readers: dict[str, list[str]] = {}
-    for nid, (_, inputs) in nodes.items():
-        for value in inputs.values():
-            if isinstance(value, Link):
-                readers.setdefault(value.node, []).append(nid)
+    readers = readers_of(nodes)
     samplers = set()
     for nid, (comfy_type, inputs) in nodes.items():
         latent = node(inputs.get("latent_image"))

@@ -58,3 +58,24 @@ def area_warning(values: dict[str, Any]) -> list[str]:
     if values.get("upscale_method") == "area":
         return ["upscale_method 'area' is approximated by 'bilinear'"]
     return []
+
+
+Nodes = dict[str, tuple[str, dict[str, Any]]]  # id → (class_type, inputs with Links)
+
+
+def linked(nodes: Nodes, link: Any) -> tuple[str, str, dict[str, Any]] | None:
+    """(id, class_type, inputs) of the node `link` reads, None when it is no link."""
+    if not isinstance(link, Link):
+        return None
+    comfy_type, inputs = nodes[link.node]
+    return link.node, comfy_type, inputs
+
+
+def readers_of(nodes: Nodes) -> dict[str, list[str]]:
+    """Each node's readers: id → the ids of the nodes with an input linked from it."""
+    readers: dict[str, list[str]] = {}
+    for nid, (_, inputs) in nodes.items():
+        for value in inputs.values():
+            if isinstance(value, Link):
+                readers.setdefault(value.node, []).append(nid)
+    return readers

@@ -15,7 +15,12 @@ import pytest
 
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
-from tests.workers.vocab_helpers import assert_mp4_with_sound, asset_of, render
+from tests.workers.vocab_helpers import (
+    assert_mp4_with_sound,
+    asset_of,
+    cut_resolution_selector,
+    render,
+)
 
 SIDE, SECONDS, FPS = 64, 1, 8  # the final clip: 64² px, 1 s × 8 fps + 1 = 9 frames
 
@@ -33,14 +38,7 @@ def test_comfyuis_shipped_ltx2_5_template_imports_and_renders(settings, tmp_path
     workflow: dict[str, Any] = json.loads(shipped_file(f"{template}.json") or b"{}")
     ids = {s["id"] for s in workflow["definitions"]["subgraphs"]}
     clip = next(n for n in workflow["nodes"] if n["type"] in ids)
-    # its width and height come from a ResolutionSelector (0.1 megapixels at the least): cut
-    # it away, so the subgraph's own width and height widgets give the tiny clip's
-    selector = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
-    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
-    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
-    workflow["nodes"].remove(selector)
-    for port in clip["inputs"]:
-        port["link"] = None if port.get("link") in cut else port.get("link")
+    cut_resolution_selector(workflow, clip)
     values = clip["widgets_values"]  # in the subgraph's widget inputs' order
     assert values[1] is False  # prompt enhancement off: the switch routes around the enhancer
     values[2:5], values[6] = [SECONDS, SIDE, SIDE], FPS  # duration, width, height; fps

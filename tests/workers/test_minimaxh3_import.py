@@ -18,7 +18,7 @@ import pytest
 from apps.importer.report import ImportInvalid
 from apps.importer.services import comfy_import
 from tests.workers.helpers import noise_image
-from tests.workers.vocab_helpers import asset_of, render
+from tests.workers.vocab_helpers import asset_of, cut_resolution_selector, render
 
 W, H, SECONDS, STEPS = 64, 32, 5, 2  # 5 s → 124 frames (17·7 + 5) at 24 fps
 
@@ -32,12 +32,7 @@ def _template(name: str, files: dict[str, str]) -> dict[str, Any]:
     workflow: dict[str, Any] = json.loads(shipped_file(f"{name}.json") or b"{}")
     [subgraph] = workflow["definitions"]["subgraphs"]
     clip = next(n for n in workflow["nodes"] if n["type"] == subgraph["id"])
-    selector = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
-    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
-    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
-    workflow["nodes"].remove(selector)
-    for port in clip["inputs"]:
-        port["link"] = None if port.get("link") in cut else port.get("link")
+    cut_resolution_selector(workflow, clip)
     values = clip["widgets_values"]  # in the subgraph's widget inputs' order
     assert values[9] is False  # the turbo LoRA switched off: its steps are the PrimitiveInt's
     values[1:4] = [W, H, SECONDS]

@@ -130,3 +130,15 @@ def sound_asset_of(fmt: str = "mp3", seconds: float = 1.0) -> str:
     owner, _ = get_user_model().objects.get_or_create(username="vocab-owner")
     asset, _ = asset_create(owner=owner, data=sound_file(fmt, seconds))
     return str(asset.pk)
+
+
+def cut_resolution_selector(workflow: dict[str, Any], clip: dict[str, Any]) -> None:
+    """A shipped template's ResolutionSelector (0.1 megapixels at the least) cut away, its links
+    into the subgraph instance `clip` unwired: the subgraph's own width and height widgets then
+    give the (tiny) size."""
+    selector = next(n for n in workflow["nodes"] if n["type"] == "ResolutionSelector")
+    cut = {link[0] for link in workflow["links"] if link[1] == selector["id"]}
+    workflow["links"] = [link for link in workflow["links"] if link[0] not in cut]
+    workflow["nodes"].remove(selector)
+    for port in clip["inputs"]:
+        port["link"] = None if port.get("link") in cut else port.get("link")
